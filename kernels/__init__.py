@@ -1,0 +1,16 @@
+"""PaCoRe kernels: torch references (always available) and Triton kernels (when triton imports).
+
+Layout and batch metadata: engine/kv_cache.py.
+"""
+from .activation import silu_and_mul_ref
+from .cascade_decode import cascade_decode_ref
+from .paged_decode import paged_decode_ref
+from .prefill_attention import prefill_attention_ref
+from .rmsnorm import rmsnorm_ref
+from .rope import rope_ref
+from .store_kvcache import store_kvcache_ref
+
+__all__ = [
+    "store_kvcache_ref", "paged_decode_ref", "cascade_decode_ref", "prefill_attention_ref",
+    "rmsnorm_ref", "rope_ref", "silu_and_mul_ref",
+]

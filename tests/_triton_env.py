@@ -1,0 +1,107 @@
+"""Test environment for the kernel tests: import this FIRST in every tests/test_kernels_*.py.
+
+- PACORE_TEST_DEVICE=cuda runs on the GPU; otherwise the Triton interpreter runs the kernels on CPU
+  (TRITON_INTERPRET must be set before triton is imported, hence this module).
+- PACORE_TEST_DTYPES="bfloat16,float16" restricts the dtypes (default: fp32+fp16 on CPU — the
+  interpreter's bf16 tl.dot is wrong — and fp32+fp16+bf16 on CUDA).
+Also holds the shared builders for paged caches whose unused slots and padding block are NaN, so any
+unmasked read poisons the output.
+"""
+from __future__ import annotations
+
+import os
+
+DEVICE = os.environ.get("PACORE_TEST_DEVICE", "cpu")
+if DEVICE == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+
+_default = "float32,float16" if DEVICE == "cpu" else "float32,float16,bfloat16"
+DTYPES = [getattr(torch, n.strip()) for n in os.environ.get("PACORE_TEST_DTYPES", _default).split(",") if n.strip()]
+# fp32 paths are always checked (tight tolerance); the env var only adds/removes the low-precision ones.
+LOW_DTYPES = [d for d in DTYPES if d != torch.float32]
+TOL = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 3e-2}
+
+
+def have_triton() -> bool:
+    try:
+        import triton  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    assert not torch.isnan(out).any(), "output has NaN"
+    return ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
+
+
+def poison(t: torch.Tensor) -> torch.Tensor:
+    return t.fill_(float("nan")) if t.is_floating_point() else t.fill_(-12345)
+
+
+def make_paged(seq_lens, bs, Hkv, D, dtype, device=DEVICE, groups=None, prefix_lens=None, gen=None):
+    """Random paged K/V for sequences of the given lengths.
+
+    groups: list of group sizes (rows contiguous); members of group g share their first
+    prefix_lens[g] // bs blocks. Returns k_cache, v_cache, block_tables (int32, padded with 0).
+    Physical block 0 is never allocated and, like every unused slot, holds NaN.
+    """
+    B = len(seq_lens)
+    if groups is None:
+        groups, prefix_lens = [1] * B, [0] * B
+    assert sum(groups) == B
+    nblk = [(s + bs - 1) // bs for s in seq_lens]
+    max_blocks = max(nblk + [1]) + 1  # one spare padding column
+    tables = torch.zeros(B, max_blocks, dtype=torch.int32)
+    next_id = 1
+    row = 0
+    for gsize, plen in zip(groups, prefix_lens):
+        assert plen % bs == 0
+        shared = list(range(next_id, next_id + plen // bs))
+        next_id += len(shared)
+        for _ in range(gsize):
+            assert seq_lens[row] >= plen
+            own = list(range(next_id, next_id + nblk[row] - len(shared)))
+            next_id += len(own)
+            tables[row, : nblk[row]] = torch.tensor(shared + own, dtype=torch.int32)
+            row += 1
+    N = next_id
+    perm = torch.randperm(N - 1, generator=gen) + 1  # shuffle physical ids, keep 0 unused
+    remap = torch.cat([torch.zeros(1, dtype=torch.int64), perm])
+    used_cols = torch.arange(max_blocks)[None, :] < torch.tensor(nblk)[:, None]
+    tables = torch.where(used_cols, remap[tables.long()], torch.zeros_like(tables.long())).to(torch.int32)
+
+    k = torch.randn(N, bs, Hkv, D, generator=gen)
+    v = torch.randn(N, bs, Hkv, D, generator=gen)
+    used = torch.zeros(N * bs, dtype=torch.bool)
+    for b, s in enumerate(seq_lens):
+        pos = torch.arange(s)
+        used[tables[b, pos // bs].long() * bs + pos % bs] = True
+    used = used.view(N, bs, 1, 1)
+    k = torch.where(used, k, float("nan")).to(dtype=dtype, device=device)
+    v = torch.where(used, v, float("nan")).to(dtype=dtype, device=device)
+    return k, v, tables.to(device)
+
+
+def naive_attention(q, k_cache, v_cache, table_row, positions_by_query, sm_scale):
+    """Dense fp64 SDPA per query over explicitly gathered positions. q [n, Hq, D]."""
+    import torch.nn.functional as F
+    _, bs, Hkv, D = k_cache.shape
+    Hq = q.shape[1]
+    outs = []
+    for i, pos in enumerate(positions_by_query):
+        if len(pos) == 0:
+            outs.append(torch.zeros(Hq, D, dtype=torch.float64, device=q.device))
+            continue
+        pos = torch.as_tensor(pos, device=q.device)
+        slots = table_row[pos // bs].long() * bs + pos % bs
+        k = k_cache.reshape(-1, Hkv, D)[slots].double().transpose(0, 1)  # [Hkv, L, D]
+        v = v_cache.reshape(-1, Hkv, D)[slots].double().transpose(0, 1)
+        k = k.repeat_interleave(Hq // Hkv, dim=0)
+        v = v.repeat_interleave(Hq // Hkv, dim=0)
+        o = F.scaled_dot_product_attention(q[i].double()[:, None, :], k, v, scale=sm_scale)
+        outs.append(o[:, 0, :])
+    return torch.stack(outs)
