@@ -1,0 +1,105 @@
+"""Batch attention metadata and the choice of kernels (torch references or Triton).
+
+The layout of the cache and the meaning of every field below is in engine/kv_cache.py.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor                 # [T] int64, where each new token's K/V goes
+    num_prefill_tokens: int                    # tokens [0, P) are prefill chunks, [P, T) decodes
+    prefill_cu_seqlens_q: torch.Tensor | None = None
+    prefill_seq_lens: torch.Tensor | None = None
+    prefill_block_tables: torch.Tensor | None = None
+    decode_seq_lens: torch.Tensor | None = None
+    decode_block_tables: torch.Tensor | None = None
+    group_starts: torch.Tensor | None = None   # set: decode rows use cascade (prefix-shared) attention
+    group_prefix_lens: torch.Tensor | None = None
+
+
+_OPS = ("store_kvcache", "paged_decode", "cascade_decode", "prefill_attention", "rmsnorm", "rope",
+        "silu_and_mul")
+_MODULES = {"store_kvcache": "store_kvcache", "paged_decode": "paged_decode",
+            "cascade_decode": "cascade_decode", "prefill_attention": "prefill_attention",
+            "rmsnorm": "rmsnorm", "rope": "rope", "silu_and_mul": "activation"}
+
+
+@dataclass(slots=True, frozen=True)
+class Backend:
+    name: str
+    store_kvcache: Callable
+    paged_decode: Callable
+    cascade_decode: Callable
+    prefill_attention: Callable
+    rmsnorm: Callable
+    rope: Callable
+    silu_and_mul: Callable
+
+    def attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        self.store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
+        num_p = meta.num_prefill_tokens
+        prefill = decode = None
+        if num_p:
+            prefill = self.prefill_attention(q[:num_p], k_cache, v_cache, meta.prefill_block_tables,
+                                             meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale)
+        if num_p < q.shape[0]:
+            qd = q[num_p:]
+            if meta.group_starts is not None:
+                decode = self.cascade_decode(qd, k_cache, v_cache, meta.decode_block_tables,
+                                             meta.decode_seq_lens, meta.group_starts,
+                                             meta.group_prefix_lens, scale)
+            else:
+                decode = self.paged_decode(qd, k_cache, v_cache, meta.decode_block_tables,
+                                           meta.decode_seq_lens, scale)
+        if prefill is None or decode is None:
+            return prefill if decode is None else decode
+        return torch.cat([prefill, decode])
+
+
+def get_backend(name: str) -> Backend:
+    """'torch' (references, the CPU path) or 'triton' (GPU kernels; CPU under TRITON_INTERPRET=1)."""
+    if name not in ("torch", "triton"):
+        raise ValueError(f"attention_backend must be 'torch' or 'triton', got {name!r}")
+    suffix = "_ref" if name == "torch" else "_triton"
+    fns = {}
+    for op in _OPS:
+        try:
+            module = importlib.import_module(f"kernels.{_MODULES[op]}")
+        except ImportError as e:
+            raise RuntimeError(f"attention_backend={name!r} needs kernels.{_MODULES[op]} ({e}); "
+                               "install triton or use attention_backend='torch'") from e
+        fn = getattr(module, op + suffix, None)
+        if fn is None:
+            raise RuntimeError(f"kernels.{_MODULES[op]} has no {op + suffix}; "
+                               f"use attention_backend='torch'")
+        fns[op] = fn
+    if name == "triton":
+        fns["prefill_attention"] = _flash_prefill_or(fns["prefill_attention"])
+    return Backend(name=name, **fns)
+
+
+def _flash_prefill_or(fallback: Callable) -> Callable:
+    """flash-attn's varlen kernel with a block table is the fastest prefill when installed."""
+    try:
+        module = importlib.import_module("kernels.prefill_attention")
+        flash = getattr(module, "prefill_attention_flash", None)
+        importlib.import_module("flash_attn")
+    except ImportError:
+        return fallback
+    if flash is None:
+        return fallback
+
+    def prefill(q, *args):
+        return flash(q, *args) if q.is_cuda else fallback(q, *args)
+    return prefill
+
+
+def default_backend(device: torch.device) -> str:
+    return "triton" if device.type == "cuda" else "torch"

@@ -1,0 +1,118 @@
+"""Model and engine configuration: what the decoder needs from a Hugging Face folder, checked."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+# One decoder covers all three; the flags below say where they differ.
+SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+SUPPORTED_ROPE_TYPES = {"default", "linear", "llama3", "yarn"}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    path: Path
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool          # Qwen2; Llama's attention_bias
+    o_bias: bool            # Llama's attention_bias also biases o_proj
+    mlp_bias: bool
+    qk_norm: bool           # Qwen3: per-head RMSNorm on q and k before RoPE
+    rope_type: str
+    eos_token_ids: list[int] = field(default_factory=list)
+    torch_dtype: str | None = None
+    hf_config: object = None  # the transformers config, for RoPE parameter functions
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> "ModelConfig":
+        path = Path(path)
+        cfg_file = path / "config.json"
+        if not cfg_file.is_file():
+            raise FileNotFoundError(
+                f"{path} has no config.json: pass a local Hugging Face model folder "
+                "(config.json, *.safetensors, tokenizer files) or 'smollm2-135m' for the embedded model")
+        raw = json.loads(cfg_file.read_text())
+        archs = raw.get("architectures") or []
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise ValueError(
+                f"unsupported architecture {archs} in {cfg_file}: this engine runs "
+                f"{sorted(SUPPORTED_ARCHITECTURES)}")
+        from transformers import AutoConfig
+        hf = AutoConfig.from_pretrained(path)
+        if getattr(hf, "hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act={hf.hidden_act!r} in {cfg_file}: only 'silu' MLPs are implemented")
+        layer_types = getattr(hf, "layer_types", None) or []
+        if any(t != "full_attention" for t in layer_types) or getattr(hf, "use_sliding_window", False):
+            raise ValueError(f"{cfg_file} asks for sliding-window attention, which this engine does not implement")
+        rope = getattr(hf, "rope_parameters", None) or {}
+        rope_type = rope.get("rope_type", "default")
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(f"rope type {rope_type!r} in {cfg_file} is not supported "
+                             f"(supported: {sorted(SUPPORTED_ROPE_TYPES)})")
+        if rope.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ValueError(f"partial_rotary_factor in {cfg_file} is not supported")
+        num_heads = hf.num_attention_heads
+        num_kv_heads = getattr(hf, "num_key_value_heads", None) or num_heads
+        if num_heads % num_kv_heads:
+            raise ValueError(f"{num_heads} attention heads are not a multiple of {num_kv_heads} KV heads")
+        eos = raw.get("eos_token_id")
+        gen_file = path / "generation_config.json"
+        if gen_file.is_file():
+            eos = json.loads(gen_file.read_text()).get("eos_token_id", eos)
+        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        attention_bias = bool(getattr(hf, "attention_bias", False))
+        return cls(
+            path=path, architecture=arch, vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,
+            intermediate_size=hf.intermediate_size, num_layers=hf.num_hidden_layers,
+            num_heads=num_heads, num_kv_heads=num_kv_heads,
+            head_dim=getattr(hf, "head_dim", None) or hf.hidden_size // num_heads,
+            rms_norm_eps=hf.rms_norm_eps, max_position_embeddings=hf.max_position_embeddings,
+            tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+            qkv_bias=arch == "Qwen2ForCausalLM" or attention_bias,
+            o_bias=arch == "LlamaForCausalLM" and attention_bias,
+            mlp_bias=bool(getattr(hf, "mlp_bias", False)),
+            qk_norm=arch == "Qwen3ForCausalLM",
+            rope_type=rope_type, eos_token_ids=eos_ids,
+            torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "") or None,
+            hf_config=hf,
+        )
+
+    def rope_cos_sin(self, max_positions: int) -> torch.Tensor:
+        """fp32 [max_positions, head_dim]: cos | sin, scaling and attention factor folded in."""
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+        hf = self.hf_config
+        if self.rope_type == "default":
+            base = hf.rope_parameters["rope_theta"]
+            inv_freq = 1.0 / (base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float) / self.head_dim))
+            scale = 1.0
+        else:
+            inv_freq, scale = ROPE_INIT_FUNCTIONS[self.rope_type](hf, "cpu")
+        # Same op order as transformers (fp32 product per position) so cos/sin match bit for bit.
+        freqs = torch.arange(max_positions, dtype=torch.float)[:, None] * inv_freq.float()[None, :]
+        return torch.cat([freqs.cos() * scale, freqs.sin() * scale], dim=-1)
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype {dtype} is not supported; use one of {list(DTYPES)}")
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported; use one of {list(DTYPES)} or 'auto'")
+    return DTYPES[dtype]

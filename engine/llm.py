@@ -1,0 +1,248 @@
+"""LLM: the public engine. Requests in, a continuous-batching step loop, RequestOutputs out."""
+from __future__ import annotations
+
+import itertools
+import time
+
+import torch
+from tqdm.auto import tqdm
+
+from engine.attention import default_backend
+from engine.block_manager import BlockManager, NoFreeBlocks
+from engine.config import ModelConfig, resolve_dtype
+from engine.default_model import resolve_model
+from engine.kv_cache import bytes_per_block
+from engine.model_runner import CascadePolicy, ModelRunner
+from engine.sampler import Sampler
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledBatch, Scheduler
+from engine.sequence import (CompletionOutput, Request, RequestOutput, Sequence, Status)
+from engine.stopping import StopChecker
+
+_CPU_KV_BYTES = 2 << 30
+_MAX_CPU_BLOCKS = 1 << 16
+
+
+class LLM:
+    """Generate from a local Hugging Face folder (Llama, Qwen2, Qwen3) or the embedded default.
+
+    model: a folder, or None / "smollm2-135m" for the embedded SmolLM2-135M-Instruct.
+    num_kv_blocks / kv_cache_memory: size the paged cache by blocks or bytes (default: 90% of
+    free GPU memory after weights on CUDA, 2 GiB on CPU).
+    cascade_attention: True/False forces prefix-shared decode attention on/off; None decides per
+    step (groups of >= cascade_min_group sequences sharing >= cascade_min_prefix tokens).
+    enable_fork=False turns a request with n=K into K independent prompts (an ablation).
+    """
+
+    def __init__(self, model: str | None = None, dtype: str | torch.dtype | None = None,
+                 block_size: int = 16, num_kv_blocks: int | None = None,
+                 kv_cache_memory: int | None = None, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
+                 enable_prefix_caching: bool = True, enable_fork: bool = True,
+                 cascade_attention: bool | None = None, cascade_min_group: int = 2,
+                 cascade_min_prefix: int = 256, attention_backend: str | None = None,
+                 device: str | torch.device | None = None, seed: int = 0,
+                 gpu_memory_utilization: float = 0.9):
+        from transformers import AutoTokenizer
+        if block_size < 1 or max_num_seqs < 1 or max_num_batched_tokens < 1:
+            raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")
+        path = resolve_model(model)
+        self.config = cfg = ModelConfig.from_pretrained(path)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.max_model_len = max_model_len or cfg.max_position_embeddings
+        self.block_size = block_size
+        self.enable_fork = enable_fork
+        self.runner = ModelRunner(
+            cfg, self.dtype, self.device, block_size=block_size, max_num_seqs=max_num_seqs,
+            max_model_len=self.max_model_len, backend=attention_backend or default_backend(self.device),
+            cascade=CascadePolicy(cascade_attention, cascade_min_group, cascade_min_prefix))
+        per_block = bytes_per_block(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype)
+        num_blocks = num_kv_blocks or self._auto_blocks(per_block, kv_cache_memory, gpu_memory_utilization)
+        self.runner.allocate_kv_cache(num_blocks)
+        self.kv_bytes_per_block = per_block
+        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens,
+                                   on_release=self.runner.release)
+        self.sampler = Sampler(self.device, seed)
+        self.stop_checker = StopChecker(self.tokenizer, cfg.eos_token_ids, self.max_model_len)
+        self.requests: dict[str, Request] = {}
+        self._ids = itertools.count()
+        self._counters = dict(prefill_tokens=0, decode_tokens=0, steps=0)
+
+    def _auto_blocks(self, per_block: int, kv_bytes: int | None, utilization: float) -> int:
+        if kv_bytes is None and self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)  # weights are already loaded
+            kv_bytes = int(free - total * (1 - utilization))
+        if kv_bytes is None:
+            return min(_MAX_CPU_BLOCKS, _CPU_KV_BYTES // per_block)
+        blocks = int(kv_bytes // per_block)
+        if blocks < 1:
+            raise ValueError(f"kv_cache_memory={kv_bytes} bytes holds no {self.block_size}-token block "
+                             f"({per_block} bytes each); give more memory or fewer tokens per block")
+        return blocks
+
+    # -- requests ----------------------------------------------------------------------------
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        """Queue a prompt (text or token ids); returns its request id. Raises ValueError if it can
+        never fit in max_model_len or the whole KV cache."""
+        params = params or SamplingParams()
+        params.validate()
+        if isinstance(prompt, str):
+            text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
+        else:
+            text, ids = None, [int(t) for t in prompt]
+        if not ids:
+            raise ValueError("empty prompt: give at least one token")
+        if any(t < 0 or t >= self.config.vocab_size for t in ids):
+            raise ValueError(f"prompt has token ids outside the vocabulary [0, {self.config.vocab_size})")
+        total = len(ids) + params.max_tokens
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt of {len(ids)} tokens does not fit max_model_len={self.max_model_len}; "
+                             "shorten it or raise max_model_len")
+        cache_tokens = self.block_manager.num_blocks * self.block_size
+        if min(total, self.max_model_len) > cache_tokens:
+            raise ValueError(f"prompt ({len(ids)}) + max_tokens ({params.max_tokens}) needs more than the whole "
+                             f"KV cache ({cache_tokens} tokens); lower max_tokens or give the cache more memory")
+        request_id = str(request_id if request_id is not None else next(self._ids))
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in flight")
+        req = Request(request_id, text, ids, params)
+        req.metrics.num_prompt_tokens = len(ids)
+        copies = 1 if self.enable_fork else params.n
+        for i in range(copies):
+            seq = Sequence(req, i, list(ids), len(ids), generator=req.make_generator(i, self.device),
+                           fork_pending=self.enable_fork and params.n > 1)
+            req.seqs.append(seq)
+            self.scheduler.add(seq)
+        self.requests[request_id] = req
+        return request_id
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # -- the step loop -----------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one batch; returns the requests that finished in it."""
+        batch = self.scheduler.schedule()
+        if not batch:
+            if self.scheduler.has_work():
+                raise RuntimeError("scheduler made no progress with work queued (engine bug)")
+            return []
+        logits, sample_seqs = self.runner.run(batch)
+        self._advance(batch)
+        return self._sample_and_update(logits, sample_seqs)
+
+    def _advance(self, batch: ScheduledBatch) -> None:
+        for seq, chunk in batch.prefills:
+            seq.num_computed += chunk
+            self._counters["prefill_tokens"] += chunk
+        for seq in batch.decodes:
+            seq.num_computed += 1
+            self.block_manager.publish(seq, seq.num_computed)
+        self._counters["decode_tokens"] += len(batch.decodes)
+        self._counters["steps"] += 1
+
+    def _sample_and_update(self, logits: torch.Tensor, sample_seqs: list[Sequence]) -> list[RequestOutput]:
+        rows, owners = [], []
+        for i, seq in enumerate(sample_seqs):
+            group = self._fork(seq) if seq.fork_pending else [seq]
+            rows.extend([i] * len(group))
+            owners.extend(group)
+        if not owners:
+            return []
+        if len(rows) != len(sample_seqs):
+            logits = logits[torch.tensor(rows, device=logits.device)]
+        tokens = self.sampler(logits, owners)
+        now = time.perf_counter()
+        done: list[RequestOutput] = []
+        for seq, token in zip(owners, tokens):
+            req = seq.request
+            if req.metrics.first_token_time is None:
+                req.metrics.first_token_time = now
+            seq.token_ids.append(token)
+            reason = self.stop_checker.check(seq)
+            if reason is None:
+                continue
+            seq.finish_reason = reason
+            if seq.status is Status.RUNNING:
+                self.scheduler.finish(seq)
+            elif seq.status is Status.WAITING:
+                self.scheduler.waiting.remove(seq)
+            seq.status = Status.FINISHED
+            if req.is_finished:
+                done.append(self._finish_request(req, now))
+        return done
+
+    def _fork(self, parent: Sequence) -> list[Sequence]:
+        """Prompt prefilled once: share its blocks with n-1 new sequences (copy a partial block)."""
+        parent.fork_pending = False
+        req = parent.request
+        children = [Sequence(req, i, list(parent.token_ids), parent.num_prompt_tokens,
+                             generator=req.make_generator(i, self.device))
+                    for i in range(1, req.params.n)]
+        req.seqs.extend(children)
+        copies = []
+        for child in children:
+            try:
+                if len(self.scheduler.running) >= self.scheduler.max_num_seqs:
+                    raise NoFreeBlocks("no sequence slot")
+                pair = self.block_manager.fork(parent, child)
+            except NoFreeBlocks:
+                self.scheduler.add(child)  # no room now: it will be recomputed from the prefix cache
+                continue
+            if pair:
+                copies.append(pair)
+            child.status = Status.RUNNING
+            self.scheduler.running.append(child)
+        self.runner.copy_blocks(copies)
+        full = parent.num_computed // self.block_size
+        req.metrics.kv_blocks_saved_by_sharing = full * sum(c.status is Status.RUNNING for c in children)
+        req.shared_prefix_blocks = -1
+        return [parent, *children]
+
+    def _finish_request(self, req: Request, now: float) -> RequestOutput:
+        del self.requests[req.request_id]
+        req.metrics.finished_time = now
+        req.metrics.num_generated_tokens = sum(s.num_generated for s in req.seqs)
+        outputs = [CompletionOutput(s.index, self.stop_checker.final_text(s), s.generated, s.finish_reason)
+                   for s in sorted(req.seqs, key=lambda s: s.index)]
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outputs,
+                             req.metrics.num_cached_tokens, req.metrics)
+
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run prompts (texts or token-id lists) to completion; outputs in prompt order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params_list)} SamplingParams")
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        results: dict[str, RequestOutput] = {}
+        total = sum(sp.n for sp in params_list)
+        with tqdm(total=total, desc="trajectories", disable=not use_tqdm, dynamic_ncols=True) as bar:
+            while self.has_unfinished():
+                for out in self.step():
+                    results[out.request_id] = out
+                    bar.update(len(out.outputs))
+        return [results[i] for i in ids]
+
+    def stats(self) -> dict:
+        """Counters since start: tokens computed, prefix-cache hits, KV blocks, preemptions."""
+        bm = self.block_manager
+        return dict(
+            prefill_tokens=self._counters["prefill_tokens"],
+            decode_tokens=self._counters["decode_tokens"],
+            steps=self._counters["steps"],
+            prefix_cache_hit_tokens=self.scheduler.prefix_hit_tokens,
+            kv_blocks_total=bm.num_blocks,
+            kv_blocks_used=bm.num_used,
+            kv_blocks_peak=bm.peak_used,
+            kv_blocks_saved_by_sharing=bm.peak_saved,
+            kv_bytes_per_block=self.kv_bytes_per_block,
+            preemptions=self.scheduler.num_preemptions,
+            cascade_decode_steps=self.runner.cascade_steps,
+        )

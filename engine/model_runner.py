@@ -1,0 +1,179 @@
+"""ModelRunner: turns a scheduled batch into tensors, runs the model, returns logits to sample.
+
+Host work per step is O(batch): each sequence owns a row of a persistent block-table buffer that
+is extended by the blocks it gained since the last step, never rebuilt from the whole sequence.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention import AttentionMetadata, get_backend
+from engine.config import ModelConfig
+from engine.kv_cache import allocate_kv_cache, copy_blocks
+from engine.loader import load_model
+from engine.scheduler import ScheduledBatch
+from engine.sequence import Sequence, Status
+
+
+@dataclass(slots=True)
+class CascadePolicy:
+    """When prefix-shared decode attention pays: forced on/off, or groups big and long enough."""
+    enabled: bool | None = None
+    min_group: int = 2
+    min_prefix: int = 256
+
+    def prefix_for(self, group_size: int, prefix_len: int) -> int:
+        if self.enabled is False or group_size < 2:
+            return 0
+        if self.enabled is None and (group_size < self.min_group or prefix_len < self.min_prefix):
+            return 0
+        return prefix_len
+
+
+class ModelRunner:
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, block_size: int, max_num_seqs: int, max_model_len: int, backend: str,
+                 cascade: CascadePolicy):
+        self.cfg, self.dtype, self.device, self.block_size = cfg, dtype, device, block_size
+        self.model = load_model(cfg, dtype, device)
+        self.kv_cache: torch.Tensor | None = None
+        self.cos_sin = cfg.rope_cos_sin(max_model_len).to(device)
+        self.ops = get_backend(backend)
+        self.cascade = cascade
+        self.max_blocks = -(-max_model_len // block_size)
+        self.tables = torch.zeros(max_num_seqs, self.max_blocks, dtype=torch.int32)
+        self.synced = [0] * max_num_seqs  # entries of each row already written
+        self.free_rows = list(range(max_num_seqs - 1, -1, -1))
+        self.cascade_steps = 0
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        cfg = self.cfg
+        self.kv_cache = allocate_kv_cache(cfg.num_layers, num_blocks, self.block_size, cfg.num_kv_heads,
+                                          cfg.head_dim, self.dtype, self.device)
+
+    # -- rows of the persistent block-table buffer -------------------------------------------
+    def release(self, seq: Sequence) -> None:
+        if seq.row >= 0:
+            self.free_rows.append(seq.row)
+            seq.row = -1
+
+    def _sync_rows(self, seqs: list[Sequence]) -> torch.Tensor:
+        for seq in seqs:
+            if seq.row < 0:
+                seq.row = self.free_rows.pop()
+                self.synced[seq.row] = 0
+            have, n = self.synced[seq.row], len(seq.block_table)
+            if n > have:
+                self.tables[seq.row, have:n] = torch.tensor(seq.block_table[have:n], dtype=torch.int32)
+                self.synced[seq.row] = n
+        return torch.tensor([s.row for s in seqs], dtype=torch.long)
+
+    def _block_tables(self, seqs: list[Sequence], seq_lens: list[int]) -> torch.Tensor:
+        rows = self._sync_rows(seqs)
+        width = -(-max(seq_lens) // self.block_size)
+        return self.tables[rows, :width]
+
+    # -- batch preparation -------------------------------------------------------------------
+    def _group_decodes(self, decodes: list[Sequence]) -> tuple[list[int], list[int]] | None:
+        """Order decodes so each request's rows are contiguous; CSR starts and prefix lengths."""
+        if self.cascade.enabled is False:
+            return None
+        decodes.sort(key=lambda s: s.request.seqs[0].seq_id)
+        starts, prefix_lens, any_shared = [0], [], False
+        i = 0
+        while i < len(decodes):
+            req = decodes[i].request
+            j = i
+            while j < len(decodes) and decodes[j].request is req:
+                j += 1
+            prefix = self.cascade.prefix_for(j - i, self._shared_prefix_blocks(req) * self.block_size)
+            any_shared |= prefix > 0
+            starts.append(j)
+            prefix_lens.append(prefix)
+            i = j
+        return (starts, prefix_lens) if any_shared else None
+
+    def _shared_prefix_blocks(self, req) -> int:
+        """Leading blocks common to all the request's running sequences (cached until one joins)."""
+        if req.shared_prefix_blocks < 0:
+            members = [s for s in req.seqs if s.status is Status.RUNNING and s.block_table]
+            n = 0
+            if len(members) > 1:
+                first = members[0].block_table
+                n = min(s.num_computed for s in members) // self.block_size
+                for s in members[1:]:
+                    k = 0
+                    while k < n and s.block_table[k] == first[k]:
+                        k += 1
+                    n = k
+            req.shared_prefix_blocks = n
+        return req.shared_prefix_blocks
+
+    def prepare(self, batch: ScheduledBatch):
+        bs = self.block_size
+        ids: list[int] = []
+        pos: list[torch.Tensor] = []
+        slots: list[torch.Tensor] = []
+        sample_idx: list[int] = []
+        sample_seqs: list[Sequence] = []
+        meta = AttentionMetadata(slot_mapping=None, num_prefill_tokens=0)
+        if batch.prefills:
+            cu, lens = [0], []
+            for seq, chunk in batch.prefills:
+                start, end = seq.num_computed, seq.num_computed + chunk
+                ids.extend(seq.token_ids[start:end])
+                p = torch.arange(start, end)
+                first = start // bs
+                table = torch.tensor(seq.block_table[first:(end - 1) // bs + 1], dtype=torch.long)
+                slots.append(table[p // bs - first] * bs + p % bs)
+                pos.append(p)
+                cu.append(cu[-1] + chunk)
+                lens.append(end)
+                if end == seq.num_tokens:
+                    sample_idx.append(cu[-1] - 1)
+                    sample_seqs.append(seq)
+            meta.num_prefill_tokens = cu[-1]
+            meta.prefill_cu_seqlens_q = torch.tensor(cu, dtype=torch.int32)
+            meta.prefill_seq_lens = torch.tensor(lens, dtype=torch.int32)
+            meta.prefill_block_tables = self._block_tables([s for s, _ in batch.prefills], lens)
+        if batch.decodes:
+            groups = self._group_decodes(batch.decodes)
+            dpos = [s.num_computed for s in batch.decodes]
+            ids.extend(s.token_ids[-1] for s in batch.decodes)
+            pos.append(torch.tensor(dpos))
+            slots.append(torch.tensor([s.block_table[p // bs] * bs + p % bs
+                                       for s, p in zip(batch.decodes, dpos)]))
+            lens = [p + 1 for p in dpos]
+            meta.decode_seq_lens = torch.tensor(lens, dtype=torch.int32)
+            meta.decode_block_tables = self._block_tables(batch.decodes, lens)
+            if groups is not None:
+                meta.group_starts = torch.tensor(groups[0], dtype=torch.int32)
+                meta.group_prefix_lens = torch.tensor(groups[1], dtype=torch.int32)
+                self.cascade_steps += 1
+            first = meta.num_prefill_tokens
+            sample_idx.extend(range(first, first + len(batch.decodes)))
+            sample_seqs.extend(batch.decodes)
+        meta.slot_mapping = torch.cat(slots)
+        if self.device.type != "cpu":
+            for f in AttentionMetadata.__slots__:
+                v = getattr(meta, f)
+                if isinstance(v, torch.Tensor):
+                    setattr(meta, f, v.to(self.device, non_blocking=True))
+        to_dev = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
+        return (to_dev(torch.tensor(ids)), to_dev(torch.cat(pos)), meta,
+                to_dev(torch.tensor(sample_idx)), sample_seqs)
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
+        input_ids, positions, meta, sample_idx, sample_seqs = self.prepare(batch)
+        hidden = self.model(input_ids, positions, meta, self.kv_cache, self.ops, self.cos_sin)
+        if not sample_seqs:
+            return hidden.new_empty(0, self.cfg.vocab_size, dtype=torch.float32), []
+        return self.model.compute_logits(hidden[sample_idx]), sample_seqs
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        if pairs:
+            src, dst = zip(*pairs)
+            copy_blocks(self.kv_cache, torch.tensor(src, device=self.device),
+                        torch.tensor(dst, device=self.device))

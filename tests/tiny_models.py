@@ -1,0 +1,70 @@
+"""Tiny random-initialised checkpoints written by transformers itself, for parity tests."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+VOCAB = 256
+
+
+def _tokenizer_files(folder: Path) -> None:
+    # A byte-level tokenizer over a 256-token vocabulary, so that text prompts work too.
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    byte_vocab = {chr(i) if 32 <= i < 127 else f"<{i}>": i for i in range(VOCAB)}
+    tok = Tokenizer(models.WordLevel(byte_vocab, unk_token="<0>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<1>", unk_token="<0>", pad_token="<0>")
+    fast.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                          "{% if add_generation_prompt %}<assistant>{% endif %}")
+    fast.save_pretrained(folder)
+
+
+CONFIGS = {
+    "llama": dict(arch="LlamaForCausalLM", cls="LlamaConfig", kw=dict(
+        num_key_value_heads=2, tie_word_embeddings=True,
+        rope_parameters=dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0,
+                             high_freq_factor=4.0, original_max_position_embeddings=64))),
+    "qwen2": dict(arch="Qwen2ForCausalLM", cls="Qwen2Config", kw=dict(
+        num_key_value_heads=1, tie_word_embeddings=False)),
+    "qwen3": dict(arch="Qwen3ForCausalLM", cls="Qwen3Config", kw=dict(
+        num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=2.0,
+                             original_max_position_embeddings=512))),
+}
+
+
+def make_tiny_model(folder: Path, kind: str, seed: int = 0, dtype=torch.float32) -> Path:
+    """Write a random 2-layer model of `kind` (llama | qwen2 | qwen3) to folder via transformers."""
+    import transformers
+    spec = CONFIGS[kind]
+    cfg = getattr(transformers, spec["cls"])(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=1024, rms_norm_eps=1e-6,
+        bos_token_id=2, eos_token_id=1, pad_token_id=0, **spec["kw"])
+    cfg.architectures = [spec["arch"]]
+    torch.manual_seed(seed)
+    model = getattr(transformers, spec["arch"])(cfg).to(dtype)
+    with torch.no_grad():  # larger than default init so that greedy choices are not near-ties
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.08)
+    model.save_pretrained(folder, safe_serialization=True)
+    _tokenizer_files(folder)
+    return folder
+
+
+def hf_greedy(folder: Path, prompt_ids: list[int], max_new_tokens: int):
+    """transformers' own greedy tokens and the logits at the last prompt position."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model.eval()
+    ids = torch.tensor([prompt_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, -1].float()
+        out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False,
+                             attention_mask=torch.ones_like(ids), pad_token_id=0)
+    return out[0, len(prompt_ids):].tolist(), logits
