@@ -1,0 +1,173 @@
+"""Command line: ``pacore run`` over a JSONL file and ``pacore demo`` on the built-in problems."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+from .config import PRESETS, RunConfig, parse_rounds
+from .io import OutputExistsError, prepare_output
+
+
+def _cap(value: str):
+    if value == "auto":
+        return "auto"
+    if value == "none":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected 'auto', 'none' or a positive integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("a message token cap must be at least 1")
+    return n
+
+
+def _positive(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be a positive integer")
+    return n
+
+
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default=None, metavar="DIR",
+                   help="HF model folder (config.json, safetensors, tokenizer); default: the embedded SmolLM2-135M")
+    g.add_argument("--dtype", default=None, help="weights/activations dtype, e.g. float32, bfloat16 (default: the engine's choice)")
+    g.add_argument("--max-model-len", type=_positive, default=None, metavar="N",
+                   help="context limit in tokens, prompt + generation (default: the model's)")
+    g.add_argument("--max-num-seqs", type=_positive, default=None, metavar="N",
+                   help="most sequences (trajectories) decoded in one step (engine default 256)")
+    g.add_argument("--num-kv-blocks", type=_positive, default=None, metavar="N",
+                   help="KV-cache size in blocks (default: sized by the engine)")
+    g.add_argument("--profile", default=None, metavar="DIR",
+                   help="directory for profiler traces; recorded in the run config for the profiling hook")
+
+
+def _add_method_options(p: argparse.ArgumentParser, *, max_tokens: int, preset: str) -> None:
+    g = p.add_argument_group("PaCoRe")
+    rounds = g.add_mutually_exclusive_group()
+    rounds.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                        help=f"round schedule preset: " + ", ".join(f"{k}={list(v)}" for k, v in PRESETS.items())
+                        + f" (default: {preset}); a final K=1 round is always appended")
+    rounds.add_argument("--rounds", type=parse_rounds, default=None, metavar="K1,K2,...",
+                        help="trajectories per round, e.g. 32,4; a final K=1 round is always appended")
+    g.add_argument("--max-tokens", type=_positive, default=max_tokens, metavar="N",
+                   help=f"generation budget of each trajectory (default {max_tokens}; the paper uses 131072); "
+                   "capped to half the context if it does not leave room for a prompt")
+    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0, as the paper)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (default 1.0, as the paper)")
+    g.add_argument("--seed", type=int, default=0,
+                   help="run seed; sampling and reference shuffling derive per problem and round from it (default 0)")
+    g.add_argument("--message-token-cap", type=_cap, default="auto", metavar="auto|none|N",
+                   help="shorten each reference to its last N tokens; 'auto' (default) shortens just enough "
+                   "for the round prompt to fit the context; 'none' never shortens")
+    g.add_argument("--max-problems-in-flight", type=_positive, default=64, metavar="N",
+                   help="problems with a round in the engine at once (default 64)")
+    g.add_argument("--no-grade", action="store_true", help="do not extract or grade answers")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``pacore`` argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="pacore",
+        description="PaCoRe (Parallel Coordinated Reasoning) inference on the PaCoRe Engine.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser(
+        "run",
+        help="run PaCoRe over a JSONL file of problems",
+        description="Run PaCoRe over a JSONL file ({'id', 'messages', 'ground_truth': {'answer'}} per line). "
+        "Results are appended one line per problem as each finishes; a summary is printed and written "
+        "to OUT.summary.json.",
+    )
+    run.add_argument("--data", required=True, metavar="PROBLEMS.jsonl", help="input problems, official PaCoRe JSONL")
+    run.add_argument("--out", required=True, metavar="RESULTS.jsonl", help="results JSONL (appended, one line per problem)")
+    run.add_argument("--resume", action="store_true",
+                     help="skip problems already in --out and complete the rest (without it a non-empty --out is refused)")
+    _add_method_options(run, max_tokens=512, preset="low")
+    _add_engine_options(run)
+
+    demo = sub.add_parser(
+        "demo",
+        help="run the built-in arithmetic problems on the default model and print the summary",
+        description="Run a few easy arithmetic word problems with preset 'low' and a small token budget.",
+    )
+    demo.add_argument("--out", default=None, metavar="RESULTS.jsonl",
+                      help="results path (default: a new temporary directory)")
+    _add_method_options(demo, max_tokens=128, preset="low")
+    _add_engine_options(demo)
+    # `pacore --help` documents every option, not just the subcommand names.
+    parser.epilog = "\n\n".join(sp.format_help() for sp in (run, demo))
+    return parser
+
+
+def _config(args, data_path: str, out_path: str, resume: bool) -> RunConfig:
+    rounds = args.rounds or PRESETS[args.preset or "low"]
+    engine_options = {
+        "model": args.model,
+        "dtype": args.dtype,
+        "max_model_len": args.max_model_len,
+        "max_num_seqs": args.max_num_seqs,
+        "num_kv_blocks": args.num_kv_blocks,
+    }
+    return RunConfig(
+        data_path=data_path,
+        out_path=out_path,
+        rounds=tuple(rounds),
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        resume=resume,
+        max_problems_in_flight=args.max_problems_in_flight,
+        message_token_cap=args.message_token_cap,
+        grade=not args.no_grade,
+        show_progress=not args.no_progress,
+        profile_dir=args.profile,
+        engine_options={k: v for k, v in engine_options.items() if v is not None},
+    )
+
+
+def build_llm(cfg: RunConfig):
+    """The engine for ``cfg`` (imported here so ``pacore --help`` never loads torch)."""
+    from engine import LLM
+
+    return LLM(seed=cfg.seed, **cfg.engine_options)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``pacore`` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        if not os.path.isfile(args.data):
+            print(f"pacore: no such input file: {args.data}", file=sys.stderr)
+            return 2
+        cfg = _config(args, args.data, args.out, args.resume)
+    else:
+        from .demo import write_demo_jsonl
+
+        workdir = tempfile.mkdtemp(prefix="pacore_demo_")
+        data = os.path.join(workdir, "demo_problems.jsonl")
+        write_demo_jsonl(data)
+        cfg = _config(args, data, args.out or os.path.join(workdir, "results.jsonl"), resume=False)
+    try:
+        # Checked before loading the model, so a refused path costs nothing.
+        prepare_output(cfg.out_path, cfg.resume)
+    except OutputExistsError as e:
+        print(f"pacore: {e}", file=sys.stderr)
+        return 2
+
+    from .runner import run_pacore
+
+    llm = build_llm(cfg)
+    try:
+        run_pacore(llm, cfg)
+    except KeyboardInterrupt:
+        return 130
+    return 0

@@ -1,0 +1,68 @@
+"""Run configuration: the round schedule (K vector), presets and sampling/IO options."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+# The paper's / official repo's settings (playground/example_batch_inference_pacore_low_1210.py).
+PRESETS: dict[str, tuple[int, ...]] = {"low": (4,), "medium": (16,), "high": (32, 4)}
+
+MessageCap = int | Literal["auto"] | None
+
+
+def parse_rounds(spec: str) -> tuple[int, ...]:
+    """Parse a comma-separated K vector such as ``"32,4"`` into ``(32, 4)``."""
+    try:
+        ks = tuple(int(part) for part in spec.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"--rounds must be comma-separated positive integers, got {spec!r}") from None
+    if not ks or any(k < 1 for k in ks):
+        raise ValueError(f"--rounds must be comma-separated positive integers, got {spec!r}")
+    return ks
+
+
+def round_schedule(ks: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """The full schedule: the given K vector with the final K=1 round appended.
+
+    The final round is appended unconditionally, as the official implementation does
+    (``num_responses_per_round + [1]``), so ``[4, 1]`` runs three rounds.
+    """
+    ks = tuple(int(k) for k in ks)
+    if any(k < 1 for k in ks):
+        raise ValueError(f"every K must be >= 1, got {list(ks)}")
+    return ks + (1,)
+
+
+@dataclass(slots=True)
+class RunConfig:
+    """Everything that decides what a PaCoRe run computes and where it writes."""
+
+    data_path: str
+    out_path: str
+    rounds: tuple[int, ...] = PRESETS["low"]  # K vector WITHOUT the final K=1 round
+    max_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+    resume: bool = False
+    max_problems_in_flight: int = 64
+    # "auto": shorten references (keeping their ends) just enough for the round prompt to fit;
+    # an int: cap every reference at that many tokens (then still error if it does not fit);
+    # None: never shorten.
+    message_token_cap: MessageCap = "auto"
+    grade: bool = True
+    show_progress: bool = True
+    # Where a profiler should write its traces; only recorded here (the profiling hook reads it).
+    profile_dir: str | None = None
+    engine_options: dict = field(default_factory=dict)
+
+    @property
+    def schedule(self) -> tuple[int, ...]:
+        return round_schedule(self.rounds)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["rounds"] = list(self.rounds)
+        d["schedule"] = list(self.schedule)
+        return d

@@ -1,0 +1,177 @@
+"""JSONL in and out: reading problems (bad lines reported, never fatal), durable appends, resume."""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+
+class OutputExistsError(RuntimeError):
+    """The output file already holds results and --resume was not given."""
+
+
+@dataclass(slots=True)
+class Problem:
+    """One valid input line."""
+
+    line_no: int
+    id: object  # the input's id as given (string or number), or "line_N" when absent
+    messages: list[dict]
+    extra: dict = field(default_factory=dict)  # every other input key, carried to the output
+
+    @property
+    def key(self) -> str:
+        return problem_key(self.id)
+
+    @property
+    def original_prompt(self) -> str:
+        return next(m["content"] for m in reversed(self.messages) if m["role"] == "user")
+
+
+@dataclass(slots=True)
+class BadLine:
+    """An input line that cannot be run, with the reason."""
+
+    line_no: int
+    id: object
+    error: str
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return problem_key(self.id)
+
+
+def problem_key(pid: object) -> str:
+    """The identity used for resume and duplicate checks (ids 7 and "7" are the same problem)."""
+    return str(pid)
+
+
+def _validate(obj: object) -> str | None:
+    if not isinstance(obj, dict):
+        return f"expected a JSON object, got {type(obj).__name__}"
+    msgs = obj.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        return "missing or empty 'messages' list"
+    for j, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
+            return f"messages[{j}] is not an object with 'role' and 'content'"
+    users = [m for m in msgs if m["role"] == "user"]
+    if not users:
+        return "no user message in 'messages'"
+    if not isinstance(users[-1]["content"], str):
+        return "the last user message's content must be a string"
+    return None
+
+
+def read_problems(path: str) -> Iterator[Problem | BadLine]:
+    """Yield each non-blank line of a PaCoRe JSONL file as a Problem or a BadLine.
+
+    Duplicate ids are reported as BadLine for every occurrence after the first.
+    """
+    seen: set[str] = set()
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            default_id = f"line_{line_no}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                yield BadLine(line_no, default_id, f"line {line_no}: invalid JSON: {e.msg} (column {e.colno})")
+                continue
+            pid = obj.get("id", default_id) if isinstance(obj, dict) else default_id
+            if isinstance(pid, (dict, list)) or pid is None:
+                pid = default_id
+            extra = {k: v for k, v in obj.items() if k != "id"} if isinstance(obj, dict) else {}
+            error = _validate(obj)
+            if error is None and problem_key(pid) in seen:
+                error = f"duplicate id {pid!r} (first seen earlier in the file)"
+            if error is not None:
+                yield BadLine(line_no, pid, f"line {line_no}: {error}", extra)
+                continue
+            seen.add(problem_key(pid))
+            yield Problem(line_no, pid, obj["messages"], {k: v for k, v in extra.items() if k != "messages"})
+
+
+def prepare_output(path: str, resume: bool) -> set[str]:
+    """Check the output path and return the keys of problems already recorded in it.
+
+    Without ``resume`` a non-empty file is refused. With it, a torn last line (a kill in the middle
+    of a write) is cut off so the next append starts on a fresh line.
+    """
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+        parent = os.path.dirname(os.path.abspath(path))
+        os.makedirs(parent, exist_ok=True)
+        return set()
+    if not resume:
+        raise OutputExistsError(
+            f"{path} already holds results; pass --resume to skip the problems it has and finish "
+            f"the rest, or choose another --out path"
+        )
+    done: set[str] = set()
+    with open(path, "rb+") as f:
+        data = f.read()
+        end = data.rfind(b"\n") + 1
+        if end < len(data):
+            f.truncate(end)  # the torn line's problem is simply run again
+        for raw in data[:end].splitlines():
+            if not raw.strip():
+                continue
+            try:
+                rec = json.loads(raw)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and "request_id" in rec:
+                done.add(problem_key(rec["request_id"]))
+    return done
+
+
+def read_results(path: str) -> list[dict]:
+    """All well-formed records of a results file."""
+    out = []
+    if not os.path.exists(path):
+        return out
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+    return out
+
+
+class ResultsWriter:
+    """Appends one JSON line per problem and makes it durable before returning."""
+
+    def __init__(self, path: str):
+        self._f = open(path, "a", encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        # One write call per line keeps a kill from interleaving half records.
+        self._f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> ResultsWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def write_json(path: str, obj: dict) -> None:
+    """Write a JSON document atomically (a reader never sees half of it)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,256 @@
+"""The driver loop: every problem advances through its rounds on its own, sharing one engine."""
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from .budget import PromptTooLong, fit_round_prompt
+from .compaction import Compacted, compact
+from .config import RunConfig
+from .grading import answers_equal, grade, ground_truth_answer, majority_vote
+from .io import BadLine, Problem, ResultsWriter, prepare_output, read_problems, read_results, write_json
+from .progress import Progress
+from .prompts import shuffle_references
+from .seeds import derive_seed
+from .stats import RoundStats, format_summary, round_stats_from_output, summarize
+
+
+@dataclass(slots=True)
+class _ProblemState:
+    problem: Problem
+    gold: str | None
+    round_idx: int = 0  # the round in flight, 0-based
+    rounds: list[list[Compacted]] = field(default_factory=list)
+    stats: list[RoundStats] = field(default_factory=list)
+    # bookkeeping of the round in flight, for its stats
+    references: int = 0
+    dropped: int = 0
+    truncated: int = 0
+
+
+class PaCoReRunner:
+    """Runs PaCoRe over a JSONL file on an engine with the ``LLM.add_request/step`` interface.
+
+    Each round of each problem is one engine request with ``n=K``; when it finishes, the problem's
+    next round is submitted in the same loop iteration while other problems keep decoding.
+    """
+
+    def __init__(self, llm, cfg: RunConfig, sampling_params_cls=None):
+        if sampling_params_cls is None:
+            from engine import SamplingParams as sampling_params_cls
+        if cfg.max_problems_in_flight < 1:
+            raise ValueError("max_problems_in_flight must be at least 1")
+        self.llm = llm
+        self.cfg = cfg
+        self.schedule = cfg.schedule
+        self._params_cls = sampling_params_cls
+        self.max_model_len = int(llm.max_model_len)
+        self.max_tokens = cfg.max_tokens
+        if self.max_tokens >= self.max_model_len:
+            # Leave half the context for the prompt (references need room in later rounds).
+            self.max_tokens = self.max_model_len // 2
+            print(
+                f"pacore: max_tokens {cfg.max_tokens} >= the model's context of {self.max_model_len}; "
+                f"using {self.max_tokens}",
+                file=sys.stderr,
+            )
+        self._inflight: dict[str, _ProblemState] = {}
+        self._writer: ResultsWriter | None = None
+        self._progress: Progress | None = None
+        self.generated_tokens = 0  # this session, finished rounds only
+
+    # -- public ------------------------------------------------------------------------------
+    def run(self) -> dict:
+        """Run every problem not yet in the output; returns (and writes) the run summary."""
+        cfg = self.cfg
+        done = prepare_output(cfg.out_path, cfg.resume)
+        todo = deque(item for item in read_problems(cfg.data_path) if item.key not in done)
+        n_problems = sum(isinstance(x, Problem) for x in todo)
+        if done:
+            print(f"pacore: resuming, {len(done)} problems already in {cfg.out_path}", file=sys.stderr)
+        start = time.perf_counter()
+        self._progress = Progress(
+            self.llm,
+            total_trajectories=n_problems * sum(self.schedule),
+            total_rounds=n_problems * len(self.schedule),
+            enabled=cfg.show_progress,
+        )
+        try:
+            with ResultsWriter(cfg.out_path) as self._writer:
+                self._loop(todo)
+        except KeyboardInterrupt:
+            print(
+                f"\npacore: interrupted; finished problems are saved in {cfg.out_path}. "
+                f"Run again with --resume to complete the rest.",
+                file=sys.stderr,
+            )
+            raise
+        finally:
+            self._progress.close()
+        wall = time.perf_counter() - start
+        summary = summarize(read_results(cfg.out_path), list(self.schedule))
+        summary["run"] = {
+            "wall_time_s": round(wall, 3),
+            "generated_tokens": self.generated_tokens,
+            "tokens_per_s": round(self.generated_tokens / wall, 3) if wall > 0 else 0.0,
+            "max_tokens": self.max_tokens,
+            "max_model_len": self.max_model_len,
+            "engine_stats": _engine_stats(self.llm),
+        }
+        summary["config"] = cfg.to_dict()
+        write_json(summary_path(cfg.out_path), summary)
+        return summary
+
+    # -- the loop ----------------------------------------------------------------------------
+    def _loop(self, todo: deque) -> None:
+        while todo or self._inflight:
+            while todo and len(self._inflight) < self.cfg.max_problems_in_flight:
+                item = todo.popleft()
+                if isinstance(item, BadLine):
+                    self._write_error(item.id, item.error, item.line_no, item.extra)
+                    print(f"pacore: skipped {item.error}", file=sys.stderr)
+                    continue
+                self._submit(_ProblemState(item, ground_truth_answer(item.extra)))
+            if not self._inflight:
+                continue
+            finished = self.llm.step()
+            if not finished and not self.llm.has_unfinished():
+                raise RuntimeError(
+                    f"the engine has no unfinished requests but {len(self._inflight)} rounds never "
+                    f"returned: {sorted(self._inflight)[:5]}"
+                )
+            for out in finished:
+                state = self._inflight.pop(out.request_id, None)
+                if state is not None:  # requests someone else added are not ours to handle
+                    self._round_finished(state, out)
+            self._progress.tick()
+
+    def _submit(self, state: _ProblemState) -> None:
+        """Build and add the engine request of ``state``'s current round."""
+        r = state.round_idx
+        k = self.schedule[r]
+        problem = state.problem
+        refs: list[str] = []
+        state.dropped = 0
+        if r > 0:
+            messages = [c.message for c in state.rounds[-1]]
+            refs = [m for m in messages if m]
+            state.dropped = len(messages) - len(refs)
+            refs = shuffle_references(refs, self.cfg.seed, problem.key, r)
+        try:
+            prompt = fit_round_prompt(
+                self.llm.tokenizer,
+                problem.messages,
+                refs,
+                max_model_len=self.max_model_len,
+                max_tokens=self.max_tokens,
+                message_token_cap=self.cfg.message_token_cap,
+            )
+            params = self._params_cls(
+                n=k,
+                temperature=self.cfg.temperature,
+                top_p=self.cfg.top_p,
+                max_tokens=prompt.max_tokens,
+                # Per problem and round, so results do not depend on what else was scheduled.
+                seed=derive_seed(self.cfg.seed, problem.key, r, "sample"),
+            )
+            request_id = f"{problem.key}#r{r + 1}"
+            self.llm.add_request(prompt.token_ids, params, request_id=request_id)
+        except (PromptTooLong, ValueError) as e:
+            # PromptTooLong is ours; ValueError is the engine refusing a prompt it can never fit.
+            self._fail(state, f"round {r + 1}: {e}")
+            return
+        state.references = len(refs)
+        state.truncated = prompt.truncated_messages
+        self._inflight[request_id] = state
+
+    def _round_finished(self, state: _ProblemState, out) -> None:
+        r = state.round_idx
+        k = self.schedule[r]
+        outputs = sorted(out.outputs, key=lambda c: c.index)
+        compacted = [compact(c.text) for c in outputs]
+        stats = round_stats_from_output(
+            r + 1, k, out, references=state.references, dropped=state.dropped, truncated=state.truncated
+        )
+        if self.cfg.grade:
+            graded = [grade(c.message, state.gold) for c in compacted]
+            stats.answers = [a for a, _ in graded]
+            flags = [ok for _, ok in graded if ok is not None]
+            stats.accuracy = sum(flags) / len(flags) if flags else None
+        state.rounds.append(compacted)
+        state.stats.append(stats)
+        self.generated_tokens += stats.generated_tokens
+        self._progress.round_done(len(outputs), stats.generated_tokens)
+        if r + 1 < len(self.schedule):
+            state.round_idx += 1
+            self._submit(state)
+        else:
+            self._finish(state)
+
+    # -- records -----------------------------------------------------------------------------
+    def _finish(self, state: _ProblemState) -> None:
+        final = state.rounds[-1][0] if state.rounds[-1] else Compacted("", "")
+        answer, correct = (None, None)
+        if self.cfg.grade:
+            answer, correct = grade(final.message, state.gold)
+        sc_answer = majority_vote(state.stats[0].answers) if self.cfg.grade else None
+        sc_correct = None
+        if self.cfg.grade and state.gold is not None:
+            sc_correct = sc_answer is not None and answers_equal(state.gold, sc_answer)
+        record = {
+            "request_id": state.problem.id,
+            "final_response": final.message,
+            "final_reasoning_content": final.reasoning,
+            "round_responses": [[c.to_record() for c in rnd] for rnd in state.rounds],
+            "rounds_stats": [s.to_dict() for s in state.stats],
+            "effective_compute_tokens": sum(s.generated_tokens for s in state.stats),
+            "answer": answer,
+            "correct": correct,
+            "self_consistency": {"k": self.schedule[0], "answer": sc_answer, "correct": sc_correct},
+        }
+        self._write(record, state.problem.extra)
+
+    def _fail(self, state: _ProblemState, error: str) -> None:
+        print(f"pacore: problem {state.problem.id!r} failed: {error}", file=sys.stderr)
+        self._progress.problem_failed(
+            sum(self.schedule[state.round_idx:]), len(self.schedule) - state.round_idx
+        )
+        self._write_error(
+            state.problem.id,
+            error,
+            state.problem.line_no,
+            state.problem.extra,
+            round_responses=[[c.to_record() for c in rnd] for rnd in state.rounds],
+            rounds_stats=[s.to_dict() for s in state.stats],
+        )
+
+    def _write_error(self, pid, error: str, line_no: int, extra: dict, **partial) -> None:
+        self._write({"request_id": pid, "error": error, "line": line_no, **partial}, extra)
+
+    def _write(self, record: dict, extra: dict) -> None:
+        for key, value in extra.items():
+            record.setdefault(key, value)
+        self._writer.write(record)
+
+
+def summary_path(out_path: str) -> str:
+    """Where the run summary of ``out_path`` is written."""
+    return f"{out_path}.summary.json"
+
+
+def _engine_stats(llm) -> dict:
+    try:
+        return dict(llm.stats())
+    except Exception as e:  # stats are informative; a failure must not lose the run summary
+        return {"error": str(e)}
+
+
+def run_pacore(llm, cfg: RunConfig, sampling_params_cls=None, print_summary: bool = True) -> dict:
+    """Run PaCoRe with ``cfg`` on ``llm``; prints and returns the summary."""
+    summary = PaCoReRunner(llm, cfg, sampling_params_cls).run()
+    if print_summary:
+        print(format_summary(summary))
+        print(f"results: {cfg.out_path}\nsummary: {summary_path(cfg.out_path)}")
+    return summary

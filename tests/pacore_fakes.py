@@ -1,0 +1,147 @@
+"""A scripted stand-in for engine.LLM with exactly its add_request/step interface (pacore tests only).
+
+Tokens are characters: a prompt of N characters is N tokens, a child emits one character per step.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+class FakeTokenizer:
+    chat_template = "fake"
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+        assert tokenize is False
+        text = "".join(f"<{m['role']}>{m['content']}\n" for m in messages)
+        return text + ("<assistant>" if add_generation_prompt else "")
+
+    def encode(self, text, add_special_tokens=True):
+        return [ord(c) for c in text]
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(i) for i in ids)
+
+
+@dataclass
+class FakeSamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    max_tokens: int = 16
+    seed: int | None = None
+    stop: list | None = None
+    stop_token_ids: list | None = None
+    ignore_eos: bool = False
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    num_prompt_tokens: int = 0
+    num_generated_tokens: int = 0
+    num_cached_tokens: int = 0
+    kv_blocks_saved_by_sharing: int = 0
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    num_cached_tokens: int
+    metrics: RequestMetrics
+
+
+@dataclass
+class _Req:
+    rid: str
+    prompt: list[int]
+    params: FakeSamplingParams
+    targets: list[str]
+    produced: list[int] = field(default_factory=list)
+    arrival: float = 0.0
+    first: float | None = None
+
+
+# script(prompt_text, params, request_id, child_index) -> the child's full text
+Script = Callable[[str, FakeSamplingParams, str, int], str]
+
+
+class FakeLLM:
+    """Continuous batching over scripted children: every active child advances one token per step."""
+
+    def __init__(self, script: Script, max_model_len: int = 100_000, interrupt_at_step: int | None = None,
+                 block_size: int = 16):
+        self.script = script
+        self.tokenizer = FakeTokenizer()
+        self.max_model_len = max_model_len
+        self.block_size = block_size
+        self.interrupt_at_step = interrupt_at_step
+        self.calls: list[tuple[str, list[int], FakeSamplingParams]] = []
+        self.step_log: list[set[str]] = []  # request ids that decoded in each step
+        self._active: dict[str, _Req] = {}
+        self._counter = 0
+        self._stats = {"prefill_tokens": 0, "decode_tokens": 0, "prefix_cache_hit_tokens": 0,
+                       "kv_blocks_total": 1000, "kv_blocks_peak": 0, "kv_blocks_saved_by_sharing": 0,
+                       "preemptions": 0, "cascade_decode_steps": 0}
+
+    def add_request(self, prompt, params, request_id=None):
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if len(ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(f"prompt of {len(ids)} tokens + max_tokens {params.max_tokens} > max_model_len {self.max_model_len}")
+        rid = request_id or f"req-{self._counter}"
+        self._counter += 1
+        assert rid not in self._active, f"duplicate request id {rid}"
+        text = self.tokenizer.decode(ids)
+        targets = [self.script(text, params, rid, i) for i in range(params.n)]
+        self.calls.append((rid, ids, params))
+        self._active[rid] = _Req(rid, ids, params, targets, [0] * params.n, time.perf_counter())
+        self._stats["prefill_tokens"] += len(ids)  # once per request, whatever n is
+        return rid
+
+    def has_unfinished(self):
+        return bool(self._active)
+
+    def step(self):
+        if self.interrupt_at_step is not None and len(self.step_log) >= self.interrupt_at_step:
+            raise KeyboardInterrupt
+        now = time.perf_counter()
+        self.step_log.append(set(self._active))
+        finished = []
+        for rid, req in list(self._active.items()):
+            if req.first is None:
+                req.first = now
+            for i, t in enumerate(req.targets):
+                if req.produced[i] < min(len(t), req.params.max_tokens):
+                    req.produced[i] += 1
+                    self._stats["decode_tokens"] += 1
+            if all(p >= min(len(t), req.params.max_tokens) for p, t in zip(req.produced, req.targets)):
+                del self._active[rid]
+                outs = []
+                for i, t in enumerate(req.targets):
+                    text = t[: req.params.max_tokens]
+                    reason = "length" if len(t) > req.params.max_tokens else "stop"
+                    outs.append(CompletionOutput(i, text, self.tokenizer.encode(text), reason))
+                shared = (len(req.prompt) // self.block_size) * (req.params.n - 1)
+                self._stats["kv_blocks_saved_by_sharing"] += shared
+                metrics = RequestMetrics(req.arrival, req.first, time.perf_counter(), len(req.prompt),
+                                         sum(len(o.token_ids) for o in outs), 0, shared)
+                finished.append(RequestOutput(rid, req.prompt, outs, 0, metrics))
+        return finished
+
+    def stats(self):
+        return dict(self._stats)
