@@ -14,3 +14,10 @@ __all__ = [
     "store_kvcache_ref", "paged_decode_ref", "cascade_decode_ref", "prefill_attention_ref",
     "rmsnorm_ref", "rope_ref", "silu_and_mul_ref",
 ]
+
+from ._utils import HAS_TRITON
+
+if HAS_TRITON:
+    from .store_kvcache import store_kvcache_triton
+
+    __all__ += ["store_kvcache_triton"]

@@ -38,3 +38,65 @@ def merge_attn_states(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, ls
 def check(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(msg)
+
+
+# --- Triton import shim --------------------------------------------------------------------------
+# The references must work where triton is absent; kernel modules still define their @triton.jit
+# functions, so give them an inert `triton`/`tl` (jit is the identity, every tl.* attribute is None).
+try:
+    import triton
+    import triton.language as tl
+    HAS_TRITON = True
+except Exception:  # pragma: no cover - exercised only on hosts without triton
+    HAS_TRITON = False
+
+    class _Inert:
+        def jit(self, fn=None, **_):
+            return fn if fn is not None else (lambda f: f)
+
+        def __getattr__(self, name):
+            return None
+
+    triton = tl = _Inert()
+
+
+def require_triton() -> None:
+    if not HAS_TRITON:
+        raise RuntimeError("triton is not importable; use the *_ref kernels")
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def check_rows(name: str, t: torch.Tensor, ndim: int) -> None:
+    """A [rows, ..., D] tensor whose inner dims are packed (rows may be strided, e.g. a view into qkv)."""
+    check(t.dim() == ndim, f"{name}: expected {ndim} dims, got shape {tuple(t.shape)}")
+    inner = 1
+    for d in range(ndim - 1, 0, -1):
+        check(t.stride(d) == inner or t.shape[d] == 1,
+              f"{name}: inner dims must be contiguous (strides {t.stride()}, shape {tuple(t.shape)})")
+        inner *= t.shape[d]
+
+
+def check_same_device(**tensors) -> None:
+    devs = {n: t.device for n, t in tensors.items() if t is not None}
+    check(len(set(devs.values())) <= 1, f"tensors on different devices: {devs}")
+
+
+def check_int(name: str, t: torch.Tensor) -> None:
+    check(t.dtype in (torch.int32, torch.int64), f"{name}: expected int32/int64, got {t.dtype}")
+    check(t.is_contiguous(), f"{name}: must be contiguous")
+
+
+def check_attn_dtypes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    check(q.dtype in (torch.float32, torch.float16, torch.bfloat16), f"q: unsupported dtype {q.dtype}")
+    check(k_cache.dtype == q.dtype and v_cache.dtype == q.dtype,
+          f"q/k_cache/v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    check(k_cache.dim() == 4 and k_cache.shape == v_cache.shape,
+          f"caches must be [N, bs, Hkv, D] and equal: {tuple(k_cache.shape)} vs {tuple(v_cache.shape)}")
+    check(k_cache.is_contiguous() and v_cache.is_contiguous(), "k_cache/v_cache must be contiguous")
+    Hq, D = q.shape[-2:]
+    Hkv = k_cache.shape[2]
+    check(k_cache.shape[3] == D, f"head_dim mismatch: q {D}, cache {k_cache.shape[3]}")
+    check(Hq % Hkv == 0, f"num q heads {Hq} is not a multiple of num kv heads {Hkv}")
