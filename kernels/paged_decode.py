@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from ._utils import masked_softmax_attend
+from ._utils import (check, check_attn_dtypes, check_int, check_rows, check_same_device,
+                     masked_softmax_attend, next_pow2, require_triton, tl, triton)
 
 
 def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -45,4 +46,194 @@ def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     out, lse = masked_softmax_attend(scores, keep[:, None, None, :], v.permute(0, 2, 1, 3))
     out = out.reshape(B, Hq, D).to(q.dtype)
     lse = lse.reshape(B, Hq)
+    return (out, lse) if return_lse else out
+
+
+# --- Triton ---------------------------------------------------------------------------------------
+# Flash-decoding: stage 1 splits each row's key range [start, seq) into NUM_SPLITS chunks; one program
+# handles (row, kv head, split) with the q heads of that kv head packed into the M dim of tl.dot.
+# Each writes a normalised partial output + its lse; stage 2 merges the splits by log-sum-exp.
+# With one split, stage 1 writes the final output directly.
+
+_LOG2E = 1.4426950408889634
+_LN2 = 0.6931471805599453
+_MIN_TOKENS_PER_SPLIT = 256
+_MAX_SPLITS = 64
+
+
+@triton.jit
+def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, start_ptr, o_ptr, lse_ptr,
+                         stride_qb, stride_bt, stride_tok, stride_ob, stride_oh, stride_os,
+                         stride_lb, stride_lh, stride_ls, split_off, NUM_SPLITS, qk_scale,
+                         QPK: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_START: tl.constexpr,
+                         STORE_LSE: tl.constexpr, DOT_PREC: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    split = tl.program_id(2)
+    seq = tl.load(seq_ptr + b).to(tl.int32)
+    start = 0
+    if HAS_START:
+        start = tl.minimum(tl.load(start_ptr + b).to(tl.int32), seq)
+    # Split chunks are whole BLOCK_N tiles, sized from this row's own length: short rows leave later splits empty.
+    chunk = tl.cdiv(tl.cdiv(seq - start, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    t0 = start + split * chunk
+    t1 = tl.minimum(t0 + chunk, seq)
+
+    m = tl.arange(0, BLOCK_M)               # q head within the kv head's group; rows >= QPK are padding
+    d = tl.arange(0, BLOCK_D)
+    head = h * QPK + m
+    row_ok = m < QPK
+    q = tl.load(q_ptr + b * stride_qb + head[:, None] * D + d[None, :],
+                mask=row_ok[:, None] & (d[None, :] < D), other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)   # running max (log2 domain)
+    l_i = tl.zeros([BLOCK_M], tl.float32)                 # running sum of exp2
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for n0 in range(t0, t1, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        ok = pos < t1
+        blk = tl.load(bt_ptr + b * stride_bt + pos // BS, mask=ok, other=0).to(tl.int64)
+        slot = blk * BS + pos % BS                        # int64: block ids * sizes overflow int32
+        kv_off = slot[:, None] * stride_tok + h * D + d[None, :]
+        kv_ok = ok[:, None] & (d[None, :] < D)
+        k = tl.load(kc_ptr + kv_off, mask=kv_ok, other=0.0)
+        v = tl.load(vc_ptr + kv_off, mask=kv_ok, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))             # finite: every tile has >= 1 valid key
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+        m_i = m_new
+
+    # An empty split (l_i == 0) yields o = 0 and lse = -inf, which the merge ignores; never NaN.
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    lse = tl.where(l_i > 0, (m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    sidx = split_off + split
+    tl.store(o_ptr + b * stride_ob + head[:, None] * stride_oh + sidx * stride_os + d[None, :],
+             o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (d[None, :] < D))
+    if STORE_LSE:
+        tl.store(lse_ptr + b * stride_lb + head * stride_lh + sidx * stride_ls, lse, mask=row_ok)
+
+
+@triton.jit
+def _merge_splits_kernel(o_part_ptr, lse_part_ptr, out_ptr, lse_ptr, S, stride_pb, stride_ph, stride_ps,
+                         stride_lb, stride_lh, stride_ob, stride_oh, stride_fb, D: tl.constexpr,
+                         BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, STORE_LSE: tl.constexpr):
+    # One program per (row, q head): exact log-sum-exp merge of S partial states. -inf parts weigh 0.
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    lse = tl.load(lse_part_ptr + b * stride_lb + h * stride_lh + s, mask=s < S, other=float("-inf"))
+    mx = tl.max(lse, 0)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    w = tl.exp(lse - mx)
+    den = tl.sum(w, 0)
+    o = tl.load(o_part_ptr + b * stride_pb + h * stride_ph + s[:, None] * stride_ps + d[None, :],
+                mask=(s[:, None] < S) & (d[None, :] < D), other=0.0)
+    out = tl.sum(o * w[:, None], 0) / tl.where(den > 0, den, 1.0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < D)
+    if STORE_LSE:
+        tl.store(lse_ptr + b * stride_fb + h, tl.where(den > 0, mx + tl.log(tl.where(den > 0, den, 1.0)),
+                                                       float("-inf")))
+
+
+_SM_COUNT: dict = {}
+
+
+def default_num_splits(q: torch.Tensor, work_items: int, max_tokens: int) -> int:
+    """Enough (row, head, split) programs to fill the GPU, but no split under ~256 tokens."""
+    if q.is_cuda:
+        idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
+        if idx not in _SM_COUNT:
+            _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+        target = 2 * _SM_COUNT[idx]
+    else:
+        target = 4
+    by_fill = -(-target // max(1, work_items))
+    by_len = -(-max_tokens // _MIN_TOKENS_PER_SPLIT)
+    return max(1, min(by_fill, by_len, _MAX_SPLITS))
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"  # fp32 must not silently drop to tf32
+
+
+def check_decode_args(q, k_cache, v_cache, block_tables, seq_lens, start_lens=None):
+    check_rows("q", q, 3)
+    check_attn_dtypes(q, k_cache, v_cache)
+    check(block_tables.dim() == 2 and block_tables.shape[0] == q.shape[0],
+          f"block_tables must be [B, max_blocks] with B={q.shape[0]}, got {tuple(block_tables.shape)}")
+    check(block_tables.dtype in (torch.int32, torch.int64) and block_tables.stride(1) == 1,
+          "block_tables must be int32/int64 with contiguous rows")
+    check_int("seq_lens", seq_lens)
+    check(seq_lens.shape == (q.shape[0],), f"seq_lens must be [B], got {tuple(seq_lens.shape)}")
+    if start_lens is not None:
+        check_int("start_lens", start_lens)
+        check(start_lens.shape == (q.shape[0],), f"start_lens must be [B], got {tuple(start_lens.shape)}")
+    check(q.shape[-1] <= 256, f"head_dim {q.shape[-1]} > 256 is not supported")
+    check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, seq_lens=seq_lens,
+                      start_lens=start_lens)
+
+
+def launch_decode_splits(q, k_cache, v_cache, block_tables, seq_lens, start_lens, sm_scale,
+                         o_buf, lse_buf, split_off, num_splits, store_lse=True):
+    """Stage 1 into o_buf/lse_buf: [B, Hq, S_total, D] / [B, Hq, S_total] (or the final [B, Hq, D] / [B, Hq]
+    viewed with a zero split stride). Used by paged decode and by cascade decode's suffix stage."""
+    B, Hq, D = q.shape
+    _, bs, Hkv, _ = k_cache.shape
+    qpk = Hq // Hkv
+    if o_buf.dim() == 3:
+        o_strides = (o_buf.stride(0), o_buf.stride(1), 0)
+        l_strides = (lse_buf.stride(0), lse_buf.stride(1), 0) if lse_buf is not None else (0, 0, 0)
+    else:
+        o_strides = o_buf.stride()[:3]
+        l_strides = lse_buf.stride()
+    _decode_split_kernel[(B, Hkv, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, start_lens if start_lens is not None else seq_lens,
+        o_buf, lse_buf if lse_buf is not None else o_buf,
+        q.stride(0), block_tables.stride(0), Hkv * D, *o_strides, *l_strides, split_off, num_splits,
+        sm_scale * _LOG2E,
+        QPK=qpk, D=D, BS=bs, BLOCK_M=max(16, next_pow2(qpk)), BLOCK_N=64 if D <= 64 else 32,
+        BLOCK_D=max(16, next_pow2(D)), HAS_START=start_lens is not None, STORE_LSE=store_lse,
+        DOT_PREC=dot_precision(q.dtype), num_warps=4)
+
+
+def launch_merge(o_part, lse_part, out, lse=None):
+    B, Hq, S, D = o_part.shape
+    _merge_splits_kernel[(B, Hq)](
+        o_part, lse_part, out, lse if lse is not None else lse_part, S,
+        o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
+        out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0, D=D, BLOCK_S=next_pow2(S), BLOCK_D=max(16, next_pow2(D)),
+        STORE_LSE=lse is not None, num_warps=4)
+
+
+def paged_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        block_tables: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float,
+                        start_lens: torch.Tensor | None = None, return_lse: bool = False,
+                        num_splits: int | None = None):
+    """Triton paged decode; same contract as paged_decode_ref. num_splits: split-KV count (default: a
+    heuristic from the block-table width, so no host sync)."""
+    require_triton()
+    check_decode_args(q, k_cache, v_cache, block_tables, seq_lens, start_lens)
+    B, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(B, Hq, dtype=torch.float32, device=q.device) if return_lse else None
+    if B > 0:
+        if num_splits is None:
+            num_splits = default_num_splits(q, B * Hkv, block_tables.shape[1] * k_cache.shape[1])
+        check(num_splits >= 1, "num_splits must be >= 1")
+        if num_splits == 1:
+            launch_decode_splits(q, k_cache, v_cache, block_tables, seq_lens, start_lens, sm_scale,
+                                 out, lse, 0, 1, store_lse=return_lse)
+        else:
+            o_part = torch.empty(B, Hq, num_splits, D, dtype=torch.float32, device=q.device)
+            lse_part = torch.empty(B, Hq, num_splits, dtype=torch.float32, device=q.device)
+            launch_decode_splits(q, k_cache, v_cache, block_tables, seq_lens, start_lens, sm_scale,
+                                 o_part, lse_part, 0, num_splits)
+            launch_merge(o_part, lse_part, out, lse)
     return (out, lse) if return_lse else out

@@ -105,3 +105,18 @@ def naive_attention(q, k_cache, v_cache, table_row, positions_by_query, sm_scale
         o = F.scaled_dot_product_attention(q[i].double()[:, None, :], k, v, scale=sm_scale)
         outs.append(o[:, 0, :])
     return torch.stack(outs)
+
+
+def poison_allocations(monkeypatch):
+    """Make torch.empty/empty_like return NaN-filled float tensors, so an output element a kernel
+    forgets to write shows up as NaN instead of a lucky zero."""
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+
+    def empty(*a, **kw):
+        return poison(real_empty(*a, **kw))
+
+    def empty_like(*a, **kw):
+        return poison(real_empty_like(*a, **kw))
+
+    monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(torch, "empty_like", empty_like)
