@@ -18,7 +18,8 @@ __all__ = [
 from ._utils import HAS_TRITON
 
 if HAS_TRITON:
+    from .cascade_decode import cascade_decode_triton
     from .paged_decode import paged_decode_triton
     from .store_kvcache import store_kvcache_triton
 
-    __all__ += ["store_kvcache_triton", "paged_decode_triton"]
+    __all__ += ["store_kvcache_triton", "paged_decode_triton", "cascade_decode_triton"]

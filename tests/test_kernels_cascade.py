@@ -1,0 +1,69 @@
+"""Triton cascade decode vs the (proven) references."""
+import _triton_env as env  # noqa: F401  (must come first)
+
+import math
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton")
+import kernels.cascade_decode as cd  # noqa: E402
+from kernels.cascade_decode import cascade_decode_ref, cascade_decode_triton  # noqa: E402
+
+DEV = env.DEVICE
+DTYPES = [torch.float32] + env.LOW_DTYPES
+
+
+@pytest.fixture(autouse=True)
+def _poison(monkeypatch):
+    env.poison_allocations(monkeypatch)
+
+
+def _batch(bs, groups, prefix_blocks, suffixes, Hkv, D, qpk, dtype):
+    """Several groups of different sizes and prefix lengths (incl. none) in one batch; suffixes cycle over
+    the given lengths (0 = empty suffix, 1 = one-token suffix, non-multiples of bs)."""
+    prefix_lens = [p * bs for p in prefix_blocks]
+    seq, i = [], 0
+    for g, n in enumerate(groups):
+        for _ in range(n):
+            seq.append(max(1, prefix_lens[g] + suffixes[i % len(suffixes)]))
+            i += 1
+    kc, vc, bt = env.make_paged(seq, bs, Hkv, D, dtype, groups=groups, prefix_lens=prefix_lens)
+    q = torch.randn(len(seq), Hkv * qpk, D, device=DEV).to(dtype)
+    i32 = dict(dtype=torch.int32, device=DEV)
+    gs = torch.tensor([0] + torch.tensor(groups).cumsum(0).tolist(), **i32)
+    return q, kc, vc, bt, torch.tensor(seq, **i32), gs, torch.tensor(prefix_lens, **i32)
+
+
+# (head_dim, q heads per kv head, block size, prefix splits, suffix splits, max BLOCK_M)
+CASES = [(64, 1, 16, None, None, 64), (128, 2, 32, 3, 2, 64), (64, 4, 16, 1, 1, 16), (128, 8, 16, 9, 1, 16),
+         (64, 8, 32, 2, 7, 64), (128, 4, 32, 1, 3, 32)]
+
+
+@pytest.mark.parametrize("D,qpk,bs,s1,s2,max_m", CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cascade_decode_triton(D, qpk, bs, s1, s2, max_m, dtype, monkeypatch):
+    monkeypatch.setattr(cd, "_MAX_BLOCK_M", max_m)  # 16 forces tiling groups over members
+    Hkv = 2 if qpk <= 2 else 1
+    args = _batch(bs, [3, 1, 5, 2], [2, 0, 3, 1], [0, 1, bs + 3, 2 * bs, 5], Hkv, D, qpk, dtype)
+    sc = 1 / math.sqrt(D)
+    out = cascade_decode_triton(*args, sc, num_splits=s1, suffix_splits=s2)
+    ref = cascade_decode_ref(*args, sc)
+    assert out.dtype == dtype and out.shape == args[0].shape
+    assert env.rel_err(out, ref) < env.TOL[dtype]
+
+
+def test_cascade_decode_triton_one_big_group():
+    # a PaCoRe-like fork: one prompt, many members, prefix longer than the suffixes, given max_group_size
+    bs, D, qpk = 16, 64, 4
+    args = _batch(bs, [12], [4], [1, 2, 17, 0], 1, D, qpk, torch.float32)
+    out = cascade_decode_triton(*args, 0.125, max_group_size=12, num_splits=2)
+    assert env.rel_err(out, cascade_decode_ref(*args, 0.125)) < 1e-3
+
+
+def test_cascade_decode_triton_validates():
+    q, kc, vc, bt, sl, gs, gp = _batch(16, [2], [1], [1], 1, 64, 2, torch.float32)
+    with pytest.raises(ValueError, match="group_starts"):
+        cascade_decode_triton(q, kc, vc, bt, sl, gs[:1], gp, 0.1)
+    with pytest.raises(ValueError, match="group_prefix_lens"):
+        cascade_decode_triton(q, kc, vc, bt, sl, gs, gp.float(), 0.1)
