@@ -20,6 +20,14 @@ from ._utils import HAS_TRITON
 if HAS_TRITON:
     from .cascade_decode import cascade_decode_triton
     from .paged_decode import paged_decode_triton
+    from .prefill_attention import prefill_attention_triton
     from .store_kvcache import store_kvcache_triton
 
-    __all__ += ["store_kvcache_triton", "paged_decode_triton", "cascade_decode_triton"]
+    __all__ += ["store_kvcache_triton", "paged_decode_triton", "cascade_decode_triton", "prefill_attention_triton"]
+
+    try:
+        from .prefill_attention import prefill_attention_flash  # only when flash_attn imports
+
+        __all__ += ["prefill_attention_flash"]
+    except ImportError:
+        pass

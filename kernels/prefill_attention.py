@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from ._utils import masked_softmax_attend
+from ._utils import (check, check_attn_dtypes, check_int, check_rows, check_same_device, masked_softmax_attend,
+                     next_pow2, require_triton, tl, triton)
+from .paged_decode import _LOG2E, dot_precision
 
 # Cap on fp32 score elements per step of the reference, so long prompts do not blow up memory.
 _REF_MAX_SCORES = 1 << 25
@@ -41,3 +43,128 @@ def prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
             o, _ = masked_softmax_attend(scores, keep, v.unsqueeze(1))
             out[q0 + c0:q0 + c1] = o.permute(2, 0, 1, 3).reshape(c1 - c0, Hq, D).to(q.dtype)
     return out
+
+
+# --- Triton ---------------------------------------------------------------------------------------
+# One program per (query tile of one sequence, q head). Tiles of all sequences are laid out flat; the
+# tile -> (sequence, tile index) map is built on the device with torch ops, so there is no host sync.
+# Keys are read through the block table per token, up to the tile's last query position (causal).
+
+
+@triton.jit
+def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, seq_ptr, tile_seq_ptr, tile_idx_ptr, o_ptr,
+                    stride_qt, stride_ot, stride_bt, stride_tok, S, qk_scale,
+                    QPK: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr):
+    tile = tl.program_id(0)
+    hq = tl.program_id(1)
+    h = hq // QPK
+    s = tl.load(tile_seq_ptr + tile)
+    if s >= S:  # the flat grid is an upper bound on the number of tiles
+        return
+    ti = tl.load(tile_idx_ptr + tile)
+    q0 = tl.load(cu_ptr + s).to(tl.int64)
+    qlen = (tl.load(cu_ptr + s + 1) - q0).to(tl.int32)
+    ctx = tl.load(seq_ptr + s).to(tl.int32)
+
+    i = ti * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = i < qlen
+    qpos = ctx - qlen + i                          # absolute position of each query
+    d = tl.arange(0, BLOCK_D)
+    q_off = (q0 + i)[:, None] * stride_qt + hq * D + d[None, :]
+    q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & (d[None, :] < D), other=0.0)
+
+    kv_end = tl.minimum(ctx, ctx - qlen + (ti + 1) * BLOCK_M)  # last query of the tile sees < kv_end
+    bt_row = bt_ptr + s.to(tl.int64) * stride_bt
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for n0 in range(0, kv_end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        ok = pos < kv_end
+        blk = tl.load(bt_row + pos // BS, mask=ok, other=0).to(tl.int64)
+        kv_off = (blk * BS + pos % BS)[:, None] * stride_tok + h * D + d[None, :]
+        kv_ok = ok[:, None] & (d[None, :] < D)
+        k = tl.load(kc_ptr + kv_off, mask=kv_ok, other=0.0)
+        v = tl.load(vc_ptr + kv_off, mask=kv_ok, other=0.0)
+        sc = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+        sc = tl.where(ok[None, :] & (pos[None, :] <= qpos[:, None]), sc, float("-inf"))
+        # Key 0 is in the first tile and visible to every query, so m_new is finite from then on.
+        m_new = tl.maximum(m_i, tl.max(sc, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(sc - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+        m_i = m_new
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o_off = (q0 + i)[:, None] * stride_ot + hq * D + d[None, :]
+    tl.store(o_ptr + o_off, o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (d[None, :] < D))
+
+
+def _check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens):
+    check_rows("q", q, 3)
+    check_attn_dtypes(q, k_cache, v_cache)
+    check_int("cu_seqlens_q", cu_seqlens_q)
+    check_int("seq_lens", seq_lens)
+    S = seq_lens.shape[0]
+    check(cu_seqlens_q.shape == (S + 1,), f"cu_seqlens_q must be [S + 1] = [{S + 1}], got {tuple(cu_seqlens_q.shape)}")
+    check(block_tables.dim() == 2 and block_tables.shape[0] == S and block_tables.stride(1) == 1
+          and block_tables.dtype in (torch.int32, torch.int64),
+          f"block_tables must be int32/int64 [S={S}, max_blocks] with contiguous rows")
+    check(q.shape[-1] <= 256, f"head_dim {q.shape[-1]} > 256 is not supported")
+    check_same_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
+                      cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens)
+
+
+def prefill_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                             block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
+                             sm_scale: float) -> torch.Tensor:
+    """Triton chunked prefill over the paged cache; same contract as prefill_attention_ref."""
+    require_triton()
+    _check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens)
+    Tq, Hq, D = q.shape
+    _, bs, Hkv, _ = k_cache.shape
+    S = seq_lens.shape[0]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if Tq == 0 or S == 0:
+        return out
+    block_m = 64
+    qlens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(torch.int64)
+    tiles = (qlens + block_m - 1) // block_m
+    cum = torch.cumsum(tiles, 0)
+    n_bound = -(-Tq // block_m) + S                # >= sum_s ceil(qlen_s / BLOCK_M)
+    t = torch.arange(n_bound, device=q.device)
+    tile_seq = torch.searchsorted(cum, t, right=True)   # == S past the last real tile
+    tile_idx = t - (cum - tiles)[tile_seq.clamp(max=S - 1)]
+    _prefill_kernel[(n_bound, Hq)](
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, tile_seq.to(torch.int32),
+        tile_idx.to(torch.int32), out, q.stride(0), out.stride(0), block_tables.stride(0), Hkv * D, S,
+        sm_scale * _LOG2E, QPK=Hq // Hkv, D=D, BS=bs, BLOCK_M=block_m, BLOCK_N=64 if D <= 64 else 32,
+        BLOCK_D=max(16, next_pow2(D)), DOT_PREC=dot_precision(q.dtype), num_warps=4)
+    return out
+
+
+try:  # optional fast path: flash-attn's varlen kernel reads the same paged layout
+    from flash_attn import flash_attn_varlen_func as _fa_varlen
+except Exception:
+    _fa_varlen = None
+
+if _fa_varlen is not None:
+    def prefill_attention_flash(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
+                                sm_scale: float, max_seqlen_q: int | None = None,
+                                max_seqlen_k: int | None = None) -> torch.Tensor:
+        """flash-attn varlen with block_table. FA2 needs block_size % 256 == 0; causal is bottom-right
+        aligned there, which is exactly this contract's chunked-prefill positions."""
+        _check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens)
+        check(k_cache.shape[1] % 256 == 0, f"flash-attn paged KV needs block_size % 256 == 0, got {k_cache.shape[1]}")
+        check(q.dtype in (torch.float16, torch.bfloat16), "flash-attn needs fp16/bf16")
+        i32 = torch.int32
+        cu_k = torch.zeros(seq_lens.shape[0] + 1, dtype=i32, device=q.device)
+        cu_k[1:] = torch.cumsum(seq_lens, 0)
+        if max_seqlen_q is None:
+            max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item())
+        if max_seqlen_k is None:
+            max_seqlen_k = int(seq_lens.max().item())
+        return _fa_varlen(q, k_cache, v_cache, cu_seqlens_q.to(i32), cu_k, max_seqlen_q, max_seqlen_k,
+                          softmax_scale=sm_scale, causal=True, block_table=block_tables.to(i32))
