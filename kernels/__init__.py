@@ -18,12 +18,16 @@ __all__ = [
 from ._utils import HAS_TRITON
 
 if HAS_TRITON:
+    from .activation import silu_and_mul_triton
     from .cascade_decode import cascade_decode_triton
     from .paged_decode import paged_decode_triton
     from .prefill_attention import prefill_attention_triton
+    from .rmsnorm import rmsnorm_triton
+    from .rope import rope_triton
     from .store_kvcache import store_kvcache_triton
 
-    __all__ += ["store_kvcache_triton", "paged_decode_triton", "cascade_decode_triton", "prefill_attention_triton"]
+    __all__ += ["store_kvcache_triton", "paged_decode_triton", "cascade_decode_triton", "prefill_attention_triton",
+                "rmsnorm_triton", "rope_triton", "silu_and_mul_triton"]
 
     try:
         from .prefill_attention import prefill_attention_flash  # only when flash_attn imports
