@@ -11,9 +11,16 @@ from __future__ import annotations
 
 import os
 
+import sys
+
 DEVICE = os.environ.get("PACORE_TEST_DEVICE", "cpu")
 if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"
+    # @triton.jit picks interpreter-or-compiler when a kernel module is imported. If something (an engine
+    # test collected earlier) imported `kernels` before this ran, drop those modules so the test module's
+    # own import re-creates the kernels in interpreter mode.
+    for _name in [m for m in sys.modules if m == "kernels" or m.startswith("kernels.")]:
+        del sys.modules[_name]
 
 import torch  # noqa: E402
 
