@@ -1,0 +1,21 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny_models import make_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """kind -> folder of a tiny random checkpoint written by transformers (made once)."""
+    root = tmp_path_factory.mktemp("tiny_models")
+    made = {}
+
+    def get(kind: str) -> Path:
+        if kind not in made:
+            made[kind] = make_tiny_model(root / kind, kind)
+        return made[kind]
+    return get
