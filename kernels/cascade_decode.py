@@ -6,7 +6,7 @@ import torch
 from ._utils import (check, check_int, masked_softmax_attend, merge_attn_states, next_pow2, require_triton, tl,
                      triton)
 from .paged_decode import (_LOG2E, check_decode_args, default_num_splits, dot_precision, launch_decode_splits,
-                           launch_merge, paged_decode_ref)
+                           launch_merge, launch_opts, paged_decode_ref)
 
 
 def cascade_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -157,7 +157,7 @@ def cascade_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
             q.stride(0), block_tables.stride(0), Hkv * D, *o_part.stride()[:3], *lse_part.stride(),
             Hkv, s1, sm_scale * _LOG2E, QPK=qpk, MT=mt, D=D, BS=bs, BLOCK_M=block_m,
             BLOCK_N=64 if D <= 64 else 32, BLOCK_D=max(16, next_pow2(D)), DOT_PREC=dot_precision(q.dtype),
-            num_warps=4)
+            **launch_opts(q.dtype))
     # Each row's suffix starts at its group's prefix length (sync-free: output_size is given).
     sizes = group_starts[1:] - group_starts[:-1]
     row_prefix = torch.repeat_interleave(group_prefix_lens, sizes, output_size=B)

@@ -162,6 +162,11 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"  # fp32 must not silently drop to tf32
 
 
+def launch_opts(dtype: torch.dtype) -> dict:
+    # fp32 tiles are twice the bytes: fewer pipeline stages keeps them inside shared memory.
+    return dict(num_warps=4, num_stages=2 if dtype == torch.float32 else 3)
+
+
 def check_decode_args(q, k_cache, v_cache, block_tables, seq_lens, start_lens=None):
     check_rows("q", q, 3)
     check_attn_dtypes(q, k_cache, v_cache)
@@ -199,7 +204,7 @@ def launch_decode_splits(q, k_cache, v_cache, block_tables, seq_lens, start_lens
         sm_scale * _LOG2E,
         QPK=qpk, D=D, BS=bs, BLOCK_M=max(16, next_pow2(qpk)), BLOCK_N=64 if D <= 64 else 32,
         BLOCK_D=max(16, next_pow2(D)), HAS_START=start_lens is not None, STORE_LSE=store_lse,
-        DOT_PREC=dot_precision(q.dtype), num_warps=4)
+        DOT_PREC=dot_precision(q.dtype), **launch_opts(q.dtype))
 
 
 def launch_merge(o_part, lse_part, out, lse=None):

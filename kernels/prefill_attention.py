@@ -5,7 +5,7 @@ import torch
 
 from ._utils import (check, check_attn_dtypes, check_int, check_rows, check_same_device, masked_softmax_attend,
                      next_pow2, require_triton, tl, triton)
-from .paged_decode import _LOG2E, dot_precision
+from .paged_decode import _LOG2E, dot_precision, launch_opts
 
 # Cap on fp32 score elements per step of the reference, so long prompts do not blow up memory.
 _REF_MAX_SCORES = 1 << 25
@@ -140,7 +140,7 @@ def prefill_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, tile_seq.to(torch.int32),
         tile_idx.to(torch.int32), out, q.stride(0), out.stride(0), block_tables.stride(0), Hkv * D, S,
         sm_scale * _LOG2E, QPK=Hq // Hkv, D=D, BS=bs, BLOCK_M=block_m, BLOCK_N=64 if D <= 64 else 32,
-        BLOCK_D=max(16, next_pow2(D)), DOT_PREC=dot_precision(q.dtype), num_warps=4)
+        BLOCK_D=max(16, next_pow2(D)), DOT_PREC=dot_precision(q.dtype), **launch_opts(q.dtype))
     return out
 
 
