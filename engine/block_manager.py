@@ -32,6 +32,7 @@ class BlockManager:
         # Free blocks in eviction order: blocks without cached content first, then LRU.
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self.num_logical = 0  # sum of block-table lengths of live sequences
+        self.num_shared = 0   # blocks with ref count > 1
         self.peak_used = 0
         self.peak_saved = 0
 
@@ -61,6 +62,7 @@ class BlockManager:
         if self.ref_count[block] == 0:
             del self.free[block]
         self.ref_count[block] += 1
+        self.num_shared += self.ref_count[block] == 2
 
     def _new_block(self) -> int:
         if not self.free:
@@ -77,6 +79,7 @@ class BlockManager:
     def _release(self, block: int) -> None:
         self.ref_count[block] -= 1
         assert self.ref_count[block] >= 0, f"block {block} released more often than taken"
+        self.num_shared -= self.ref_count[block] == 1
         if self.ref_count[block] == 0:
             self.free[block] = None
             if self.hash_of[block] is None:

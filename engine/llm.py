@@ -12,6 +12,7 @@ from engine.block_manager import BlockManager, NoFreeBlocks
 from engine.config import ModelConfig, resolve_dtype
 from engine.default_model import resolve_model
 from engine.kv_cache import bytes_per_block
+from engine.metrics import StepRecord
 from engine.model_runner import CascadePolicy, ModelRunner
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
@@ -42,7 +43,7 @@ class LLM:
                  cascade_attention: bool | None = None, cascade_min_group: int = 2,
                  cascade_min_prefix: int = 256, attention_backend: str | None = None,
                  device: str | torch.device | None = None, seed: int = 0,
-                 gpu_memory_utilization: float = 0.9):
+                 gpu_memory_utilization: float = 0.9, record_steps: bool = False):
         from transformers import AutoTokenizer
         if block_size < 1 or max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")
@@ -70,6 +71,8 @@ class LLM:
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self._counters = dict(prefill_tokens=0, decode_tokens=0, steps=0)
+        self.record_steps = record_steps
+        self.step_log: list[StepRecord] = []  # filled when record_steps is on
 
     def _auto_blocks(self, per_block: int, kv_bytes: int | None, utilization: float) -> int:
         if kv_bytes is None and self.device.type == "cuda":
@@ -126,14 +129,28 @@ class LLM:
     # -- the step loop -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one batch; returns the requests that finished in it."""
+        t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch:
             if self.scheduler.has_work():
                 raise RuntimeError("scheduler made no progress with work queued (engine bug)")
             return []
+        t1 = time.perf_counter()
+        cascade_before = self.runner.cascade_steps
         logits, sample_seqs = self.runner.run(batch)
+        if self.record_steps and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t2 = time.perf_counter()
         self._advance(batch)
-        return self._sample_and_update(logits, sample_seqs)
+        done = self._sample_and_update(logits, sample_seqs)
+        if self.record_steps:
+            bm = self.block_manager
+            kind = "mixed" if batch.prefills and batch.decodes else ("decode" if batch.decodes else "prefill")
+            self.step_log.append(StepRecord(
+                self._counters["steps"], kind, len(batch.prefills), len(batch.decodes), batch.num_tokens,
+                self.runner.cascade_steps > cascade_before, t1 - t0, t2 - t1, time.perf_counter() - t2,
+                bm.num_used, bm.num_shared, bm.num_logical))
+        return done
 
     def _advance(self, batch: ScheduledBatch) -> None:
         for seq, chunk in batch.prefills:

@@ -17,6 +17,7 @@ def _check(bm: BlockManager, live: list[Sequence]) -> None:
     assert all(bm.ref_count[b] == 0 for b in bm.free)          # nothing both free and in use
     assert sum(1 for r in bm.ref_count if r > 0) + bm.num_free == bm.num_blocks
     assert bm.num_logical == sum(len(s.block_table) for s in live)
+    assert bm.num_shared == sum(1 for r in bm.ref_count if r > 1)
     for h, b in bm.cached.items():
         assert bm.hash_of[b] == h
 
