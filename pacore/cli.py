@@ -46,7 +46,7 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="directory for profiler traces; recorded in the run config for the profiling hook")
 
 
-def _add_method_options(p: argparse.ArgumentParser, *, max_tokens: int, preset: str) -> None:
+def _add_method_options(p: argparse.ArgumentParser, *, max_tokens: int, preset: str, temperature: float) -> None:
     g = p.add_argument_group("PaCoRe")
     rounds = g.add_mutually_exclusive_group()
     rounds.add_argument("--preset", choices=sorted(PRESETS), default=None,
@@ -57,7 +57,8 @@ def _add_method_options(p: argparse.ArgumentParser, *, max_tokens: int, preset: 
     g.add_argument("--max-tokens", type=_positive, default=max_tokens, metavar="N",
                    help=f"generation budget of each trajectory (default {max_tokens}; the paper uses 131072); "
                    "capped to half the context if it does not leave room for a prompt")
-    g.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1.0, as the paper)")
+    g.add_argument("--temperature", type=float, default=temperature,
+                   help=f"sampling temperature (default {temperature}; the paper uses 1.0)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (default 1.0, as the paper)")
     g.add_argument("--seed", type=int, default=0,
                    help="run seed; sampling and reference shuffling derive per problem and round from it (default 0)")
@@ -90,17 +91,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", required=True, metavar="RESULTS.jsonl", help="results JSONL (appended, one line per problem)")
     run.add_argument("--resume", action="store_true",
                      help="skip problems already in --out and complete the rest (without it a non-empty --out is refused)")
-    _add_method_options(run, max_tokens=512, preset="low")
+    _add_method_options(run, max_tokens=512, preset="low", temperature=1.0)
     _add_engine_options(run)
 
     demo = sub.add_parser(
         "demo",
         help="run the built-in arithmetic problems on the default model and print the summary",
-        description="Run a few easy arithmetic word problems with preset 'low' and a small token budget.",
+        description="Run a few easy arithmetic word problems with preset 'low' (4 trajectories, then 1) and a "
+        "small token budget on the default model, then print the summary.",
     )
     demo.add_argument("--out", default=None, metavar="RESULTS.jsonl",
                       help="results path (default: a new temporary directory)")
-    _add_method_options(demo, max_tokens=128, preset="low")
+    # A 135M model rambles at temperature 1.0; a cooler default makes the demo's answers readable.
+    _add_method_options(demo, max_tokens=64, preset="low", temperature=0.7)
     _add_engine_options(demo)
     # `pacore --help` documents every option, not just the subcommand names.
     parser.epilog = "\n\n".join(sp.format_help() for sp in (run, demo))

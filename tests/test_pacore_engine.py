@@ -1,0 +1,80 @@
+"""pacore on the real engine, with a tiny random Qwen3 checkpoint written by transformers."""
+import json
+
+import pytest
+
+engine = pytest.importorskip("engine")
+from tiny_models import make_tiny_model  # noqa: E402
+
+from pacore.cli import main  # noqa: E402
+from pacore.config import RunConfig  # noqa: E402
+from pacore.io import read_results  # noqa: E402
+from pacore.runner import PaCoReRunner, summary_path  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("pacore_tiny") / "qwen3", "qwen3")
+
+
+def _problems(path, n):
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"What is {i}+{i}? Think."}],
+                                "ground_truth": {"answer": str(2 * i)}}) + "\n")
+
+
+def test_rounds_on_the_real_engine(tiny_qwen3, tmp_path):
+    llm = engine.LLM(model=str(tiny_qwen3), num_kv_blocks=512, seed=0)
+    _problems(tmp_path / "in.jsonl", 3)
+    cfg = RunConfig(str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"), rounds=(3,), max_tokens=10,
+                    show_progress=False, max_problems_in_flight=2)
+    summary = PaCoReRunner(llm, cfg).run()
+    recs = read_results(cfg.out_path)
+    assert sorted(r["request_id"] for r in recs) == ["p0", "p1", "p2"]
+    stats = llm.stats()
+    rounds = [s for r in recs for s in r["rounds_stats"]]
+    # one request per round: every prompt token was prefilled (or found in the prefix cache) exactly
+    # once, although round 1 decodes 3 trajectories from it
+    assert stats["prefill_tokens"] + stats["prefix_cache_hit_tokens"] == sum(s["prompt_tokens"] for s in rounds)
+    assert stats["decode_tokens"] <= sum(s["generated_tokens"] for s in rounds)
+    for r in recs:
+        r1, r2 = r["rounds_stats"]
+        assert (r1["k"], r2["k"]) == (3, 1)
+        assert r1["generated_tokens"] <= 30 and r1["prompt_tokens"] >= 16
+        assert r1["kv_blocks_saved_by_sharing"] >= 2  # 2 children share the prompt's full block(s)
+        assert r2["references"] + r2["dropped_messages"] == 3
+        assert r2["prompt_tokens"] + 10 <= llm.max_model_len
+        texts = [t["content"] for t in r["round_responses"][0]]
+        assert len(set(texts)) > 1, "trajectories of one request must be sampled independently"
+    assert summary["completed"] == 3 and summary["run"]["engine_stats"]["prefill_tokens"] > 0
+
+
+def test_auto_cap_keeps_round_prompt_in_a_small_context(tiny_qwen3, tmp_path):
+    # a 512-token context: template (~330 byte tokens) + 4 references of 40 tokens + 40 generated
+    llm = engine.LLM(model=str(tiny_qwen3), num_kv_blocks=256, max_model_len=512, seed=1)
+    _problems(tmp_path / "in.jsonl", 1)
+    cfg = RunConfig(str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"), rounds=(4,), max_tokens=40,
+                    show_progress=False)
+    PaCoReRunner(llm, cfg).run()
+    rec = read_results(cfg.out_path)[0]
+    assert "error" not in rec, rec.get("error")
+    r2 = rec["rounds_stats"][1]
+    assert r2["prompt_tokens"] + 40 <= 512
+    assert r2["references"] == 4 and r2["truncated_messages"] > 0
+
+
+def test_cli_run_with_a_model_folder(tiny_qwen3, tmp_path, capsys):
+    _problems(tmp_path / "in.jsonl", 2)
+    out = tmp_path / "res.jsonl"
+    args = ["run", "--model", str(tiny_qwen3), "--data", str(tmp_path / "in.jsonl"), "--out", str(out),
+            "--rounds", "2", "--max-tokens", "6", "--num-kv-blocks", "256", "--no-progress", "--seed", "3"]
+    assert main(args) == 0
+    assert len(read_results(str(out))) == 2
+    summary = json.loads(open(summary_path(str(out))).read())
+    assert summary["config"]["engine_options"]["model"] == str(tiny_qwen3)
+    assert "accuracy (final answer)" in capsys.readouterr().out
+    # the same command again is refused; with --resume it has nothing left to do
+    assert main(args) == 2
+    assert main(args + ["--resume"]) == 0
+    assert len(read_results(str(out))) == 2
