@@ -4,6 +4,23 @@ from __future__ import annotations
 import torch
 
 
+def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """cache [N, bs, Hkv, D], blocks int64 [..., W] -> fp32 [Hkv, ..., W * bs, D], a fresh tensor.
+
+    Two passes over the gathered bytes: a row gather of whole blocks (memcpy-like), then one copy
+    that both moves Hkv first (so the matmuls batch over (Hkv, ...) without further copies) and
+    converts to fp32.
+    """
+    _, bs, Hkv, D = cache.shape
+    nd = blocks.dim()
+    g = cache.index_select(0, blocks.reshape(-1)).view(*blocks.shape, bs, Hkv, D)
+    perm = (nd + 1, *range(nd - 1), nd - 1, nd, nd + 2)  # [..., W, bs, Hkv, D] -> [Hkv, ..., W, bs, D]
+    g = g.permute(perm)
+    out = torch.empty(g.shape, dtype=torch.float32, device=cache.device)
+    out.copy_(g)
+    return out.flatten(-3, -2)
+
+
 def masked_softmax_attend(scores: torch.Tensor, mask: torch.Tensor, v: torch.Tensor):
     """Attention from fp32 scores [..., M, L] with a boolean keep-mask (broadcastable) and fp32 V [..., L, D].
 

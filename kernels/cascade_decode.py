@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ._utils import (check, check_int, masked_softmax_attend, merge_attn_states, next_pow2, require_triton, tl,
+from ._utils import (check, check_int, gather_blocks, masked_softmax_attend, merge_attn_states, next_pow2, require_triton, tl,
                      triton)
 from .paged_decode import (_LOG2E, check_decode_args, default_num_splits, dot_precision, launch_decode_splits,
                            launch_merge, launch_opts, paged_decode_ref)
@@ -32,11 +32,11 @@ def cascade_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         if plen <= 0 or r1 <= r0:
             continue
         blocks = block_tables[r0, : plen // bs].to(device=dev, dtype=torch.int64)
-        kp = k_cache[blocks].reshape(plen, Hkv, D).float().permute(1, 2, 0)  # [Hkv, D, P]
-        vp = v_cache[blocks].reshape(plen, Hkv, D).float().permute(1, 0, 2)  # [Hkv, P, D]
+        kp = gather_blocks(k_cache, blocks)                                  # [Hkv, P, D]
+        vp = gather_blocks(v_cache, blocks)
         n = r1 - r0
         qg = qf[r0:r1].reshape(n, Hkv, G, D).permute(1, 0, 2, 3).reshape(Hkv, n * G, D)
-        scores = torch.matmul(qg, kp) * sm_scale                             # [Hkv, n*G, P]
+        scores = torch.matmul(qg, kp.transpose(1, 2)) * sm_scale                            # [Hkv, n*G, P]
         keep = torch.ones(1, 1, plen, dtype=torch.bool, device=dev)
         o, l = masked_softmax_attend(scores, keep, vp)
         o1[r0:r1] = o.reshape(Hkv, n, G, D).permute(1, 0, 2, 3).reshape(n, Hq, D)

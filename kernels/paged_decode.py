@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ._utils import (check, check_attn_dtypes, check_int, check_rows, check_same_device,
-                     masked_softmax_attend, next_pow2, require_triton, tl, triton)
+                     gather_blocks, masked_softmax_attend, next_pow2, require_triton, tl, triton)
 
 
 def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -35,17 +35,17 @@ def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     cols_c = torch.where(cols_ok, cols, torch.zeros_like(cols)).clamp_max(block_tables.shape[1] - 1)
     blocks = torch.gather(block_tables.to(device=dev, dtype=torch.int64), 1, cols_c)
     blocks = torch.where(cols_ok, blocks, torch.zeros_like(blocks))
-    k = k_cache[blocks].reshape(B, W * bs, Hkv, D).float()  # [B, L, Hkv, D]
-    v = v_cache[blocks].reshape(B, W * bs, Hkv, D).float()
+    k = gather_blocks(k_cache, blocks)  # [Hkv, B, L, D] fp32
+    v = gather_blocks(v_cache, blocks)
     pos = (cols[:, :, None] * bs + torch.arange(bs, device=dev)).reshape(B, W * bs)  # token positions
     keep = (pos >= start[:, None]) & (pos < seq[:, None]) & cols_ok.repeat_interleave(bs, dim=1)
 
-    v = v.masked_fill(~keep[:, :, None, None], 0.0)  # masked slots may hold garbage (even NaN): 0 * NaN = NaN
-    qf = q.float().reshape(B, Hkv, G, D)
-    scores = torch.matmul(qf, k.permute(0, 2, 3, 1)) * sm_scale    # [B, Hkv, G, L]
-    out, lse = masked_softmax_attend(scores, keep[:, None, None, :], v.permute(0, 2, 1, 3))
-    out = out.reshape(B, Hq, D).to(q.dtype)
-    lse = lse.reshape(B, Hq)
+    v.masked_fill_(~keep[None, :, :, None], 0.0)  # masked slots may hold garbage (even NaN): 0 * NaN = NaN
+    qf = q.float().reshape(B, Hkv, G, D).transpose(0, 1)          # [Hkv, B, G, D]
+    scores = torch.matmul(qf, k.transpose(-1, -2)) * sm_scale     # [Hkv, B, G, L]
+    out, lse = masked_softmax_attend(scores, keep[None, :, None, :], v)
+    out = out.transpose(0, 1).reshape(B, Hq, D).to(q.dtype)
+    lse = lse.transpose(0, 1).reshape(B, Hq)
     return (out, lse) if return_lse else out
 
 

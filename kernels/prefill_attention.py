@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from ._utils import (check, check_attn_dtypes, check_int, check_rows, check_same_device, masked_softmax_attend,
+from ._utils import (check, check_attn_dtypes, check_int, check_rows, check_same_device, gather_blocks,
+                     masked_softmax_attend,
                      next_pow2, require_triton, tl, triton)
 from .paged_decode import _LOG2E, dot_precision, launch_opts
 
@@ -30,8 +31,8 @@ def prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
             continue
         nb = (ctx + bs - 1) // bs
         blocks = block_tables[s, :nb].to(device=dev, dtype=torch.int64)
-        k = k_cache[blocks].reshape(nb * bs, Hkv, D)[:ctx].float().permute(1, 2, 0)  # [Hkv, D, ctx]
-        v = v_cache[blocks].reshape(nb * bs, Hkv, D)[:ctx].float().permute(1, 0, 2)  # [Hkv, ctx, D]
+        k = gather_blocks(k_cache, blocks)[:, :ctx].transpose(1, 2)                 # [Hkv, D, ctx]
+        v = gather_blocks(v_cache, blocks)[:, :ctx]                                 # [Hkv, ctx, D]
         qs = q[q0:q1].float().reshape(n, Hkv, G, D).permute(1, 2, 0, 3)               # [Hkv, G, n, D]
         qpos = torch.arange(ctx - n, ctx, device=dev)
         kpos = torch.arange(ctx, device=dev)
@@ -154,11 +155,12 @@ if _fa_varlen is not None:
                                 block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
                                 sm_scale: float, max_seqlen_q: int | None = None,
                                 max_seqlen_k: int | None = None) -> torch.Tensor:
-        """flash-attn varlen with block_table. FA2 needs block_size % 256 == 0; causal is bottom-right
-        aligned there, which is exactly this contract's chunked-prefill positions."""
+        """flash-attn varlen with block_table, falling back to prefill_attention_triton where flash-attn
+        cannot run this layout: FA2's paged KV needs block_size % 256 == 0 and fp16/bf16 on CUDA. Causal
+        masking there is bottom-right aligned, which is exactly this contract's chunked-prefill positions."""
         _check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens)
-        check(k_cache.shape[1] % 256 == 0, f"flash-attn paged KV needs block_size % 256 == 0, got {k_cache.shape[1]}")
-        check(q.dtype in (torch.float16, torch.bfloat16), "flash-attn needs fp16/bf16")
+        if k_cache.shape[1] % 256 != 0 or q.dtype not in (torch.float16, torch.bfloat16) or not q.is_cuda:
+            return prefill_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, sm_scale)
         i32 = torch.int32
         cu_k = torch.zeros(seq_lens.shape[0] + 1, dtype=i32, device=q.device)
         cu_k[1:] = torch.cumsum(seq_lens, 0)
