@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._utils import check, next_pow2, require_triton, tl, triton
+from ._utils import HAS_TRITON, check, next_pow2, require_triton, tl, triton
 
 
 def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
@@ -40,3 +40,6 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
         _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(I, block))](x2, out, x2.stride(0), I, BLOCK=block,
                                                                     num_warps=4)
     return out
+
+if not HAS_TRITON:  # only the reference is offered where triton does not import
+    del silu_and_mul_triton

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from ._utils import (check, check_int, gather_blocks, masked_softmax_attend, merge_attn_states, next_pow2, require_triton, tl,
-                     triton)
-from .paged_decode import (_LOG2E, check_decode_args, default_num_splits, dot_precision, launch_decode_splits,
+from ._utils import (HAS_TRITON, check, check_int, gather_blocks, masked_softmax_attend, merge_attn_states,
+                     next_pow2, require_triton, tl, triton)
+from .paged_decode import (_LN2, _LOG2E, check_decode_args, default_num_splits, dot_precision, launch_decode_splits,
                            launch_merge, launch_opts, paged_decode_ref)
 
 
@@ -111,7 +111,7 @@ def _cascade_prefix_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, gs_ptr, gp_ptr, o_ptr,
 
     # No prefix (plen 0) or an empty split: o = 0, lse = -inf, ignored by the merge.
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    lse = tl.where(l_i > 0, (m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    lse = tl.where(l_i > 0, (m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0))) * _LN2, float("-inf"))
     tl.store(o_ptr + row[:, None] * stride_ob + head[:, None] * stride_oh + split * stride_os + d[None, :],
              o, mask=row_ok[:, None] & (d[None, :] < D))
     tl.store(lse_ptr + row * stride_lb + head * stride_lh + split * stride_ls, lse, mask=row_ok)
@@ -165,3 +165,6 @@ def cascade_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                          o_part, lse_part, s1, s2)
     launch_merge(o_part, lse_part, out)
     return out
+
+if not HAS_TRITON:  # only the reference is offered where triton does not import
+    del cascade_decode_triton

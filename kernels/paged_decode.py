@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ._utils import (check, check_attn_dtypes, check_int, check_rows, check_same_device,
+from ._utils import (HAS_TRITON, check, check_attn_dtypes, check_int, check_rows, check_same_device,
                      gather_blocks, masked_softmax_attend, next_pow2, require_triton, tl, triton)
 
 
@@ -56,7 +56,7 @@ def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 # With one split, stage 1 writes the final output directly.
 
 _LOG2E = 1.4426950408889634
-_LN2 = 0.6931471805599453
+_LN2 = tl.constexpr(0.6931471805599453) if HAS_TRITON else None  # lse is reported in natural log
 _MIN_TOKENS_PER_SPLIT = 256
 _MAX_SPLITS = 64
 
@@ -110,7 +110,7 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, start_ptr, o_pt
 
     # An empty split (l_i == 0) yields o = 0 and lse = -inf, which the merge ignores; never NaN.
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    lse = tl.where(l_i > 0, (m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    lse = tl.where(l_i > 0, (m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0))) * _LN2, float("-inf"))
     sidx = split_off + split
     tl.store(o_ptr + b * stride_ob + head[:, None] * stride_oh + sidx * stride_os + d[None, :],
              o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (d[None, :] < D))
@@ -212,8 +212,8 @@ def launch_merge(o_part, lse_part, out, lse=None):
     _merge_splits_kernel[(B, Hq)](
         o_part, lse_part, out, lse if lse is not None else lse_part, S,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
-        out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0, D=D, BLOCK_S=next_pow2(S), BLOCK_D=max(16, next_pow2(D)),
-        STORE_LSE=lse is not None, num_warps=4)
+        out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
+        D=D, BLOCK_S=next_pow2(S), BLOCK_D=max(16, next_pow2(D)), STORE_LSE=lse is not None, num_warps=4)
 
 
 def paged_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -242,3 +242,6 @@ def paged_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                                  o_part, lse_part, 0, num_splits)
             launch_merge(o_part, lse_part, out, lse)
     return (out, lse) if return_lse else out
+
+if not HAS_TRITON:  # only the reference is offered where triton does not import
+    del paged_decode_triton

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from ._utils import (check, check_attn_dtypes, check_int, check_rows, check_same_device, gather_blocks,
-                     masked_softmax_attend,
-                     next_pow2, require_triton, tl, triton)
+from ._utils import (HAS_TRITON, check, check_attn_dtypes, check_int, check_rows, check_same_device, gather_blocks,
+                     masked_softmax_attend, next_pow2, require_triton, tl, triton)
 from .paged_decode import _LOG2E, dot_precision, launch_opts
 
 # Cap on fp32 score elements per step of the reference, so long prompts do not blow up memory.
@@ -145,12 +144,16 @@ def prefill_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     return out
 
 
+if not HAS_TRITON:  # only the reference is offered where triton does not import
+    del prefill_attention_triton
+
+
 try:  # optional fast path: flash-attn's varlen kernel reads the same paged layout
     from flash_attn import flash_attn_varlen_func as _fa_varlen
 except Exception:
     _fa_varlen = None
 
-if _fa_varlen is not None:
+if _fa_varlen is not None and HAS_TRITON:
     def prefill_attention_flash(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
                                 sm_scale: float, max_seqlen_q: int | None = None,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ._utils import check, check_same_device, next_pow2, require_triton, tl, triton
+from ._utils import HAS_TRITON, check, check_same_device, next_pow2, require_triton, tl, triton
 
 
 def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
@@ -53,7 +53,8 @@ def rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: 
     require_triton()
     check(x.dtype in (torch.float32, torch.float16, torch.bfloat16), f"x: unsupported dtype {x.dtype}")
     H = x.shape[-1]
-    check(weight.shape == (H,) and weight.is_contiguous(), f"weight must be contiguous [{H}], got {tuple(weight.shape)}")
+    check(weight.shape == (H,) and weight.is_contiguous(),
+          f"weight must be contiguous [{H}], got {tuple(weight.shape)}")
     check(H <= 65536, f"hidden size {H} > 65536 is not supported")
     if residual is not None:
         check(residual.shape == x.shape and residual.dtype == x.dtype, "residual must match x in shape and dtype")
@@ -67,3 +68,6 @@ def rmsnorm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: 
                                         HAS_RES=residual is not None, BLOCK=next_pow2(H),
                                         num_warps=4 if H <= 4096 else 8)
     return out if residual is None else (out, res_out)
+
+if not HAS_TRITON:  # only the reference is offered where triton does not import
+    del rmsnorm_triton

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ._utils import check, check_rows, check_same_device, next_pow2, require_triton, tl, triton
+from ._utils import HAS_TRITON, check, check_rows, check_same_device, next_pow2, require_triton, tl, triton
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -81,3 +81,6 @@ def rope_triton(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_s
                            HALF=D // 2, BLOCK_HQ=next_pow2(Hq), BLOCK_HKV=next_pow2(k.shape[1]),
                            BLOCK_HALF=next_pow2(D // 2), num_warps=4)
     return q, k
+
+if not HAS_TRITON:  # only the reference is offered where triton does not import
+    del rope_triton

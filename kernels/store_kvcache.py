@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ._utils import check, check_rows, check_same_device, next_pow2, require_triton, tl, triton
+from ._utils import HAS_TRITON, check, check_rows, check_same_device, next_pow2, require_triton, tl, triton
 
 
 def store_kvcache_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -55,3 +55,6 @@ def store_kvcache_triton(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor
     HD = k.shape[1] * k.shape[2]
     _store_kvcache_kernel[(T,)](k, v, k_cache, v_cache, slot_mapping, k.stride(0), v.stride(0),
                                 HD=HD, BLOCK=next_pow2(HD))
+
+if not HAS_TRITON:  # only the reference is offered where triton does not import
+    del store_kvcache_triton

@@ -1,7 +1,8 @@
 """Test environment for the kernel tests: import this FIRST in every tests/test_kernels_*.py.
 
-- PACORE_TEST_DEVICE=cuda runs on the GPU; otherwise the Triton interpreter runs the kernels on CPU
-  (TRITON_INTERPRET must be set before triton is imported, hence this module).
+- PACORE_TEST_DEVICE=cuda|cpu picks the device (default: cuda when available). On cpu the Triton
+  interpreter runs the kernels (TRITON_INTERPRET must be set before the kernels are created, hence
+  this module).
 - PACORE_TEST_DTYPES="bfloat16,float16" restricts the dtypes (default: fp32+fp16 on CPU — the
   interpreter's bf16 tl.dot is wrong — and fp32+fp16+bf16 on CUDA).
 Also holds the shared builders for paged caches whose unused slots and padding block are NaN, so any
@@ -10,10 +11,11 @@ unmasked read poisons the output.
 from __future__ import annotations
 
 import os
-
 import sys
 
-DEVICE = os.environ.get("PACORE_TEST_DEVICE", "cpu")
+import torch
+
+DEVICE = os.environ.get("PACORE_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
 if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"
     # @triton.jit picks interpreter-or-compiler when a kernel module is imported. If something (an engine
@@ -21,8 +23,6 @@ if DEVICE == "cpu":
     # own import re-creates the kernels in interpreter mode.
     for _name in [m for m in sys.modules if m == "kernels" or m.startswith("kernels.")]:
         del sys.modules[_name]
-
-import torch  # noqa: E402
 
 _default = "float32,float16" if DEVICE == "cpu" else "float32,float16,bfloat16"
 DTYPES = [getattr(torch, n.strip()) for n in os.environ.get("PACORE_TEST_DTYPES", _default).split(",") if n.strip()]

@@ -9,6 +9,8 @@ import sys
 
 if __name__ != "__main__":  # the subprocess body must not switch the interpreter on
     import _triton_env as env  # noqa: F401  (must come first)
+else:
+    env = None
 
 import subprocess
 from pathlib import Path
@@ -19,7 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SMEM_LIMIT = 232448  # bytes of shared memory one block may use on sm_90
 
 
-@pytest.mark.skipif(os.environ.get("PACORE_TEST_DEVICE", "cpu") != "cpu", reason="on a GPU the real kernels run in the other tests")
+@pytest.mark.skipif(env is not None and env.DEVICE != "cpu",
+                    reason="on a GPU the real kernels run in the other tests")
 def test_kernels_compile_for_sm90():
     pytest.importorskip("triton")
     run_env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
