@@ -1,6 +1,20 @@
 """PaCoRe kernels: torch references (always available) and Triton kernels (when triton imports).
 
-Layout and batch metadata: engine/kv_cache.py.
+Layout and batch metadata: engine/kv_cache.py. Every *_ref has a *_triton twin with the same
+signature; the *_triton names exist only where triton imports.
+
+Triton kernel notes:
+- Any block_size (K/V are addressed per token through the block table); head_dim <= 256 (padded to a
+  power of two >= 16 and masked; 64 and 128 are the tested ones); any Hq/Hkv ratio.
+- q/k/v may be row-strided views (e.g. splits of a fused qkv), but each row's [H, D] must be packed;
+  caches must be contiguous; block_tables rows contiguous (int32 or int64).
+- paged_decode_triton / prefill_attention_triton never sync with the host. cascade_decode_triton syncs
+  once (to size its grid) unless given max_group_size=<int>; pass it from host metadata on GPU.
+  Optional num_splits / suffix_splits override the split-KV heuristics.
+- rmsnorm_triton returns new tensors (like the ref); rope_* rotate q and k in place.
+- prefill_attention_flash (only when flash_attn imports) falls back to the Triton kernel where FA2
+  cannot run the layout (block_size % 256 != 0, fp32, CPU).
+- fp32 inputs use exact fp32 dots (input_precision="ieee"), not TF32.
 """
 from .activation import silu_and_mul_ref
 from .cascade_decode import cascade_decode_ref
