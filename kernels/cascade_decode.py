@@ -117,13 +117,25 @@ def _cascade_prefix_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, gs_ptr, gp_ptr, o_ptr,
     tl.store(lse_ptr + row * stride_lb + head * stride_lh + split * stride_ls, lse, mask=row_ok)
 
 
+def _max_group_size(group_starts: torch.Tensor) -> int:
+    """Largest group, read from the device once per group_starts tensor: the engine passes the same
+    tensor to every layer of a step, so this syncs once per step, not once per layer."""
+    cached = getattr(group_starts, "_pacore_max_group", None)
+    if cached is not None and cached[0] == group_starts._version:
+        return cached[1]
+    n = int((group_starts[1:] - group_starts[:-1]).max().item()) if group_starts.numel() > 1 else 0
+    group_starts._pacore_max_group = (group_starts._version, n)
+    return n
+
+
 def cascade_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                           block_tables: torch.Tensor, seq_lens: torch.Tensor, group_starts: torch.Tensor,
                           group_prefix_lens: torch.Tensor, sm_scale: float, max_group_size: int | None = None,
                           num_splits: int | None = None, suffix_splits: int | None = None) -> torch.Tensor:
     """Triton cascade decode; same contract as cascade_decode_ref.
 
-    Optional host ints avoid GPU->host syncs: max_group_size (else read from group_starts, one sync),
+    Optional host ints avoid GPU->host syncs: max_group_size (else read from group_starts: one sync per
+    group_starts tensor, cached on it),
     num_splits (prefix split count) and suffix_splits (default: heuristics from the block-table width).
     """
     require_triton()
@@ -140,7 +152,7 @@ def cascade_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     if B == 0:
         return out
     if max_group_size is None:
-        max_group_size = int((group_starts[1:] - group_starts[:-1]).max().item()) if G > 0 else 0
+        max_group_size = _max_group_size(group_starts)
     max_tokens = block_tables.shape[1] * bs
     block_m = max(16, next_pow2(qpk), min(_MAX_BLOCK_M, next_pow2(max_group_size * qpk)))
     mt = block_m // qpk

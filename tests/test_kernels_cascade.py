@@ -61,6 +61,14 @@ def test_cascade_decode_triton_one_big_group():
     assert env.rel_err(out, cascade_decode_ref(*args, 0.125)) < 1e-3
 
 
+def test_cascade_max_group_size_cache():
+    gs = torch.tensor([0, 2, 7], dtype=torch.int32, device=DEV)
+    assert cd._max_group_size(gs) == 5
+    assert cd._max_group_size(gs) == 5       # cached
+    gs[2] = 3                                # an in-place change bumps the version: recomputed
+    assert cd._max_group_size(gs) == 2
+
+
 def test_cascade_decode_triton_validates():
     q, kc, vc, bt, sl, gs, gp = _batch(16, [2], [1], [1], 1, 64, 2, torch.float32)
     with pytest.raises(ValueError, match="group_starts"):
