@@ -133,6 +133,15 @@ def run_case(torch, kernels, dev, dtype, P, K, suffix, Hq, Hkv, D, bs, elem, ben
     def sdpa():
         return torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, scale=sc, enable_gqa=True)
 
+    try:
+        sdpa()
+    except TypeError:  # torch < 2.5 has no enable_gqa: materialise the repeated heads instead
+        kd = kd.repeat_interleave(Hq // Hkv, dim=1)
+        vd = vd.repeat_interleave(Hq // Hkv, dim=1)
+
+        def sdpa():
+            return torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, scale=sc)
+
     max_diff = (cascade().float() - paged().float()).abs().max().item()
     t_paged, t_cascade, t_sdpa = bench(paged), bench(cascade), bench(sdpa)
     kv_token = 2 * Hkv * D * elem  # K and V bytes of one token
