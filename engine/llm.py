@@ -94,7 +94,7 @@ class LLM:
         params = params or SamplingParams()
         params.validate()
         if isinstance(prompt, str):
-            text, ids = prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
+            text, ids = prompt, self.tokenizer.encode(prompt)  # special tokens as vLLM adds them
         else:
             text, ids = None, [int(t) for t in prompt]
         if not ids:

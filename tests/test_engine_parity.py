@@ -63,6 +63,6 @@ def test_text_prompt_and_text_output(engines):
     out = llm.generate("hello world", SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
                        use_tqdm=False)[0]
     assert out.prompt == "hello world"
-    assert out.prompt_token_ids == llm.tokenizer.encode("hello world", add_special_tokens=False)
+    assert out.prompt_token_ids == llm.tokenizer.encode("hello world")
     assert out.outputs[0].text == llm.tokenizer.decode(out.outputs[0].token_ids, skip_special_tokens=True)
     assert out.outputs[0].finish_reason == "length"
