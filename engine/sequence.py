@@ -35,7 +35,6 @@ class Sequence:
     generator: torch.Generator | None = None
     fork_pending: bool = False  # the request's first sequence, before the prompt is forked n ways
     row: int = -1               # row in the model runner's persistent block-table buffer
-    stop_scan_from: int = 0     # generated tokens already checked for stop strings
 
     @property
     def num_tokens(self) -> int:

@@ -21,8 +21,8 @@ class StopChecker:
             return "stop"
         if p.stop:
             # Decoding a short tail is enough: a stop string of L characters spans at most L tokens.
-            window = max(len(s) for s in p.stop) + 2
-            tail = self.tokenizer.decode(seq.generated[-window:], skip_special_tokens=True)
+            start = max(seq.num_prompt_tokens, seq.num_tokens - max(len(s) for s in p.stop) - 2)
+            tail = self.tokenizer.decode(seq.token_ids[start:], skip_special_tokens=True)
             if any(s in tail for s in p.stop):
                 return "stop"
         if seq.num_generated >= p.max_tokens or seq.num_tokens >= self.max_model_len:
