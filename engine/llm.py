@@ -102,11 +102,12 @@ class LLM:
         if any(t < 0 or t >= self.config.vocab_size for t in ids):
             raise ValueError(f"prompt has token ids outside the vocabulary [0, {self.config.vocab_size})")
         total = len(ids) + params.max_tokens
-        if len(ids) >= self.max_model_len:
-            raise ValueError(f"prompt of {len(ids)} tokens does not fit max_model_len={self.max_model_len}; "
-                             "shorten it or raise max_model_len")
+        if total > self.max_model_len:
+            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                             f"max_model_len={self.max_model_len}; shorten the prompt, lower max_tokens "
+                             "or raise max_model_len")
         cache_tokens = self.block_manager.num_blocks * self.block_size
-        if min(total, self.max_model_len) > cache_tokens:
+        if total > cache_tokens:
             raise ValueError(f"prompt ({len(ids)}) + max_tokens ({params.max_tokens}) needs more than the whole "
                              f"KV cache ({cache_tokens} tokens); lower max_tokens or give the cache more memory")
         request_id = str(request_id if request_id is not None else next(self._ids))

@@ -43,6 +43,11 @@ def test_prompt_too_long(llm):
         llm.add_request(list(range(3, 200)) * 3, SamplingParams(max_tokens=4))
 
 
+def test_prompt_plus_max_tokens_beyond_max_model_len(llm):
+    with pytest.raises(ValueError, match="exceeds max_model_len=512"):
+        llm.add_request([5] * 100, SamplingParams(max_tokens=450))
+
+
 def test_prompt_plus_max_tokens_beyond_cache(llm):
     with pytest.raises(ValueError, match="whole KV cache"):
         llm.add_request([5] * 100, SamplingParams(max_tokens=300))  # cache holds 16 * 16 = 256 tokens
