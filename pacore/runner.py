@@ -6,6 +6,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from engine.sampling_params import SamplingParams
+
 from .budget import PromptTooLong, fit_round_prompt
 from .compaction import Compacted, compact
 from .config import RunConfig
@@ -37,15 +39,12 @@ class PaCoReRunner:
     next round is submitted in the same loop iteration while other problems keep decoding.
     """
 
-    def __init__(self, llm, cfg: RunConfig, sampling_params_cls=None):
-        if sampling_params_cls is None:
-            from engine import SamplingParams as sampling_params_cls
+    def __init__(self, llm, cfg: RunConfig):
         if cfg.max_problems_in_flight < 1:
             raise ValueError("max_problems_in_flight must be at least 1")
         self.llm = llm
         self.cfg = cfg
         self.schedule = cfg.schedule
-        self._params_cls = sampling_params_cls
         self.max_model_len = int(llm.max_model_len)
         self.max_tokens = cfg.max_tokens
         if self.max_tokens >= self.max_model_len:
@@ -148,7 +147,7 @@ class PaCoReRunner:
                 max_tokens=self.max_tokens,
                 message_token_cap=self.cfg.message_token_cap,
             )
-            params = self._params_cls(
+            params = SamplingParams(
                 n=k,
                 temperature=self.cfg.temperature,
                 top_p=self.cfg.top_p,
@@ -247,9 +246,9 @@ def _engine_stats(llm) -> dict:
         return {"error": str(e)}
 
 
-def run_pacore(llm, cfg: RunConfig, sampling_params_cls=None, print_summary: bool = True) -> dict:
+def run_pacore(llm, cfg: RunConfig, print_summary: bool = True) -> dict:
     """Run PaCoRe with ``cfg`` on ``llm``; prints and returns the summary."""
-    summary = PaCoReRunner(llm, cfg, sampling_params_cls).run()
+    summary = PaCoReRunner(llm, cfg).run()
     if print_summary:
         print(format_summary(summary))
         print(f"results: {cfg.out_path}\nsummary: {summary_path(cfg.out_path)}")

@@ -8,6 +8,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from engine.sampling_params import SamplingParams
+from engine.sequence import CompletionOutput, RequestMetrics, RequestOutput
+
 
 class FakeTokenizer:
     chat_template = "fake"
@@ -25,52 +28,10 @@ class FakeTokenizer:
 
 
 @dataclass
-class FakeSamplingParams:
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    max_tokens: int = 16
-    seed: int | None = None
-    stop: list | None = None
-    stop_token_ids: list | None = None
-    ignore_eos: bool = False
-
-
-@dataclass
-class CompletionOutput:
-    index: int
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-
-
-@dataclass
-class RequestMetrics:
-    arrival_time: float
-    first_token_time: float | None = None
-    finished_time: float | None = None
-    num_prompt_tokens: int = 0
-    num_generated_tokens: int = 0
-    num_cached_tokens: int = 0
-    kv_blocks_saved_by_sharing: int = 0
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    prompt_token_ids: list[int]
-    outputs: list[CompletionOutput]
-    num_cached_tokens: int
-    metrics: RequestMetrics
-
-
-@dataclass
 class _Req:
     rid: str
     prompt: list[int]
-    params: FakeSamplingParams
+    params: SamplingParams
     targets: list[str]
     produced: list[int] = field(default_factory=list)
     arrival: float = 0.0
@@ -78,7 +39,7 @@ class _Req:
 
 
 # script(prompt_text, params, request_id, child_index) -> the child's full text
-Script = Callable[[str, FakeSamplingParams, str, int], str]
+Script = Callable[[str, SamplingParams, str, int], str]
 
 
 class FakeLLM:
@@ -91,7 +52,7 @@ class FakeLLM:
         self.max_model_len = max_model_len
         self.block_size = block_size
         self.interrupt_at_step = interrupt_at_step
-        self.calls: list[tuple[str, list[int], FakeSamplingParams]] = []
+        self.calls: list[tuple[str, list[int], SamplingParams]] = []
         self.step_log: list[set[str]] = []  # request ids that decoded in each step
         self._active: dict[str, _Req] = {}
         self._counter = 0
@@ -140,7 +101,7 @@ class FakeLLM:
                 self._stats["kv_blocks_saved_by_sharing"] += shared
                 metrics = RequestMetrics(req.arrival, req.first, time.perf_counter(), len(req.prompt),
                                          sum(len(o.token_ids) for o in outs), 0, shared)
-                finished.append(RequestOutput(rid, req.prompt, outs, 0, metrics))
+                finished.append(RequestOutput(rid, None, req.prompt, outs, 0, metrics))
         return finished
 
     def stats(self):

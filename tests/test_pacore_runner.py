@@ -6,7 +6,7 @@ from pacore.cli import main
 from pacore.config import RunConfig
 from pacore.io import read_results
 from pacore.runner import PaCoReRunner, run_pacore, summary_path
-from pacore_fakes import FakeLLM, FakeSamplingParams
+from pacore_fakes import FakeLLM
 
 
 def _problems(path, n, answers=None):
@@ -39,7 +39,7 @@ def _cfg(tmp_path, **kw):
 
 
 def _run(llm, cfg):
-    return PaCoReRunner(llm, cfg, FakeSamplingParams).run()
+    return PaCoReRunner(llm, cfg).run()
 
 
 def test_each_round_is_one_request_with_n_k(tmp_path):
@@ -282,7 +282,7 @@ def test_no_ground_truth_is_not_graded(tmp_path):
 
 def test_run_pacore_prints_summary(tmp_path, capsys):
     cfg = _cfg(tmp_path, rounds=(2,), n_problems=2)
-    run_pacore(FakeLLM(default_script), cfg, FakeSamplingParams)
+    run_pacore(FakeLLM(default_script), cfg)
     out = capsys.readouterr().out
     assert "accuracy (final answer): 100.0%" in out and "self-consistency" in out
     assert "effective test-time compute" in out and cfg.out_path in out
