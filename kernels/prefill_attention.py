@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ._utils import (HAS_TRITON, check, check_attn_dtypes, check_int, check_rows, check_same_device, gather_blocks,
-                     masked_softmax_attend, next_pow2, require_triton, tl, triton)
+                     next_pow2, require_triton, tl, triton)
 from .paged_decode import _LOG2E, dot_precision, launch_opts
 
 # Cap on fp32 score elements per step of the reference, so long prompts do not blow up memory.
@@ -30,17 +31,17 @@ def prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
             continue
         nb = (ctx + bs - 1) // bs
         blocks = block_tables[s, :nb].to(device=dev, dtype=torch.int64)
-        k = gather_blocks(k_cache, blocks)[:, :ctx].transpose(1, 2)                 # [Hkv, D, ctx]
-        v = gather_blocks(v_cache, blocks)[:, :ctx]                                 # [Hkv, ctx, D]
+        k = gather_blocks(k_cache, blocks)[:, None, :ctx].expand(Hkv, G, ctx, D)      # [Hkv, G, ctx, D]
+        v = gather_blocks(v_cache, blocks)[:, None, :ctx].expand(Hkv, G, ctx, D)
         qs = q[q0:q1].float().reshape(n, Hkv, G, D).permute(1, 2, 0, 3)               # [Hkv, G, n, D]
         qpos = torch.arange(ctx - n, ctx, device=dev)
         kpos = torch.arange(ctx, device=dev)
-        step = max(1, _REF_MAX_SCORES // max(1, Hq * ctx))  # query rows per chunk
+        step = max(1, _REF_MAX_SCORES // max(1, ctx))  # query rows per chunk bound the mask's size
         for c0 in range(0, n, step):
             c1 = min(n, c0 + step)
-            scores = torch.matmul(qs[:, :, c0:c1], k.unsqueeze(1)) * sm_scale        # [Hkv, G, c, ctx]
             keep = kpos[None, :] <= qpos[c0:c1, None]                                # causal
-            o, _ = masked_softmax_attend(scores, keep, v.unsqueeze(1))
+            # torch's fused CPU attention: exact softmax without materialising the scores.
+            o = F.scaled_dot_product_attention(qs[:, :, c0:c1], k, v, attn_mask=keep, scale=sm_scale)
             out[q0 + c0:q0 + c1] = o.permute(2, 0, 1, 3).reshape(c1 - c0, Hq, D).to(q.dtype)
     return out
 
