@@ -26,9 +26,7 @@ class AttentionMetadata:
 
 _OPS = ("store_kvcache", "paged_decode", "cascade_decode", "prefill_attention", "rmsnorm", "rope",
         "silu_and_mul")
-_MODULES = {"store_kvcache": "store_kvcache", "paged_decode": "paged_decode",
-            "cascade_decode": "cascade_decode", "prefill_attention": "prefill_attention",
-            "rmsnorm": "rmsnorm", "rope": "rope", "silu_and_mul": "activation"}
+_MODULES = {op: op for op in _OPS} | {"silu_and_mul": "activation"}  # op -> kernels.<module>
 
 
 @dataclass(slots=True, frozen=True)
