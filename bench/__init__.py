@@ -1,0 +1,8 @@
+"""Benchmarks: PaCoRe throughput vs transformers, roofline, per-step profiles, microbenchmarks.
+
+    python -m bench.pacore_throughput --quick      # engine vs HF generate / generate_batch, per round
+    python -m bench.roofline --quick               # decode/prefill steps against the byte/FLOP floors
+    python -m bench.profile_run --out runs/prof    # step timeline + torch.profiler traces of a run
+    python -m bench.gpu_e2e [--tiny]               # decode tokens/s with and without cascade (CUDA)
+    python -m pytest bench/bench_decode.py bench/bench_host.py --benchmark-only   # microbenchmarks
+"""

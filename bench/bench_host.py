@@ -1,0 +1,108 @@
+"""Host-side costs: block manager fork / append / free at 10^4-10^5 blocks, scheduler step with 1k
+sequences. These are the per-step Python costs that sit between model forwards.
+
+    python -m pytest bench/bench_host.py --benchmark-only --benchmark-group-by=group
+"""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from engine.block_manager import BlockManager
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.sequence import Request, Sequence, Status
+
+BS = 16
+_ids = itertools.count()
+
+
+def _seq(tokens: int, n: int = 1) -> Sequence:
+    req = Request(str(next(_ids)), None, [], SamplingParams(n=n, max_tokens=1 << 20))
+    toks = [next(_ids) % 50000 for _ in range(tokens)]  # distinct tokens: no accidental prefix hits
+    seq = Sequence(req, 0, toks, tokens)
+    req.seqs.append(seq)
+    return seq
+
+
+def _prefilled(bm: BlockManager, tokens: int) -> Sequence:
+    seq = _seq(tokens)
+    bm.allocate(seq, tokens)
+    seq.num_computed = tokens
+    return seq
+
+
+@pytest.mark.parametrize("prompt_blocks,k", [(1000, 64), (4000, 32)])
+def test_fork(benchmark, prompt_blocks, k):
+    """One prompt of 16k / 64k tokens forked into K children (K-1 block-table copies + ref counts)."""
+    benchmark.group = "block manager fork"
+
+    def setup():
+        bm = BlockManager(prompt_blocks + k + 8, BS)
+        parent = _prefilled(bm, prompt_blocks * BS + 3)  # a partial last block: one copy per child
+        children = [Sequence(parent.request, i, list(parent.token_ids), parent.num_prompt_tokens) for i in range(1, k)]
+        return (bm, parent, children), {}
+
+    def fork(bm, parent, children):
+        for c in children:
+            bm.fork(parent, c)
+    benchmark.pedantic(fork, setup=setup, rounds=20)
+
+
+@pytest.mark.parametrize("num_seqs", [1000, 4000])
+def test_append_block(benchmark, num_seqs):
+    """Every sequence crosses a block boundary in the same step: num_seqs new blocks (decode growth)."""
+    benchmark.group = "block manager append"
+
+    def setup():
+        bm = BlockManager(num_seqs * 4, BS)
+        seqs = [_prefilled(bm, 2 * BS) for _ in range(num_seqs)]
+        return (bm, seqs), {}
+
+    def append(bm, seqs):
+        for s in seqs:
+            bm.allocate(s, s.num_computed + 1)
+    benchmark.pedantic(append, setup=setup, rounds=20)
+
+
+@pytest.mark.parametrize("total_blocks", [10_000, 100_000])
+def test_free(benchmark, total_blocks):
+    """Free 1k sequences that hold total_blocks blocks between them (blocks keep their prefix hashes)."""
+    benchmark.group = "block manager free"
+    per = total_blocks // 1000
+
+    def setup():
+        bm = BlockManager(total_blocks, BS)
+        return (bm, [_prefilled(bm, per * BS) for _ in range(1000)]), {}
+
+    def free(bm, seqs):
+        for s in seqs:
+            bm.free_seq(s)
+    benchmark.pedantic(free, setup=setup, rounds=5)
+
+
+@pytest.mark.parametrize("num_seqs", [1000])
+def test_scheduler_decode_step(benchmark, num_seqs):
+    """schedule() with num_seqs running decodes (block growth included), then the per-token advance
+    the engine does after the forward; no model."""
+    benchmark.group = "scheduler step"
+    bm = BlockManager(num_seqs * 64, BS)
+    sched = Scheduler(bm, max_num_seqs=num_seqs, max_num_batched_tokens=num_seqs * 128)
+    seqs = [_seq(100) for _ in range(num_seqs)]
+    for s in seqs:
+        sched.add(s)
+    assert len(sched.schedule().prefills) == num_seqs  # admit all: one prefill chunk each
+    for s in seqs:
+        s.num_computed = s.num_tokens
+        s.token_ids.append(1)  # the first sampled token: from now on every step is a decode
+
+    def step():
+        batch = sched.schedule()
+        for s in batch.decodes:
+            s.num_computed += 1
+            bm.publish(s, s.num_computed)
+            s.token_ids.append(1)
+        return batch
+    batch = benchmark.pedantic(step, rounds=200, warmup_rounds=5)
+    assert len(batch.decodes) == num_seqs and all(s.status is Status.RUNNING for s in seqs)

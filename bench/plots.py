@@ -1,0 +1,176 @@
+"""Tables and PNG plots of the benchmark results (matplotlib, Agg backend: no display needed)."""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+_METRICS = ("gen_tok_s", "prefill_tok_s", "wall_s", "kv_peak_bytes", "kv_per_problem_bytes", "kv_logical_peak_bytes")
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def summarize(results: list[dict]) -> list[dict]:
+    """Per system and round (and round "all": the rounds summed per repeat): medians over repeats,
+    and each metric divided by the engine's (x_<metric>)."""
+    by_key: dict[tuple, list[dict]] = {}
+    for r in results:
+        by_key.setdefault((r["system"], r["round"]), []).append(r)
+        tot = by_key.setdefault((r["system"], "all", r["repeat"]), [])
+        tot.append(r)
+    rows = []
+    for key, rs in by_key.items():
+        if key[1] == "all":
+            continue  # built below from the per-repeat totals
+        rows.append(dict(system=key[0], round=key[1], k=rs[0]["k"], ok=all(x["ok"] for x in rs),
+                         error=next((x["error"] for x in rs if x["error"]), None),
+                         **{m: _median(x[m] for x in rs if x["ok"]) for m in _METRICS}))
+    for system in dict.fromkeys(r["system"] for r in results):
+        totals = []
+        for key, rs in by_key.items():
+            if key[0] == system and key[1] == "all":
+                wall, pre = sum(x["wall_s"] for x in rs), sum(x["prefill_s"] for x in rs)
+                totals.append(dict(ok=all(x["ok"] for x in rs), wall_s=wall,
+                                   gen_tok_s=sum(x["gen_tokens"] for x in rs) / wall if wall else None,
+                                   prefill_tok_s=sum(x["prompt_tokens"] for x in rs) / pre if pre else None,
+                                   kv_peak_bytes=max((x["kv_peak_bytes"] or 0) for x in rs),
+                                   kv_per_problem_bytes=max((x["kv_per_problem_bytes"] or 0) for x in rs),
+                                   kv_logical_peak_bytes=max((x["kv_logical_peak_bytes"] or 0) for x in rs) or None))
+        ok = all(t["ok"] for t in totals)
+        rows.append(dict(system=system, round="all", k=None, ok=ok, error=None,
+                         **{m: _median(t[m] for t in totals) if ok else None for m in _METRICS}))
+    order = list(dict.fromkeys(r["system"] for r in results))
+    rows.sort(key=lambda r: (r["round"] == "all", r["round"] if r["round"] != "all" else 0, order.index(r["system"])))
+    engine = {r["round"]: r for r in rows if r["system"] == "engine"}
+    for r in rows:
+        e = engine.get(r["round"], {})
+        for m in _METRICS[:5]:
+            r["x_" + m] = r[m] / e[m] if r["ok"] and r[m] is not None and e.get(m) else None
+    return rows
+
+
+def format_report(data: dict) -> str:
+    w, rows = data["workload"], data["summary"]
+    mib = 2 ** 20
+    lines = [f"workload: {w['problems']} problems, K per round {w['schedule']}, {w['prompt_len']}-token problems "
+             f"(+ chat template), {w['gen_len']} tokens per trajectory, {w['model']}, {w['dtype']}, {w['device']}, "
+             f"{w['threads']} threads, {w['repeats']} repeat(s), medians",
+             f"{'round':>5}{'K':>3} {'system':19}{'gen tok/s':>10}{'prefill tok/s':>14}{'wall s':>8}{'KV MiB':>8}"
+             f"{'KV/problem':>11} | x engine: {'gen':>5}{'prefill':>8}{'wall':>6}{'KV/problem':>11}"]
+    fmt = lambda v, spec: format(v, spec) if v is not None else "-"  # noqa: E731
+    for r in rows:
+        head = f"{str(r['round']):>5}{fmt(r['k'], 'd') if r['k'] else '':>3} {r['system']:19}"
+        if not r["ok"]:
+            lines.append(head + f"n/a: {r['error'] or 'failed in some round'}")
+            continue
+        kv, kvp = (r[m] / mib if r[m] is not None else None for m in ("kv_peak_bytes", "kv_per_problem_bytes"))
+        lines.append(head + f"{fmt(r['gen_tok_s'], '.1f'):>10}{fmt(r['prefill_tok_s'], '.0f'):>14}"
+                     f"{fmt(r['wall_s'], '.2f'):>8}{fmt(kv, '.2f'):>8}{fmt(kvp, '.2f'):>11} |           "
+                     f"{fmt(r['x_gen_tok_s'], '.2f'):>5}{fmt(r['x_prefill_tok_s'], '.2f'):>8}"
+                     f"{fmt(r['x_wall_s'], '.2f'):>6}{fmt(r['x_kv_per_problem_bytes'], '.2f'):>11}")
+    lines.append("prefill tok/s: each problem's prompt once, over the time until all its trajectories had a first "
+                 "token. KV MiB: peak bytes held for K/V in the round; KV/problem: that / problems held at once "
+                 "(hf_generate runs one problem at a time, the others all at once).")
+    by = {(r["system"], r["round"]): r for r in rows}
+    eng = by[("engine", "all")]
+    lines.append("\nratios, all rounds (engine vs each; >1 = the engine is better):")
+    for r in rows:
+        if r["round"] != "all" or r["system"] == "engine":
+            continue
+        if not r["ok"]:
+            lines.append(f"  vs {r['system']:19} n/a")
+            continue
+        inv = lambda v: f"{1 / v:.2f}x" if v else "-"  # noqa: E731
+        lines.append(f"  vs {r['system']:19} generated tok/s {inv(r['x_gen_tok_s'])}, prefill tok/s "
+                     f"{inv(r['x_prefill_tok_s'])}, wall time {fmt(r['x_wall_s'], '.2f')}x, "
+                     f"peak KV per problem {fmt(r['x_kv_per_problem_bytes'], '.2f')}x")
+    nos = by.get(("engine_no_sharing", "all"))
+    lines.append(f"  KV held by the engine (peak over rounds): {eng['kv_peak_bytes'] / mib:.1f} MiB with sharing; "
+                 f"{(eng['kv_logical_peak_bytes'] or 0) / mib:.1f} MiB for the same sequences without sharing"
+                 + (f"; {nos['kv_peak_bytes'] / mib:.1f} MiB measured with fork and prefix caching off"
+                    if nos and nos["ok"] else ""))
+    return "\n".join(lines)
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_throughput(rows: list[dict], path: str | Path, title: str = "") -> None:
+    """rows: bench.pacore_throughput results (system, round, gen_tok_s, kv_peak_bytes, ok).
+    Left: generated tokens/s per round per system; right: peak KV bytes per round per system."""
+    plt = _pyplot()
+    rows = [r for r in rows if r["round"] != "all"]
+    systems = list(dict.fromkeys(r["system"] for r in rows))
+    rounds = sorted({r["round"] for r in rows})
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.8 / max(1, len(systems))
+    for i, name in enumerate(systems):
+        by_round = {r["round"]: r for r in rows if r["system"] == name}
+        xs = [x + (i - (len(systems) - 1) / 2) * width for x in range(len(rounds))]
+        for ax, key, scale in ((axes[0], "gen_tok_s", 1.0), (axes[1], "kv_peak_bytes", 1 / 2**20)):
+            vals = [(by_round[r][key] or 0) * scale if r in by_round and by_round[r]["ok"] else 0 for r in rounds]
+            ax.bar(xs, vals, width, label=name)
+    labels = [f"round {r}\nK={next(x['k'] for x in rows if x['round'] == r)}" for r in rounds]
+    for ax, ylabel in ((axes[0], "generated tokens / s"), (axes[1], "peak KV held (MiB)")):
+        ax.set_xticks(range(len(rounds)), labels)
+        ax.set_ylabel(ylabel)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    axes[1].set_title("n/a systems are left empty", fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_kv_timeline(records: list[dict], bytes_per_block: int, path: str | Path, title: str = "") -> None:
+    """KV held per step: physical blocks (split shared / unique) vs the no-sharing (logical) count.
+    Round / label boundaries are marked."""
+    plt = _pyplot()
+    steps = list(range(len(records)))
+    mib = bytes_per_block / 2**20
+    used = [r["kv_blocks_used"] * mib for r in records]
+    shared = [r["kv_blocks_shared"] * mib for r in records]
+    logical = [r["kv_blocks_logical"] * mib for r in records]
+    fig, ax = plt.subplots(figsize=(10, 4))
+    ax.fill_between(steps, 0, shared, step="post", alpha=0.5, label="held: shared blocks (ref count > 1)")
+    ax.fill_between(steps, shared, used, step="post", alpha=0.5, label="held: unique blocks")
+    ax.plot(steps, logical, drawstyle="steps-post", color="black", lw=1.2, label="without sharing (logical)")
+    prev = None
+    for i, r in enumerate(records):
+        label = r.get("label")
+        if label != prev:
+            ax.axvline(i, color="grey", ls=":", lw=0.8)
+            ax.text(i, max(logical + [1e-9]) * 0.98, f" {label}", fontsize=7, va="top")
+            prev = label
+    ax.set_xlabel("engine step")
+    ax.set_ylabel("KV cache (MiB)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, 0.9))
+    ax.grid(alpha=0.3)
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_throughput_report(data: dict, out: Path) -> str:
+    """bench.pacore_throughput's outputs: JSON (raw + summary), table, the two PNGs; returns the table."""
+    data["summary"] = summarize(data["results"])
+    out.mkdir(parents=True, exist_ok=True)
+    title = " ".join(f"{k}={v}" for k, v in data["workload"].items() if k != "model")
+    plot_throughput(data["summary"], out / "pacore_throughput.png", title)
+    plot_kv_timeline(data["engine_timeline"], data["kv_bytes_per_block"], out / "pacore_kv_timeline.png",
+                     "engine: KV held per step vs the same sequences without sharing")
+    (out / "pacore_throughput.json").write_text(json.dumps(data, indent=1))
+    report = format_report(data)
+    (out / "pacore_throughput.txt").write_text(report + "\n")
+    return report

@@ -1,0 +1,237 @@
+"""Roofline: how far each engine step is from the least time the machine allows.
+
+A decode step must at least read every weight once, every *distinct* KV token its rows attend to
+once (a group's shared prefix once, each trajectory's own suffix once) and write the new tokens'
+KV. A prefill step must at least do its matmul and causal-attention FLOPs. The floor of a step is
+max(bytes / bandwidth, FLOPs / matmul rate), with bandwidth and matmul rate measured here (a large
+copy, a large matmul). `fraction = floor / achieved`: 1.0 is the roofline.
+
+    python -m bench.roofline [--quick] [--model DIR] [--timeline timeline.jsonl]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+
+@dataclass(slots=True, frozen=True)
+class ModelShape:
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    dtype_bytes: int
+    qk_norm: bool = False
+
+    @classmethod
+    def from_config(cls, cfg, dtype_bytes: int) -> "ModelShape":
+        return cls(cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
+                   cfg.head_dim, cfg.vocab_size, dtype_bytes, cfg.qk_norm)
+
+    @property
+    def layer_linear_params(self) -> int:
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return h * q + 2 * h * kv + q * h + 3 * h * self.intermediate_size  # q, k, v, o, gate, up, down
+
+    @property
+    def weight_bytes(self) -> int:
+        """Weights one forward reads: every layer, the final norm and the LM head (the embedding table
+        is only gathered row by row, and is the LM head itself when tied: counted once either way)."""
+        norms = 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
+        params = self.num_layers * (self.layer_linear_params + norms) + self.hidden_size
+        return self.dtype_bytes * (params + self.vocab_size * self.hidden_size)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def attn_flops_per_pair(self) -> int:
+        """QK^T and PV for one (query, key) pair over all layers and query heads."""
+        return 4 * self.num_layers * self.num_heads * self.head_dim
+
+
+@dataclass(slots=True)
+class StepShape:
+    """What one step computes, captured from the scheduled batch (see bench.profile_run)."""
+    new_tokens: int = 0          # query tokens (prefill chunks + one per decode row)
+    num_sampled: int = 0         # rows that go through the LM head
+    decode_rows: int = 0
+    kv_tokens_unique: int = 0    # distinct KV tokens the decode rows read (shared blocks once)
+    kv_tokens_logical: int = 0   # KV tokens they read when every row reads its whole sequence
+    prefill_ctx_read: int = 0    # cached tokens the prefill chunks attend to (before the chunk)
+    prefill_attn_pairs: int = 0  # causal (query, key) pairs of the prefill chunks
+
+
+def distinct_kv_tokens(rows: list[tuple[list[int], int]], block_size: int) -> int:
+    """rows = (block table, tokens in cache); each physical block counted once, at its fullest."""
+    filled: dict[int, int] = {}
+    for table, n in rows:
+        for j in range(-(-n // block_size)):
+            b = table[j]
+            filled[b] = max(filled.get(b, 0), min(block_size, n - j * block_size))
+    return sum(filled.values())
+
+
+def shape_of_batch(batch, block_size: int) -> StepShape:
+    """StepShape of an engine ScheduledBatch, before it runs (num_computed not yet advanced)."""
+    s = StepShape()
+    for seq, n in batch.prefills:
+        start = seq.num_computed
+        s.new_tokens += n
+        s.num_sampled += start + n == seq.num_tokens
+        s.prefill_ctx_read += start
+        s.prefill_attn_pairs += n * start + n * (n + 1) // 2
+    rows = [(seq.block_table, seq.num_computed + 1) for seq in batch.decodes]
+    s.decode_rows = len(rows)
+    s.new_tokens += len(rows)
+    s.num_sampled += len(rows)
+    s.kv_tokens_logical = sum(n for _, n in rows)
+    s.kv_tokens_unique = distinct_kv_tokens(rows, block_size)
+    return s
+
+
+def floor_bytes(m: ModelShape, s: StepShape) -> int:
+    kv = s.kv_tokens_unique + s.prefill_ctx_read + s.new_tokens  # reads + the new tokens' KV writes
+    return m.weight_bytes + m.kv_bytes_per_token * kv
+
+
+def floor_flops(m: ModelShape, s: StepShape) -> int:
+    linear = 2 * m.num_layers * m.layer_linear_params * s.new_tokens
+    head = 2 * m.vocab_size * m.hidden_size * s.num_sampled
+    return linear + head + m.attn_flops_per_pair * (s.kv_tokens_logical + s.prefill_attn_pairs)
+
+
+def floor_seconds(m: ModelShape, s: StepShape, bandwidth: float, flops_rate: float) -> float:
+    return max(floor_bytes(m, s) / bandwidth, floor_flops(m, s) / flops_rate)
+
+
+@dataclass(slots=True)
+class Machine:
+    bandwidth: float   # bytes/s, large device-to-device copy (read + write counted)
+    flops: float       # FLOP/s, large square matmul in the run dtype
+    device: str
+    dtype: str
+
+
+def measure_machine(device: str = "cpu", dtype: str = "float32", repeats: int = 5) -> Machine:
+    import torch
+    dt = getattr(torch, dtype)
+    cuda = device.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    def best(fn) -> float:
+        fn()
+        sync()
+        times = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - t)
+        return min(times)
+    nbytes = (1 << 30) if cuda else (256 << 20)  # far beyond any cache level
+    x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    y = torch.empty_like(x)
+    bw = 2 * nbytes / best(lambda: y.copy_(x))
+    n = 8192 if cuda else 1536
+    a = torch.randn(n, n, device=device).to(dt)
+    b = torch.randn(n, n, device=device).to(dt)
+    fl = 2 * n ** 3 / best(lambda: a @ b)
+    return Machine(bw, fl, device, dtype)
+
+
+def analyze(records: list[dict], m: ModelShape, mach: Machine) -> list[dict]:
+    """Per decode batch size and per prefill token bucket: achieved vs floor (medians)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        if "new_tokens" not in r or r.get("traced"):
+            continue  # no batch shape, or timed under the profiler
+        key = ("decode", r["num_decode_seqs"]) if r["kind"] == "decode" else \
+            ("prefill", 1 << max(0, r["num_tokens"] - 1).bit_length())
+        groups.setdefault(key, []).append(r)
+    rows = []
+    for (kind, size), rs in sorted(groups.items()):
+        shapes = [StepShape(**{k: r[k] for k in StepShape.__slots__}) for r in rs]
+        floor = statistics.median(floor_seconds(m, s, mach.bandwidth, mach.flops) for s in shapes)
+        model_s = statistics.median(r["model_s"] for r in rs)
+        step_s = statistics.median(r["schedule_s"] + r["model_s"] + r["sample_s"] for r in rs)
+        rows.append(dict(
+            kind=kind, size=size, steps=len(rs), floor_ms=floor * 1e3, model_ms=model_s * 1e3,
+            step_ms=step_s * 1e3, model_fraction=floor / model_s if model_s else 0.0,
+            step_fraction=floor / step_s if step_s else 0.0,
+            floor_mb=statistics.median(floor_bytes(m, s) for s in shapes) / 1e6,
+            floor_gflop=statistics.median(floor_flops(m, s) for s in shapes) / 1e9,
+            kv_read_logical_over_unique=statistics.median(
+                s.kv_tokens_logical / s.kv_tokens_unique for s in shapes) if kind == "decode" else None))
+    return rows
+
+
+def format_table(rows: list[dict], mach: Machine) -> str:
+    head = (f"machine: {mach.bandwidth / 1e9:.1f} GB/s copy, {mach.flops / 1e9:.1f} GFLOP/s matmul "
+            f"({mach.device}, {mach.dtype})\n"
+            f"{'kind':8}{'size':>6}{'steps':>6}{'floor MB':>10}{'GFLOP':>8}{'floor ms':>10}{'model ms':>10}"
+            f"{'step ms':>9}{'model/roof':>11}{'step/roof':>10}{'KV log/uniq':>12}")
+    lines = [head]
+    for r in rows:
+        kv = f"{r['kv_read_logical_over_unique']:.2f}" if r["kv_read_logical_over_unique"] else "-"
+        lines.append(f"{r['kind']:8}{r['size']:>6}{r['steps']:>6}{r['floor_mb']:>10.1f}{r['floor_gflop']:>8.2f}"
+                     f"{r['floor_ms']:>10.2f}{r['model_ms']:>10.2f}{r['step_ms']:>9.2f}"
+                     f"{r['model_fraction']:>11.1%}{r['step_fraction']:>10.1%}{kv:>12}")
+    lines.append("size: decode = sequences per step, prefill = tokens per step (power-of-2 bucket). "
+                 "model/roof = floor / model time; step/roof = floor / whole step (scheduler + sampling too). "
+                 "KV log/uniq = KV a non-sharing kernel reads / distinct KV.")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="HF folder (default: the embedded SmolLM2-135M)")
+    ap.add_argument("--timeline", default=None, help="analyse a timeline.jsonl from bench.profile_run instead of running")
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--problems", type=int, default=4)
+    ap.add_argument("--k", type=int, default=8, help="trajectories per problem")
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--gen-len", type=int, default=64)
+    ap.add_argument("--quick", action="store_true", help="2 problems, K=4, 256-token prompts, 16 tokens")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--out", default=None, help="write the rows as JSON here")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.problems, args.k, args.prompt_len, args.gen_len = 2, 4, 256, 16
+    from bench.profile_run import apply_threads, run_profiled
+    apply_threads(args.threads)
+    import torch
+    from engine import LLM
+    if args.timeline:
+        meta, records = read_timeline(args.timeline)
+        m, device, dtype = ModelShape(**meta["model_shape"]), meta["device"], meta["dtype"]
+    else:
+        llm = LLM(args.model, dtype=args.dtype, record_steps=True)
+        records = run_profiled(llm, args.problems, args.k, args.prompt_len, args.gen_len)
+        elem = torch.empty((), dtype=llm.dtype).element_size()
+        m, device, dtype = ModelShape.from_config(llm.config, elem), llm.device.type, str(llm.dtype).split(".")[-1]
+    mach = measure_machine(device, dtype)
+    rows = analyze(records, m, mach)
+    print(format_table(rows, mach))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(machine=asdict(mach), model_shape=asdict(m), rows=rows), f, indent=1)
+    return 0
+
+
+def read_timeline(path: str) -> tuple[dict, list[dict]]:
+    """A timeline.jsonl: first line is the run's metadata, then one record per step."""
+    with open(path) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    return lines[0]["meta"], lines[1:]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
