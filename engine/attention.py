@@ -22,6 +22,7 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None = None
     group_starts: torch.Tensor | None = None   # set: decode rows use cascade (prefix-shared) attention
     group_prefix_lens: torch.Tensor | None = None
+    max_group_size: int | None = None          # host-side bound, so kernels need no device read
 
 
 _OPS = ("store_kvcache", "paged_decode", "cascade_decode", "prefill_attention", "rmsnorm", "rope",
@@ -52,7 +53,8 @@ class Backend:
             if meta.group_starts is not None:
                 decode = self.cascade_decode(qd, k_cache, v_cache, meta.decode_block_tables,
                                              meta.decode_seq_lens, meta.group_starts,
-                                             meta.group_prefix_lens, scale)
+                                             meta.group_prefix_lens, scale,
+                                             max_group_size=meta.max_group_size)
             else:
                 decode = self.paged_decode(qd, k_cache, v_cache, meta.decode_block_tables,
                                            meta.decode_seq_lens, scale)

@@ -33,6 +33,7 @@ class LLM:
     cascade_attention: True/False forces prefix-shared decode attention on/off; None decides per
     step (groups of >= cascade_min_group sequences sharing >= cascade_min_prefix tokens).
     enable_fork=False turns a request with n=K into K independent prompts (an ablation).
+    enforce_eager=True skips CUDA graphs (on CUDA, decode steps replay captured graphs by default).
     """
 
     def __init__(self, model: str | None = None, dtype: str | torch.dtype | None = None,
@@ -43,7 +44,8 @@ class LLM:
                  cascade_attention: bool | None = None, cascade_min_group: int = 2,
                  cascade_min_prefix: int = 256, attention_backend: str | None = None,
                  device: str | torch.device | None = None, seed: int = 0,
-                 gpu_memory_utilization: float = 0.9, record_steps: bool = False):
+                 gpu_memory_utilization: float = 0.9, enforce_eager: bool = False,
+                 record_steps: bool = False):
         from transformers import AutoTokenizer
         if block_size < 1 or max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")
@@ -61,7 +63,7 @@ class LLM:
             cascade=CascadePolicy(cascade_attention, cascade_min_group, cascade_min_prefix))
         per_block = bytes_per_block(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype)
         num_blocks = num_kv_blocks or self._auto_blocks(per_block, kv_cache_memory, gpu_memory_utilization)
-        self.runner.allocate_kv_cache(num_blocks)
+        self.runner.allocate_kv_cache(num_blocks, cuda_graphs=not enforce_eager)
         self.kv_bytes_per_block = per_block
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens,

@@ -11,6 +11,7 @@ import torch
 
 from engine.attention import AttentionMetadata, get_backend
 from engine.config import ModelConfig
+from engine.cuda_graphs import DecodeGraphs
 from engine.kv_cache import allocate_kv_cache, copy_blocks
 from engine.loader import load_model
 from engine.scheduler import ScheduledBatch
@@ -46,11 +47,16 @@ class ModelRunner:
         self.synced = [0] * max_num_seqs  # entries of each row already written
         self.free_rows = list(range(max_num_seqs - 1, -1, -1))
         self.cascade_steps = 0
+        self.max_num_seqs = max_num_seqs
+        self.graphs: DecodeGraphs | None = None
 
-    def allocate_kv_cache(self, num_blocks: int) -> None:
+    def allocate_kv_cache(self, num_blocks: int, cuda_graphs: bool) -> None:
+        """Allocate the cache; then capture decode graphs (they bake in the cache's address)."""
         cfg = self.cfg
         self.kv_cache = allocate_kv_cache(cfg.num_layers, num_blocks, self.block_size, cfg.num_kv_heads,
                                           cfg.head_dim, self.dtype, self.device)
+        if cuda_graphs and self.device.type == "cuda" and self.ops.name == "triton":
+            self.graphs = DecodeGraphs(self, self.max_num_seqs, cascade=self.cascade.enabled is not False)
 
     # -- rows of the persistent block-table buffer -------------------------------------------
     def release(self, seq: Sequence) -> None:
@@ -75,12 +81,12 @@ class ModelRunner:
         return self.tables[rows, :width]
 
     # -- batch preparation -------------------------------------------------------------------
-    def _group_decodes(self, decodes: list[Sequence]) -> tuple[list[int], list[int]] | None:
+    def _group_decodes(self, decodes: list[Sequence]) -> tuple[list[int], list[int], int] | None:
         """Order decodes so each request's rows are contiguous; CSR starts and prefix lengths."""
         if self.cascade.enabled is False:
             return None
         decodes.sort(key=lambda s: s.request.seqs[0].seq_id)
-        starts, prefix_lens, any_shared = [0], [], False
+        starts, prefix_lens, any_shared, largest = [0], [], False, 0
         i = 0
         while i < len(decodes):
             req = decodes[i].request
@@ -89,10 +95,11 @@ class ModelRunner:
                 j += 1
             prefix = self.cascade.prefix_for(j - i, self._shared_prefix_blocks(req) * self.block_size)
             any_shared |= prefix > 0
+            largest = max(largest, j - i)
             starts.append(j)
             prefix_lens.append(prefix)
             i = j
-        return (starts, prefix_lens) if any_shared else None
+        return (starts, prefix_lens, largest) if any_shared else None
 
     def _shared_prefix_blocks(self, req) -> int:
         """Leading blocks common to all the request's running sequences (cached until one joins)."""
@@ -150,27 +157,33 @@ class ModelRunner:
             if groups is not None:
                 meta.group_starts = torch.tensor(groups[0], dtype=torch.int32)
                 meta.group_prefix_lens = torch.tensor(groups[1], dtype=torch.int32)
+                meta.max_group_size = groups[2]
                 self.cascade_steps += 1
             first = meta.num_prefill_tokens
             sample_idx.extend(range(first, first + len(batch.decodes)))
             sample_seqs.extend(batch.decodes)
         meta.slot_mapping = torch.cat(slots)
-        if self.device.type != "cpu":
-            for f in AttentionMetadata.__slots__:
-                v = getattr(meta, f)
-                if isinstance(v, torch.Tensor):
-                    setattr(meta, f, v.to(self.device, non_blocking=True))
-        to_dev = lambda t: t.to(self.device, non_blocking=True)  # noqa: E731
-        return (to_dev(torch.tensor(ids)), to_dev(torch.cat(pos)), meta,
-                to_dev(torch.tensor(sample_idx)), sample_seqs)
+        return (torch.tensor(ids), torch.cat(pos), meta, torch.tensor(sample_idx, dtype=torch.long),
+                sample_seqs)
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
-        input_ids, positions, meta, sample_idx, sample_seqs = self.prepare(batch)
-        hidden = self.model(input_ids, positions, meta, self.kv_cache, self.ops, self.cos_sin)
+        """Forward one scheduled batch; returns fp32 logits for the sequences to sample, in order."""
+        ids, positions, meta, sample_idx, sample_seqs = self.prepare(batch)
+        if self.graphs is not None and not batch.prefills and self.graphs.can_run(len(batch.decodes)):
+            hidden = self.graphs.run(ids, positions, meta)  # decode rows are the sampled rows
+        else:
+            if self.device.type != "cpu":
+                ids, positions, sample_idx = (t.to(self.device, non_blocking=True)
+                                              for t in (ids, positions, sample_idx))
+                for f in AttentionMetadata.__slots__:
+                    v = getattr(meta, f)
+                    if isinstance(v, torch.Tensor):
+                        setattr(meta, f, v.to(self.device, non_blocking=True))
+            hidden = self.model(ids, positions, meta, self.kv_cache, self.ops, self.cos_sin)[sample_idx]
         if not sample_seqs:
             return hidden.new_empty(0, self.cfg.vocab_size, dtype=torch.float32), []
-        return self.model.compute_logits(hidden[sample_idx]), sample_seqs
+        return self.model.compute_logits(hidden), sample_seqs
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         if pairs:

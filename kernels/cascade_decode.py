@@ -11,8 +11,11 @@ from .paged_decode import (_LN2, _LOG2E, check_decode_args, default_num_splits, 
 
 def cascade_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        block_tables: torch.Tensor, seq_lens: torch.Tensor, group_starts: torch.Tensor,
-                       group_prefix_lens: torch.Tensor, sm_scale: float) -> torch.Tensor:
-    """q [B, Hq, D]; groups per engine/kv_cache.py. Returns out [B, Hq, D] in q.dtype."""
+                       group_prefix_lens: torch.Tensor, sm_scale: float,
+                       max_group_size: int | None = None) -> torch.Tensor:
+    """q [B, Hq, D]; groups per engine/kv_cache.py. Returns out [B, Hq, D] in q.dtype.
+
+    max_group_size is a launch hint of the Triton version, accepted here so both share one signature."""
     B, Hq, D = q.shape
     _, bs, Hkv, _ = k_cache.shape
     G = Hq // Hkv
@@ -118,14 +121,8 @@ def _cascade_prefix_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, gs_ptr, gp_ptr, o_ptr,
 
 
 def _max_group_size(group_starts: torch.Tensor) -> int:
-    """Largest group, read from the device once per group_starts tensor: the engine passes the same
-    tensor to every layer of a step, so this syncs once per step, not once per layer."""
-    cached = getattr(group_starts, "_pacore_max_group", None)
-    if cached is not None and cached[0] == group_starts._version:
-        return cached[1]
-    n = int((group_starts[1:] - group_starts[:-1]).max().item()) if group_starts.numel() > 1 else 0
-    group_starts._pacore_max_group = (group_starts._version, n)
-    return n
+    """Largest group, read from the device (a sync: callers that know it pass max_group_size)."""
+    return int((group_starts[1:] - group_starts[:-1]).max().item()) if group_starts.numel() > 1 else 0
 
 
 def cascade_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -134,9 +131,8 @@ def cascade_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                           num_splits: int | None = None, suffix_splits: int | None = None) -> torch.Tensor:
     """Triton cascade decode; same contract as cascade_decode_ref.
 
-    Optional host ints avoid GPU->host syncs: max_group_size (else read from group_starts: one sync per
-    group_starts tensor, cached on it),
-    num_splits (prefix split count) and suffix_splits (default: heuristics from the block-table width).
+    Optional host ints avoid GPU->host syncs (and are required under CUDA-graph capture): max_group_size
+    (an upper bound on the rows of any group; else read from group_starts), num_splits (prefix split count) and suffix_splits (default: heuristics from the block-table width).
     """
     require_triton()
     check_decode_args(q, k_cache, v_cache, block_tables, seq_lens)

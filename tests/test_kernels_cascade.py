@@ -61,12 +61,17 @@ def test_cascade_decode_triton_one_big_group():
     assert env.rel_err(out, cascade_decode_ref(*args, 0.125)) < 1e-3
 
 
-def test_cascade_max_group_size_cache():
-    gs = torch.tensor([0, 2, 7], dtype=torch.int32, device=DEV)
-    assert cd._max_group_size(gs) == 5
-    assert cd._max_group_size(gs) == 5       # cached
-    gs[2] = 3                                # an in-place change bumps the version: recomputed
-    assert cd._max_group_size(gs) == 2
+def test_cascade_padded_groups_and_upper_bound_hint():
+    # The CUDA-graph decode pads the batch with empty groups and passes its bucket size as the hint.
+    bs, D, qpk = 16, 64, 2
+    q, kc, vc, bt, sl, gs, gp = _batch(bs, [3, 2], [2, 1], [1, 5, 0], 1, D, qpk, torch.float32)
+    i32 = dict(dtype=torch.int32, device=DEV)
+    gs_pad = torch.cat([gs, torch.full((3,), int(gs[-1]), **i32)])
+    gp_pad = torch.cat([gp, torch.zeros(3, **i32)])
+    ref = cascade_decode_ref(q, kc, vc, bt, sl, gs, gp, 0.125)
+    assert torch.equal(cascade_decode_ref(q, kc, vc, bt, sl, gs_pad, gp_pad, 0.125), ref)
+    out = cascade_decode_triton(q, kc, vc, bt, sl, gs_pad, gp_pad, 0.125, max_group_size=8)
+    assert env.rel_err(out, ref) < 1e-3
 
 
 def test_cascade_decode_triton_validates():
