@@ -43,7 +43,8 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-kv-blocks", type=_positive, default=None, metavar="N",
                    help="KV-cache size in blocks (default: sized by the engine)")
     g.add_argument("--profile", default=None, metavar="DIR",
-                   help="directory for profiler traces; recorded in the run config for the profiling hook")
+                   help="write a per-step timeline (timeline.jsonl), torch.profiler traces and a KV-sharing "
+                        "plot (kv_blocks.png) of the run to DIR")
 
 
 def _add_method_options(p: argparse.ArgumentParser, *, max_tokens: int, preset: str, temperature: float) -> None:
@@ -170,7 +171,13 @@ def main(argv: list[str] | None = None) -> int:
 
     llm = build_llm(cfg)
     try:
-        run_pacore(llm, cfg)
+        if cfg.profile_dir:
+            from bench.profile_run import ProfileSession
+            with ProfileSession(llm, cfg.profile_dir):
+                run_pacore(llm, cfg)
+            print(f"profile: {cfg.profile_dir}")
+        else:
+            run_pacore(llm, cfg)
     except KeyboardInterrupt:
         return 130
     return 0

@@ -53,7 +53,7 @@ class RunConfig:
     message_token_cap: MessageCap = "auto"
     grade: bool = True
     show_progress: bool = True
-    # Where a profiler should write its traces; only recorded here (the profiling hook reads it).
+    # Where `pacore run --profile` writes the step timeline and traces (bench.profile_run).
     profile_dir: str | None = None
     engine_options: dict = field(default_factory=dict)
 

@@ -78,3 +78,18 @@ def test_cli_run_with_a_model_folder(tiny_qwen3, tmp_path, capsys):
     assert main(args) == 2
     assert main(args + ["--resume"]) == 0
     assert len(read_results(str(out))) == 2
+
+
+def test_cli_profile_writes_timeline_and_kv_plot(tiny_qwen3, tmp_path):
+    _problems(tmp_path / "in.jsonl", 2)
+    prof = tmp_path / "prof"
+    args = ["run", "--model", str(tiny_qwen3), "--data", str(tmp_path / "in.jsonl"), "--out",
+            str(tmp_path / "res.jsonl"), "--rounds", "3", "--max-tokens", "6", "--num-kv-blocks", "256",
+            "--no-progress", "--profile", str(prof)]
+    assert main(args) == 0
+    lines = [json.loads(x) for x in (prof / "timeline.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if "kind" in x]
+    kinds = {s["kind"] for s in steps}
+    assert "decode" in kinds and kinds & {"prefill", "mixed"}
+    assert any(s["kv_blocks_shared"] > 0 for s in steps)  # the 3 trajectories share their prompt
+    assert (prof / "kv_blocks.png").stat().st_size > 0
