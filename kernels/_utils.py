@@ -1,4 +1,5 @@
-"""Shared torch helpers for the reference kernels (see engine/kv_cache.py for the layout)."""
+"""Shared helpers: torch ones for the reference kernels (see engine/kv_cache.py for the layout), checks,
+and the Triton device functions of the attention kernels (online softmax over paged K/V)."""
 from __future__ import annotations
 
 import torch
@@ -75,6 +76,70 @@ except Exception:  # pragma: no cover - exercised only on hosts without triton
             return None
 
     triton = tl = _Inert()
+
+
+# --- Triton device helpers (inlined into the attention kernels) ------------------------------------
+# The flash-attention online softmax shared by paged decode, cascade decode and prefill. Scores are kept
+# in the log2 domain: callers fold log2(e) into qk_scale, so exp2 replaces exp.
+
+_LN2 = tl.constexpr(0.6931471805599453) if HAS_TRITON else None  # lse is reported in natural log
+
+
+@triton.jit
+def load_kv_tile(kc_ptr, vc_ptr, bt_row, pos, ok, h, d, stride_tok, BS: tl.constexpr, D: tl.constexpr):
+    """K and V [BLOCK_N, BLOCK_D] of kv head h at token positions pos of one sequence, whose block-table
+    row starts at bt_row. Masked keys (ok false) and padding dims (d >= D) read 0."""
+    blk = tl.load(bt_row + pos // BS, mask=ok, other=0).to(tl.int64)
+    slot = blk * BS + pos % BS                        # int64: block ids * sizes overflow int32
+    kv_off = slot[:, None] * stride_tok + h * D + d[None, :]
+    kv_ok = ok[:, None] & (d[None, :] < D)
+    k = tl.load(kc_ptr + kv_off, mask=kv_ok, other=0.0)
+    v = tl.load(vc_ptr + kv_off, mask=kv_ok, other=0.0)
+    return k, v
+
+
+@triton.jit
+def online_softmax_tile(q, k, v, keep, qk_scale, m_i, l_i, acc, DOT_PREC: tl.constexpr):
+    """One key tile of the online softmax: scores q @ k^T (keep false -> -inf), then the running max m_i,
+    the running sum l_i of exp2 and the unnormalised output acc are rescaled and updated. Returns them.
+
+    The caller guarantees every row's new max is finite (a kept key in this or an earlier tile): with
+    m_i = m_new = -inf, exp2(m_i - m_new) would be NaN."""
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+    s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def online_softmax_finish(m_i, l_i, acc):
+    """The normalised output acc / l_i and the lse (natural log) of each row. A row that saw no key
+    (l_i == 0) gets o = 0 and lse = -inf, never NaN, so an LSE merge ignores it."""
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    o = acc / l_safe[:, None]
+    lse = tl.where(l_i > 0, (m_i + tl.log2(l_safe)) * _LN2, float("-inf"))
+    return o, lse
+
+
+@triton.jit
+def attend_key_range(q, kc_ptr, vc_ptr, bt_row, t0, t1, h, d, stride_tok, qk_scale, BS: tl.constexpr,
+                     D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+    """q [BLOCK_M, BLOCK_D] attends (no mask) to the keys [t0, t1) of kv head h of one sequence. Returns
+    (o, lse) as online_softmax_finish: an empty range gives o = 0, lse = -inf."""
+    m_i = tl.full([q.shape[0]], float("-inf"), tl.float32)  # running max (log2 domain)
+    l_i = tl.zeros([q.shape[0]], tl.float32)                # running sum of exp2
+    acc = tl.zeros(q.shape, tl.float32)
+    for n0 in range(t0, t1, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        ok = pos < t1
+        k, v = load_kv_tile(kc_ptr, vc_ptr, bt_row, pos, ok, h, d, stride_tok, BS, D)
+        # The new max is finite: every tile has >= 1 valid key (n0 < t1).
+        m_i, l_i, acc = online_softmax_tile(q, k, v, ok[None, :], qk_scale, m_i, l_i, acc, DOT_PREC)
+    return online_softmax_finish(m_i, l_i, acc)
 
 
 def require_triton() -> None:

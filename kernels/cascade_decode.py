@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from ._utils import (HAS_TRITON, check, check_int, gather_blocks, masked_softmax_attend, merge_attn_states,
-                     next_pow2, require_triton, tl, triton)
-from .paged_decode import (_LN2, _LOG2E, check_decode_args, default_num_splits, dot_precision, launch_decode_splits,
+from ._utils import (HAS_TRITON, attend_key_range, check, check_int, gather_blocks, masked_softmax_attend,
+                     merge_attn_states, next_pow2, require_triton, tl, triton)
+from .paged_decode import (_LOG2E, check_decode_args, default_num_splits, dot_precision, launch_decode_splits,
                            launch_merge, launch_opts, paged_decode_ref)
 
 
@@ -92,29 +92,9 @@ def _cascade_prefix_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, gs_ptr, gp_ptr, o_ptr,
     t0 = split * chunk
     t1 = tl.minimum(t0 + chunk, plen)
     bt_row = bt_ptr + r0 * stride_bt  # the prefix blocks: the group's first row, shared by all members
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for n0 in range(t0, t1, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        ok = pos < t1
-        blk = tl.load(bt_row + pos // BS, mask=ok, other=0).to(tl.int64)
-        kv_off = (blk * BS + pos % BS)[:, None] * stride_tok + h * D + d[None, :]
-        kv_ok = ok[:, None] & (d[None, :] < D)
-        k = tl.load(kc_ptr + kv_off, mask=kv_ok, other=0.0)
-        v = tl.load(vc_ptr + kv_off, mask=kv_ok, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
-        s = tl.where(ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
-
     # No prefix (plen 0) or an empty split: o = 0, lse = -inf, ignored by the merge.
-    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    lse = tl.where(l_i > 0, (m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0))) * _LN2, float("-inf"))
+    o, lse = attend_key_range(q, kc_ptr, vc_ptr, bt_row, t0, t1, h, d, stride_tok, qk_scale, BS, D, BLOCK_N,
+                              DOT_PREC)
     tl.store(o_ptr + row[:, None] * stride_ob + head[:, None] * stride_oh + split * stride_os + d[None, :],
              o, mask=row_ok[:, None] & (d[None, :] < D))
     tl.store(lse_ptr + row * stride_lb + head * stride_lh + split * stride_ls, lse, mask=row_ok)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from ._utils import (HAS_TRITON, check, check_attn_dtypes, check_int, check_rows, check_same_device,
-                     gather_blocks, masked_softmax_attend, next_pow2, require_triton, tl, triton)
+                     attend_key_range, gather_blocks, masked_softmax_attend, next_pow2, require_triton, tl,
+                     triton)
 
 
 def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -56,7 +57,6 @@ def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 # With one split, stage 1 writes the final output directly.
 
 _LOG2E = 1.4426950408889634
-_LN2 = tl.constexpr(0.6931471805599453) if HAS_TRITON else None  # lse is reported in natural log
 _MIN_TOKENS_PER_SPLIT = 256
 _MAX_SPLITS = 64
 
@@ -87,30 +87,9 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, start_ptr, o_pt
     q = tl.load(q_ptr + b * stride_qb + head[:, None] * D + d[None, :],
                 mask=row_ok[:, None] & (d[None, :] < D), other=0.0)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)   # running max (log2 domain)
-    l_i = tl.zeros([BLOCK_M], tl.float32)                 # running sum of exp2
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for n0 in range(t0, t1, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        ok = pos < t1
-        blk = tl.load(bt_ptr + b * stride_bt + pos // BS, mask=ok, other=0).to(tl.int64)
-        slot = blk * BS + pos % BS                        # int64: block ids * sizes overflow int32
-        kv_off = slot[:, None] * stride_tok + h * D + d[None, :]
-        kv_ok = ok[:, None] & (d[None, :] < D)
-        k = tl.load(kc_ptr + kv_off, mask=kv_ok, other=0.0)
-        v = tl.load(vc_ptr + kv_off, mask=kv_ok, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
-        s = tl.where(ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))             # finite: every tile has >= 1 valid key
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
-
-    # An empty split (l_i == 0) yields o = 0 and lse = -inf, which the merge ignores; never NaN.
-    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    lse = tl.where(l_i > 0, (m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0))) * _LN2, float("-inf"))
+    # An empty split (t0 >= t1) yields o = 0 and lse = -inf, which the merge ignores; never NaN.
+    o, lse = attend_key_range(q, kc_ptr, vc_ptr, bt_ptr + b * stride_bt, t0, t1, h, d, stride_tok, qk_scale,
+                              BS, D, BLOCK_N, DOT_PREC)
     sidx = split_off + split
     tl.store(o_ptr + b * stride_ob + head[:, None] * stride_oh + sidx * stride_os + d[None, :],
              o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (d[None, :] < D))

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from ._utils import (HAS_TRITON, check, check_attn_dtypes, check_int, check_rows, check_same_device, gather_blocks,
-                     next_pow2, require_triton, tl, triton)
+                     load_kv_tile, next_pow2, online_softmax_finish, online_softmax_tile, require_triton, tl, triton)
 from .paged_decode import _LOG2E, dot_precision, launch_opts
 
 # Cap on fp32 score elements per step of the reference, so long prompts do not blow up memory.
@@ -83,21 +83,11 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, seq_ptr, tile_seq_ptr
     for n0 in range(0, kv_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         ok = pos < kv_end
-        blk = tl.load(bt_row + pos // BS, mask=ok, other=0).to(tl.int64)
-        kv_off = (blk * BS + pos % BS)[:, None] * stride_tok + h * D + d[None, :]
-        kv_ok = ok[:, None] & (d[None, :] < D)
-        k = tl.load(kc_ptr + kv_off, mask=kv_ok, other=0.0)
-        v = tl.load(vc_ptr + kv_off, mask=kv_ok, other=0.0)
-        sc = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
-        sc = tl.where(ok[None, :] & (pos[None, :] <= qpos[:, None]), sc, float("-inf"))
-        # Key 0 is in the first tile and visible to every query, so m_new is finite from then on.
-        m_new = tl.maximum(m_i, tl.max(sc, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(sc - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
-    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        k, v = load_kv_tile(kc_ptr, vc_ptr, bt_row, pos, ok, h, d, stride_tok, BS, D)
+        keep = ok[None, :] & (pos[None, :] <= qpos[:, None])  # causal
+        # Key 0 is in the first tile and visible to every query, so the max is finite from then on.
+        m_i, l_i, acc = online_softmax_tile(q, k, v, keep, qk_scale, m_i, l_i, acc, DOT_PREC)
+    o, _ = online_softmax_finish(m_i, l_i, acc)  # prefill writes the final output: no lse
     o_off = (q0 + i)[:, None] * stride_ot + hq * D + d[None, :]
     tl.store(o_ptr + o_off, o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (d[None, :] < D))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
+import pytest
 import torch
 
 DEVICE = os.environ.get("PACORE_TEST_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -127,3 +128,11 @@ def poison_allocations(monkeypatch):
 
     monkeypatch.setattr(torch, "empty", empty)
     monkeypatch.setattr(torch, "empty_like", empty_like)
+
+
+def poison_fixture():
+    """An autouse fixture applying poison_allocations to every test of a module: `_poison = env.poison_fixture()`."""
+    @pytest.fixture(autouse=True)
+    def _poison(monkeypatch):
+        poison_allocations(monkeypatch)
+    return _poison

@@ -12,11 +12,7 @@ from kernels.cascade_decode import cascade_decode_ref, cascade_decode_triton  # 
 
 DEV = env.DEVICE
 DTYPES = [torch.float32] + env.LOW_DTYPES
-
-
-@pytest.fixture(autouse=True)
-def _poison(monkeypatch):
-    env.poison_allocations(monkeypatch)
+_poison = env.poison_fixture()  # autouse: torch.empty/empty_like return NaN-filled tensors
 
 
 def _batch(bs, groups, prefix_blocks, suffixes, Hkv, D, qpk, dtype):

@@ -11,16 +11,12 @@ from kernels.paged_decode import paged_decode_ref, paged_decode_triton  # noqa: 
 
 DEV = env.DEVICE
 DTYPES = [torch.float32] + env.LOW_DTYPES
+_poison = env.poison_fixture()  # autouse: torch.empty/empty_like return NaN-filled tensors
 
 # (head_dim, gqa ratio, block size, num_splits, with start_lens): a sample of the grid in which every
 # axis value appears; None = heuristic; 12 splits > the 5 blocks of the longest row (empty splits).
 CASES = [(64, 1, 16, None, False), (64, 2, 32, 3, True), (128, 4, 16, 1, True), (128, 8, 32, 12, False),
          (64, 8, 16, 2, True), (128, 1, 32, 5, False), (64, 4, 32, 12, True), (128, 2, 16, 3, False)]
-
-
-@pytest.fixture(autouse=True)
-def _poison(monkeypatch):
-    env.poison_allocations(monkeypatch)
 
 
 @pytest.mark.parametrize("D,ratio,bs,splits,with_start", CASES)

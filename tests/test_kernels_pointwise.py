@@ -11,11 +11,7 @@ from kernels.rope import rope_ref, rope_triton  # noqa: E402
 
 DEV = env.DEVICE
 DTYPES = [torch.float32] + env.LOW_DTYPES
-
-
-@pytest.fixture(autouse=True)
-def _poison(monkeypatch):
-    env.poison_allocations(monkeypatch)
+_poison = env.poison_fixture()  # autouse: torch.empty/empty_like return NaN-filled tensors
 
 
 def _close(out, ref):

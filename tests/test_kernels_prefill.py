@@ -12,11 +12,7 @@ from kernels.prefill_attention import prefill_attention_ref, prefill_attention_t
 
 DEV = env.DEVICE
 DTYPES = [torch.float32] + env.LOW_DTYPES
-
-
-@pytest.fixture(autouse=True)
-def _poison(monkeypatch):
-    env.poison_allocations(monkeypatch)
+_poison = env.poison_fixture()  # autouse: torch.empty/empty_like return NaN-filled tensors
 
 
 def _batch(cases, bs, Hkv, D, qpk, dtype):
