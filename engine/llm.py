@@ -129,6 +129,16 @@ class LLM:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
+    def abort_request(self, request_id: str) -> None:
+        """Drop a request in flight and free its KV blocks (unknown ids are ignored)."""
+        req = self.requests.pop(str(request_id), None)
+        for seq in req.seqs if req else []:
+            if seq.status is Status.RUNNING:
+                self.scheduler.finish(seq)
+            elif seq.status is Status.WAITING and seq in self.scheduler.waiting:
+                self.scheduler.waiting.remove(seq)
+            seq.status = Status.FINISHED
+
     # -- the step loop -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one batch; returns the requests that finished in it."""
@@ -240,7 +250,14 @@ class LLM:
         params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params_list)} SamplingParams")
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        ids: list[str] = []
+        try:
+            for p, sp in zip(prompts, params_list):
+                ids.append(self.add_request(p, sp))
+        except Exception:
+            for rid in ids:  # a bad prompt queues nothing of its batch
+                self.abort_request(rid)
+            raise
         results: dict[str, RequestOutput] = {}
         total = sum(sp.n for sp in params_list)
         with tqdm(total=total, desc="trajectories", disable=not use_tqdm, dynamic_ncols=True) as bar:

@@ -90,3 +90,21 @@ def test_stop_strings_and_tokens(llm):
                                                             stop=[stop]), use_tqdm=False)[0].outputs[0]
     assert by_string.finish_reason == "stop"
     assert by_string.text == text[:text.index(stop)]
+
+
+def test_bad_prompt_in_a_batch_queues_nothing(llm):
+    with pytest.raises(ValueError, match="max_model_len"):
+        llm.generate([[5, 6, 7], [5] * 600], SamplingParams(max_tokens=4), use_tqdm=False)
+    assert not llm.has_unfinished() and not llm.scheduler.has_work()
+
+
+def test_abort_frees_blocks(llm):
+    rid = llm.add_request([5] * 40, SamplingParams(n=3, max_tokens=20, ignore_eos=True))
+    llm.step()
+    llm.step()
+    assert llm.block_manager.num_used > 0
+    llm.abort_request(rid)
+    assert not llm.has_unfinished() and llm.block_manager.num_used == 0
+    out = llm.generate([[9, 8, 7]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
+                       use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 3
