@@ -31,7 +31,8 @@ class LLM:
     num_kv_blocks / kv_cache_memory: size the paged cache by blocks or bytes (default: 90% of
     free GPU memory after weights on CUDA, 2 GiB on CPU).
     cascade_attention: True/False forces prefix-shared decode attention on/off; None decides per
-    step (groups of >= cascade_min_group sequences sharing >= cascade_min_prefix tokens).
+    step and group: >= cascade_min_group sequences sharing >= cascade_min_prefix tokens, with
+    group size * prefix length >= cascade_min_shared_tokens.
     enable_fork=False turns a request with n=K into K independent prompts (an ablation).
     enforce_eager=True skips CUDA graphs (on CUDA, decode steps replay captured graphs by default).
     """
@@ -42,7 +43,8 @@ class LLM:
                  max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
                  enable_prefix_caching: bool = True, enable_fork: bool = True,
                  cascade_attention: bool | None = None, cascade_min_group: int = 2,
-                 cascade_min_prefix: int = 256, attention_backend: str | None = None,
+                 cascade_min_prefix: int = 64, cascade_min_shared_tokens: int = 1024,
+                 attention_backend: str | None = None,
                  device: str | torch.device | None = None, seed: int = 0,
                  gpu_memory_utilization: float = 0.9, enforce_eager: bool = False,
                  record_steps: bool = False):
@@ -60,7 +62,8 @@ class LLM:
         self.runner = ModelRunner(
             cfg, self.dtype, self.device, block_size=block_size, max_num_seqs=max_num_seqs,
             max_model_len=self.max_model_len, backend=attention_backend or default_backend(self.device),
-            cascade=CascadePolicy(cascade_attention, cascade_min_group, cascade_min_prefix))
+            cascade=CascadePolicy(cascade_attention, cascade_min_group, cascade_min_prefix,
+                                  cascade_min_shared_tokens))
         per_block = bytes_per_block(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype)
         num_blocks = num_kv_blocks or self._auto_blocks(per_block, kv_cache_memory, gpu_memory_utilization)
         self.runner.allocate_kv_cache(num_blocks, cuda_graphs=not enforce_eager)

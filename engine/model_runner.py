@@ -20,15 +20,21 @@ from engine.sequence import Sequence, Status
 
 @dataclass(slots=True)
 class CascadePolicy:
-    """When prefix-shared decode attention pays: forced on/off, or groups big and long enough."""
+    """When prefix-shared decode attention pays: forced on/off, or by thresholds.
+
+    The plain path reads a group's prefix once per member, cascade once per group plus a merge;
+    on CPU cascade breaks even near members * prefix_len = 1024 tokens (bench/bench_decode.py).
+    """
     enabled: bool | None = None
     min_group: int = 2
-    min_prefix: int = 256
+    min_prefix: int = 64
+    min_shared_tokens: int = 1024  # group size * prefix length
 
     def prefix_for(self, group_size: int, prefix_len: int) -> int:
-        if self.enabled is False or group_size < 2:
+        if self.enabled is False or group_size < 2 or prefix_len == 0:
             return 0
-        if self.enabled is None and (group_size < self.min_group or prefix_len < self.min_prefix):
+        if self.enabled is None and (group_size < self.min_group or prefix_len < self.min_prefix
+                                     or group_size * prefix_len < self.min_shared_tokens):
             return 0
         return prefix_len
 

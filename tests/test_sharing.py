@@ -52,9 +52,12 @@ def test_cascade_heuristic(model):
     short = LLM(model, num_kv_blocks=512, cascade_min_prefix=256)
     short.generate([prompt], SamplingParams(n=4, max_tokens=4, seed=0), use_tqdm=False)
     assert short.stats()["cascade_decode_steps"] == 0  # prefix too short to pay
-    long = LLM(model, num_kv_blocks=512, cascade_min_prefix=32)
+    long = LLM(model, num_kv_blocks=512, cascade_min_prefix=32, cascade_min_shared_tokens=0)
     long.generate([prompt], SamplingParams(n=4, max_tokens=4, seed=0), use_tqdm=False)
     assert long.stats()["cascade_decode_steps"] > 0
+    few = LLM(model, num_kv_blocks=512, cascade_min_prefix=32, cascade_min_shared_tokens=4 * 64 + 1)
+    few.generate([prompt], SamplingParams(n=4, max_tokens=4, seed=0), use_tqdm=False)
+    assert few.stats()["cascade_decode_steps"] == 0  # 4 members x 64 tokens is below the bar
 
 
 def test_seeded_sampling_is_reproducible_and_children_differ(model):
