@@ -75,7 +75,8 @@ def format_report(data: dict) -> str:
                  "token. KV MiB: peak bytes held for K/V in the round; KV/problem: that / problems held at once "
                  "(hf_generate runs one problem at a time, the others all at once).")
     by = {(r["system"], r["round"]): r for r in rows}
-    eng = by[("engine", "all")]
+    lines += ["", "engine, where the time went (step timeline; host = scheduler + sampling/forks/stop checks):"]
+    lines += [f"  {label}: " + _time_split(steps) for label, steps in _by_label(data["engine_timeline"]).items()]
     lines.append("\nratios, all rounds (engine vs each; >1 = the engine is better):")
     for r in rows:
         if r["round"] != "all" or r["system"] == "engine":
@@ -87,12 +88,33 @@ def format_report(data: dict) -> str:
         lines.append(f"  vs {r['system']:19} generated tok/s {inv(r['x_gen_tok_s'])}, prefill tok/s "
                      f"{inv(r['x_prefill_tok_s'])}, wall time {fmt(r['x_wall_s'], '.2f')}x, "
                      f"peak KV per problem {fmt(r['x_kv_per_problem_bytes'], '.2f')}x")
-    nos = by.get(("engine_no_sharing", "all"))
-    lines.append(f"  KV held by the engine (peak over rounds): {eng['kv_peak_bytes'] / mib:.1f} MiB with sharing; "
-                 f"{(eng['kv_logical_peak_bytes'] or 0) / mib:.1f} MiB for the same sequences without sharing"
-                 + (f"; {nos['kv_peak_bytes'] / mib:.1f} MiB measured with fork and prefix caching off"
-                    if nos and nos["ok"] else ""))
+    for rnd in sorted(x["round"] for x in rows if x["system"] == "engine" and x["round"] != "all"):
+        eng, nos = by[("engine", rnd)], by.get(("engine_no_sharing", rnd))
+        lines.append(f"  KV held by the engine, round {rnd} (K={eng['k']}): {eng['kv_peak_bytes'] / mib:.1f} MiB; "
+                     f"the same sequences without sharing: {(eng['kv_logical_peak_bytes'] or 0) / mib:.1f} MiB"
+                     + (f", measured with fork and prefix caching off: {nos['kv_peak_bytes'] / mib:.1f} MiB"
+                        if nos and nos["ok"] else ""))
     return "\n".join(lines)
+
+
+def _by_label(timeline: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for s in timeline:
+        out.setdefault(s["label"], []).append(s)
+    return out
+
+
+def _time_split(steps: list[dict]) -> str:
+    total = sum(s["schedule_s"] + s["model_s"] + s["sample_s"] for s in steps) or 1e-12
+    pre = sum(s["schedule_s"] + s["model_s"] + s["sample_s"] for s in steps if s["kind"] != "decode")
+    dec = [s for s in steps if s["kind"] == "decode"]
+    host = sum(s["schedule_s"] + s["sample_s"] for s in steps)
+    med = statistics.median(s["schedule_s"] + s["model_s"] + s["sample_s"] for s in dec) * 1e3 if dec else 0.0
+    sample = statistics.median(s["sample_s"] for s in dec) * 1e3 if dec else 0.0
+    rows = max((s["num_decode_seqs"] for s in dec), default=0)
+    return (f"{len(steps)} steps, {total:.1f} s: prefill/mixed steps {pre / total:.0%}, decode steps "
+            f"{1 - pre / total:.0%} (median {med:.0f} ms at up to {rows} sequences, of which sampling "
+            f"{sample:.1f} ms); host {host / total:.1%}, model forward {1 - host / total:.1%}")
 
 
 def _pyplot():
@@ -118,12 +140,14 @@ def plot_throughput(rows: list[dict], path: str | Path, title: str = "") -> None
             vals = [(by_round[r][key] or 0) * scale if r in by_round and by_round[r]["ok"] else 0 for r in rounds]
             ax.bar(xs, vals, width, label=name)
     labels = [f"round {r}\nK={next(x['k'] for x in rows if x['round'] == r)}" for r in rounds]
-    for ax, ylabel in ((axes[0], "generated tokens / s"), (axes[1], "peak KV held (MiB)")):
+    for ax, ylabel in ((axes[0], "generated tokens / s"),
+                       (axes[1], "peak KV held (MiB; hf_generate: one problem at a time)")):
         ax.set_xticks(range(len(rounds)), labels)
         ax.set_ylabel(ylabel)
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=8)
-    axes[1].set_title("n/a systems are left empty", fontsize=8)
+    if not all(r["ok"] for r in rows):
+        axes[0].set_title("systems that could not run (n/a) are left empty", fontsize=8)
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()

@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -166,8 +167,11 @@ class ProfileSession:
         summary = self.summary()
         (self.out_dir / "profile_summary.json").write_text(json.dumps(summary, indent=1))
         if self.plot and self.records:
-            from bench.plots import plot_kv_timeline
-            plot_kv_timeline(self.records, meta["kv_bytes_per_block"], self.out_dir / "kv_blocks.png")
+            try:
+                from bench.plots import plot_kv_timeline
+                plot_kv_timeline(self.records, meta["kv_bytes_per_block"], self.out_dir / "kv_blocks.png")
+            except ImportError as e:  # matplotlib is a dev extra; the timeline has the same numbers
+                print(f"profile: no kv_blocks.png ({e}); pip install matplotlib", file=sys.stderr)
         return summary
 
 
@@ -192,7 +196,8 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def run_profiled(llm, problems: int, k: int, prompt_len: int, gen_len: int, out_dir=None, seed: int = 0) -> list[dict]:
+def run_profiled(llm, problems: int, k: int, prompt_len: int, gen_len: int, out_dir=None, seed: int = 0,
+                 trace_steps: int = 8) -> list[dict]:
     """P random-token prompts forked K ways, `gen_len` tokens each; returns the step records."""
     import random
     import tempfile
@@ -202,7 +207,8 @@ def run_profiled(llm, problems: int, k: int, prompt_len: int, gen_len: int, out_
     vocab = llm.config.vocab_size
     prompts = [[rng.randrange(3, vocab) for _ in range(prompt_len)] for _ in range(problems)]
     llm.generate([[3, 4, 5, 6]], SamplingParams(max_tokens=2), use_tqdm=False)  # warm-up, not recorded
-    with ProfileSession(llm, out_dir or tempfile.mkdtemp(prefix="pacore_prof_"), plot=out_dir is not None) as prof:
+    with ProfileSession(llm, out_dir or tempfile.mkdtemp(prefix="pacore_prof_"), trace_steps,
+                        plot=out_dir is not None) as prof:
         llm.generate(prompts, SamplingParams(n=k, max_tokens=gen_len, ignore_eos=True, seed=seed), use_tqdm=False)
     return prof.records
 

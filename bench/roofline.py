@@ -214,7 +214,7 @@ def main(argv=None) -> int:
         m, device, dtype = ModelShape(**meta["model_shape"]), meta["device"], meta["dtype"]
     else:
         llm = LLM(args.model, dtype=args.dtype, record_steps=True)
-        records = run_profiled(llm, args.problems, args.k, args.prompt_len, args.gen_len)
+        records = run_profiled(llm, args.problems, args.k, args.prompt_len, args.gen_len, trace_steps=0)
         elem = torch.empty((), dtype=llm.dtype).element_size()
         m, device, dtype = ModelShape.from_config(llm.config, elem), llm.device.type, str(llm.dtype).split(".")[-1]
     mach = measure_machine(device, dtype)
