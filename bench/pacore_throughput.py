@@ -17,7 +17,8 @@ Per round: generated tokens/s (over wall time), prefill tokens/s (each prompt on
 until every trajectory had a first token), wall time, peak KV bytes held (engine: peak blocks x
 bytes per block; generate: its DynamicCache at the end; generate_batch: peak cache sectors in use).
 
-    python -m bench.pacore_throughput --quick            # < 10 min on 2 CPU cores
+    python -m bench.pacore_throughput --quick            # ~3 min on 1 CPU core (SmolLM2-135M)
+    python -m bench.pacore_throughput --threads 1        # the default workload, ~30 min on 1 core
     python -m bench.pacore_throughput --threads 1 --out runs/tp --profile runs/tp/profile
 """
 from __future__ import annotations
@@ -104,6 +105,7 @@ class EngineSystem:
         self.timeline += steps
         res.gen_tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
         res.kv_peak_bytes = bm.peak_used * llm.kv_bytes_per_block
+        # Recorded after each step: a block taken and freed within the last step is not seen.
         res.kv_logical_peak_bytes = max(s["kv_blocks_logical"] for s in steps) * llm.kv_bytes_per_block
         return [[c.text for c in o.outputs] for o in outs]
 
