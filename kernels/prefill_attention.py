@@ -34,6 +34,10 @@ def prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         k = gather_blocks(k_cache, blocks)[:, None, :ctx].expand(Hkv, G, ctx, D)      # [Hkv, G, ctx, D]
         v = gather_blocks(v_cache, blocks)[:, None, :ctx].expand(Hkv, G, ctx, D)
         qs = q[q0:q1].float().reshape(n, Hkv, G, D).permute(1, 2, 0, 3)               # [Hkv, G, n, D]
+        if n == ctx:  # a whole prompt, nothing cached: the causal kernel needs no mask at all
+            o = F.scaled_dot_product_attention(qs, k, v, is_causal=True, scale=sm_scale)
+            out[q0:q1] = o.permute(2, 0, 1, 3).reshape(n, Hq, D).to(q.dtype)
+            continue
         qpos = torch.arange(ctx - n, ctx, device=dev)
         kpos = torch.arange(ctx, device=dev)
         step = max(1, _REF_MAX_SCORES // max(1, ctx))  # query rows per chunk bound the mask's size
