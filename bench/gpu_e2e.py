@@ -25,7 +25,7 @@ TINY = dict(QWEN3_0_6B, vocab_size=512, hidden_size=64, intermediate_size=128, n
             num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096)
 
 
-def _tokenizer(folder: Path, vocab_size: int) -> None:
+def write_char_tokenizer(folder: Path, vocab_size: int) -> None:
     # One token per character for the first 256 ids (so synthetic text prompts work), "<i>" beyond.
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
@@ -62,7 +62,7 @@ def write_random_model(folder: str | Path, shape: dict = QWEN3_0_6B, dtype: str 
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     cfg.dtype = dtype
     cfg.save_pretrained(folder)
-    _tokenizer(folder, cfg.vocab_size)
+    write_char_tokenizer(folder, cfg.vocab_size)
     return folder
 
 

@@ -1,26 +1,13 @@
 """Tiny random-initialised checkpoints written by transformers itself, for parity tests."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
+from bench.gpu_e2e import write_char_tokenizer
+
 VOCAB = 256
-
-
-def _tokenizer_files(folder: Path) -> None:
-    # A byte-level tokenizer over a 256-token vocabulary, so that text prompts work too.
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    byte_vocab = {chr(i) if 32 <= i < 127 else f"<{i}>": i for i in range(VOCAB)}
-    tok = Tokenizer(models.WordLevel(byte_vocab, unk_token="<0>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<1>", unk_token="<0>", pad_token="<0>")
-    fast.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-                          "{% if add_generation_prompt %}<assistant>{% endif %}")
-    fast.save_pretrained(folder)
 
 
 CONFIGS = {
@@ -53,7 +40,7 @@ def make_tiny_model(folder: Path, kind: str, seed: int = 0, dtype=torch.float32)
             if p.dim() > 1:
                 p.normal_(0, 0.08)
     model.save_pretrained(folder, safe_serialization=True)
-    _tokenizer_files(folder)
+    write_char_tokenizer(folder, VOCAB)  # one token per character, so text prompts work
     return folder
 
 
