@@ -24,15 +24,17 @@ class Sampler:
         if any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params):
             probs = self._filter(probs, params)
         # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p, and lets each sequence
-        # with a seed use its own stream while the others share one batched draw.
+        # with a seed use its own stream while the others share one batched draw. E = -log(U):
+        # torch's exponential_ is ~3x slower per element on CPU than rand + log.
         noise = torch.empty_like(probs)
         shared = [i for i, s in enumerate(seqs) if s.generator is None]
         if shared:
-            noise[shared] = torch.empty(len(shared), probs.shape[1], device=probs.device).exponential_(
-                generator=self.generator)
+            noise[shared] = torch.rand(len(shared), probs.shape[1], device=probs.device,
+                                       generator=self.generator).log_().neg_()
         for i, s in enumerate(seqs):
             if s.generator is not None:
-                noise[i].exponential_(generator=s.generator)
+                torch.rand(probs.shape[1], device=probs.device, generator=s.generator, out=noise[i])
+                noise[i].log_().neg_()
         sampled = (probs / noise).argmax(dim=-1)
         greedy = torch.tensor([p.greedy for p in params], device=logits.device)
         if greedy.any():
