@@ -2,7 +2,8 @@
 # GPU checks for kernels/: run on a CUDA machine where torch and triton are already installed
 # (this script installs nothing).
 #
-#   bench/gpu_check.sh             kernel tests on the GPU (fp32 + bf16 + fp16), kernel benchmarks,
+#   bench/gpu_check.sh             kernel tests on the GPU (fp32 + bf16 + fp16), the engine's tokens
+#                                  through Triton + CUDA graphs vs the torch path, kernel benchmarks,
 #                                  then the engine's end-to-end numbers when bench/gpu_e2e.py exists
 #   bench/gpu_check.sh --dry-run   CPU only: the benchmark's code path at tiny shapes under the
 #                                  Triton interpreter (checks that it executes, no numbers)
@@ -35,6 +36,10 @@ PACORE_TEST_DEVICE=cuda PACORE_TEST_DTYPES=bfloat16,float16 \
     | tail -n 30
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
+echo "== engine on the GPU: triton + CUDA graphs vs torch references (greedy tokens)"
+$PY -m bench.gpu_engine_check 2>&1 | tee "$TABLE_DIR/engine_check.txt" | grep "engine check"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
 echo "== kernel benchmarks (medians; bandwidth vs device copy)"
 $PY -m bench.gpu_kernels --out "$TABLE_DIR" || status=1
 
@@ -45,5 +50,6 @@ if [ -f bench/gpu_e2e.py ]; then
 fi
 
 echo "== summary (full numbers: ${OUT_DIR:-not kept, set OUT})"
+grep "engine check" "$TABLE_DIR/engine_check.txt"
 [ -f "$TABLE_DIR/gpu_kernels_table.txt" ] && cat "$TABLE_DIR/gpu_kernels_table.txt"
 exit $status
