@@ -221,10 +221,11 @@ class LLM:
         for child in children:
             try:
                 if len(self.scheduler.running) >= self.scheduler.max_num_seqs:
-                    raise NoFreeBlocks("no sequence slot")
+                    self.scheduler.add(child)  # no slot now: recomputed later from the prefix cache
+                    continue
                 pair = self.block_manager.fork(parent, child)
             except NoFreeBlocks:
-                self.scheduler.add(child)  # no room now: it will be recomputed from the prefix cache
+                self.scheduler.add(child)  # no block for its copy: likewise
                 continue
             if pair:
                 copies.append(pair)

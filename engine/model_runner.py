@@ -40,8 +40,8 @@ class CascadePolicy:
 
 
 class ModelRunner:
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, block_size: int, max_num_seqs: int, max_model_len: int, backend: str,
-                 cascade: CascadePolicy):
+    def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, block_size: int,
+                 max_num_seqs: int, max_model_len: int, backend: str, cascade: CascadePolicy):
         self.cfg, self.dtype, self.device, self.block_size = cfg, dtype, device, block_size
         self.model = load_model(cfg, dtype, device)
         self.kv_cache: torch.Tensor | None = None
