@@ -42,6 +42,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="most sequences (trajectories) decoded in one step (engine default 256)")
     g.add_argument("--num-kv-blocks", type=_positive, default=None, metavar="N",
                    help="KV-cache size in blocks (default: sized by the engine)")
+    g.add_argument("--data-parallel", type=_positive, default=1, metavar="N",
+                   help="N engine replicas, one per GPU (in CUDA_VISIBLE_DEVICES order), the problems dealt "
+                        "round-robin between them; on a CPU host N processes that split the cores (default 1)")
     g.add_argument("--profile", default=None, metavar="DIR",
                    help="write a per-step timeline (timeline.jsonl), torch.profiler traces and a KV-sharing "
                         "plot (kv_blocks.png) of the run to DIR")
@@ -167,10 +170,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pacore: {e}", file=sys.stderr)
         return 2
 
-    from .runner import run_pacore
-
-    llm = build_llm(cfg)
     try:
+        if args.data_parallel > 1:
+            return _run_data_parallel(cfg, args.data_parallel)
+        from .runner import run_pacore
+
+        llm = build_llm(cfg)
         if cfg.profile_dir:
             from bench.profile_run import ProfileSession
             with ProfileSession(llm, cfg.profile_dir):
@@ -180,4 +185,22 @@ def main(argv: list[str] | None = None) -> int:
             run_pacore(llm, cfg)
     except KeyboardInterrupt:
         return 130
+    return 0
+
+
+def _run_data_parallel(cfg: RunConfig, replicas: int) -> int:
+    from .parallel import ReplicaError, run_data_parallel
+    from .runner import show_summary
+
+    try:
+        summary = run_data_parallel(cfg, replicas, build_llm)
+    except ReplicaError as e:
+        print(f"pacore: {e}", file=sys.stderr)
+        return 1
+    except ValueError as e:  # more replicas than GPUs
+        print(f"pacore: {e}", file=sys.stderr)
+        return 2
+    show_summary(summary, cfg)
+    if cfg.profile_dir:
+        print(f"profile: {cfg.profile_dir}/replica*")
     return 0

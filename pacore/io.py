@@ -1,6 +1,7 @@
 """JSONL in and out: reading problems (bad lines reported, never fatal), durable appends, resume."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from collections.abc import Iterator
@@ -145,19 +146,27 @@ def read_results(path: str) -> list[dict]:
 
 
 class ResultsWriter:
-    """Appends one JSON line per problem and makes it durable before returning."""
+    """Appends one JSON line per problem and makes it durable before returning.
+
+    Safe with several writers on one file (the replicas of a data-parallel run): each line is one
+    ``write`` to an O_APPEND descriptor under an exclusive lock, so lines never interleave.
+    """
 
     def __init__(self, path: str):
-        self._f = open(path, "a", encoding="utf-8")
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def write(self, record: dict) -> None:
-        # One write call per line keeps a kill from interleaving half records.
-        self._f.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            while data:  # a regular file takes it in one call; a short write (disk full) continues
+                data = data[os.write(self._fd, data):]
+            os.fsync(self._fd)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
-        self._f.close()
+        os.close(self._fd)
 
     def __enter__(self) -> ResultsWriter:
         return self

@@ -11,9 +11,12 @@ class Progress:
 
     _REFRESH_S = 0.5
 
-    def __init__(self, llm, total_trajectories: int, total_rounds: int, enabled: bool = True):
+    def __init__(self, llm, total_trajectories: int, total_rounds: int, enabled: bool = True,
+                 desc: str = "pacore", position: int = 0):
         self._llm = llm
-        self._bar = tqdm(total=total_trajectories, unit="traj", desc="pacore", disable=not enabled, dynamic_ncols=True)
+        # position: the bar's line, so the replicas of a data-parallel run each keep one
+        self._bar = tqdm(total=total_trajectories, unit="traj", desc=desc, disable=not enabled,
+                         dynamic_ncols=True, position=position)
         self._enabled = enabled
         self._rounds_total = total_rounds
         self._rounds_done = 0

@@ -65,42 +65,43 @@ class PaCoReRunner:
         """Run every problem not yet in the output; returns (and writes) the run summary."""
         cfg = self.cfg
         done = prepare_output(cfg.out_path, cfg.resume)
-        todo = deque(item for item in read_problems(cfg.data_path) if item.key not in done)
-        n_problems = sum(isinstance(x, Problem) for x in todo)
+        todo = [item for item in read_problems(cfg.data_path) if item.key not in done]
         if done:
             print(f"pacore: resuming, {len(done)} problems already in {cfg.out_path}", file=sys.stderr)
         start = time.perf_counter()
+        self.process(todo)
+        return write_summary(cfg, time.perf_counter() - start, [self.session_stats()])
+
+    def process(self, items: list[Problem | BadLine], desc: str = "pacore", position: int = 0,
+                interrupt_hint: bool = True) -> None:
+        """Run ``items`` to completion, appending one record per problem to the output as it ends."""
+        n_problems = sum(isinstance(x, Problem) for x in items)
         self._progress = Progress(
             self.llm,
             total_trajectories=n_problems * sum(self.schedule),
             total_rounds=n_problems * len(self.schedule),
-            enabled=cfg.show_progress,
+            enabled=self.cfg.show_progress,
+            desc=desc,
+            position=position,
         )
         try:
-            with ResultsWriter(cfg.out_path) as self._writer:
-                self._loop(todo)
+            with ResultsWriter(self.cfg.out_path) as self._writer:
+                self._loop(deque(items))
         except KeyboardInterrupt:
-            print(
-                f"\npacore: interrupted; finished problems are saved in {cfg.out_path}. "
-                f"Run again with --resume to complete the rest.",
-                file=sys.stderr,
-            )
+            if interrupt_hint:
+                print(f"\n{INTERRUPTED.format(out=self.cfg.out_path)}", file=sys.stderr)
             raise
         finally:
             self._progress.close()
-        wall = time.perf_counter() - start
-        summary = summarize(read_results(cfg.out_path), list(self.schedule))
-        summary["run"] = {
-            "wall_time_s": round(wall, 3),
+
+    def session_stats(self) -> dict:
+        """What this runner generated, with the engine's counters (one entry of the summary's run)."""
+        return {
             "generated_tokens": self.generated_tokens,
-            "tokens_per_s": round(self.generated_tokens / wall, 3) if wall > 0 else 0.0,
             "max_tokens": self.max_tokens,
             "max_model_len": self.max_model_len,
             "engine_stats": _engine_stats(self.llm),
         }
-        summary["config"] = cfg.to_dict()
-        write_json(summary_path(cfg.out_path), summary)
-        return summary
 
     # -- the loop ----------------------------------------------------------------------------
     def _loop(self, todo: deque) -> None:
@@ -234,6 +235,42 @@ class PaCoReRunner:
         self._writer.write(record)
 
 
+INTERRUPTED = ("pacore: interrupted; finished problems are saved in {out}. "
+               "Run again with --resume to complete the rest.")
+
+
+def write_summary(cfg: RunConfig, wall: float, sessions: list[dict]) -> dict:
+    """Summarize the whole results file plus this session's engines (one per replica); write it."""
+    summary = summarize(read_results(cfg.out_path), list(cfg.schedule))
+    tokens = sum(s["generated_tokens"] for s in sessions)
+    first = sessions[0] if sessions else {"max_tokens": cfg.max_tokens, "max_model_len": None, "engine_stats": {}}
+    summary["run"] = {
+        "wall_time_s": round(wall, 3),
+        "generated_tokens": tokens,
+        "tokens_per_s": round(tokens / wall, 3) if wall > 0 else 0.0,
+        "max_tokens": first["max_tokens"],
+        "max_model_len": first["max_model_len"],
+        "engine_stats": first["engine_stats"] if len(sessions) <= 1 else _sum_stats(sessions),
+    }
+    if len(sessions) > 1:
+        summary["run"]["replicas"] = sessions
+    summary["config"] = cfg.to_dict()
+    write_json(summary_path(cfg.out_path), summary)
+    return summary
+
+
+def _sum_stats(sessions: list[dict]) -> dict:
+    """Engine counters added up over replicas (block size in bytes is the same for all)."""
+    total: dict = {}
+    for s in sessions:
+        for key, value in s["engine_stats"].items():
+            if isinstance(value, (int, float)) and key != "kv_bytes_per_block":
+                total[key] = total.get(key, 0) + value
+            else:
+                total.setdefault(key, value)
+    return total
+
+
 def summary_path(out_path: str) -> str:
     """Where the run summary of ``out_path`` is written."""
     return f"{out_path}.summary.json"
@@ -250,6 +287,12 @@ def run_pacore(llm, cfg: RunConfig, print_summary: bool = True) -> dict:
     """Run PaCoRe with ``cfg`` on ``llm``; prints and returns the summary."""
     summary = PaCoReRunner(llm, cfg).run()
     if print_summary:
-        print(format_summary(summary))
-        print(f"results: {cfg.out_path}\nsummary: {summary_path(cfg.out_path)}")
+        show_summary(summary, cfg)
     return summary
+
+
+def show_summary(summary: dict, cfg: RunConfig) -> None:
+    """Print the summary and where the results are."""
+    print(format_summary(summary))
+    print(f"results: {cfg.out_path}\nsummary: {summary_path(cfg.out_path)}")
+

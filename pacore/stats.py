@@ -134,6 +134,7 @@ def format_summary(summary: dict) -> str:
         lines.append(
             f"  this session: {run['generated_tokens']} tokens in {run['wall_time_s']:.1f}s "
             f"= {run['tokens_per_s']:.1f} tok/s"
+            + (f" on {len(run['replicas'])} replicas" if run.get("replicas") else "")
         )
     for e in summary["error_samples"]:
         lines.append(f"  error [{e['request_id']}]: {e['error']}")
