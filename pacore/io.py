@@ -96,37 +96,53 @@ def read_problems(path: str) -> Iterator[Problem | BadLine]:
             yield Problem(line_no, pid, obj["messages"], {k: v for k, v in extra.items() if k != "messages"})
 
 
+def rounds_path(out_path: str) -> str:
+    """The checkpoint file beside ``out_path``: one line per finished non-final round of a problem."""
+    return f"{out_path}.rounds.jsonl"
+
+
 def prepare_output(path: str, resume: bool) -> set[str]:
-    """Check the output path and return the keys of problems already recorded in it.
+    """Check the output path (and its round checkpoints) and return the keys of finished problems.
 
     Without ``resume`` a non-empty file is refused. With it, a torn last line (a kill in the middle
     of a write) is cut off so the next append starts on a fresh line.
     """
-    if not os.path.exists(path) or os.path.getsize(path) == 0:
-        parent = os.path.dirname(os.path.abspath(path))
-        os.makedirs(parent, exist_ok=True)
+    held = [p for p in (path, rounds_path(path)) if os.path.exists(p) and os.path.getsize(p) > 0]
+    if not held:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         return set()
     if not resume:
         raise OutputExistsError(
-            f"{path} already holds results; pass --resume to skip the problems it has and finish "
+            f"{held[0]} already holds results; pass --resume to skip the problems it has and finish "
             f"the rest, or choose another --out path"
         )
-    done: set[str] = set()
+    for p in held:
+        _cut_torn_line(p)  # the torn line's problem (or round) is simply run again
+    return {problem_key(rec["request_id"]) for rec in read_results(path) if "request_id" in rec}
+
+
+def _cut_torn_line(path: str) -> None:
     with open(path, "rb+") as f:
         data = f.read()
         end = data.rfind(b"\n") + 1
         if end < len(data):
-            f.truncate(end)  # the torn line's problem is simply run again
-        for raw in data[:end].splitlines():
-            if not raw.strip():
-                continue
-            try:
-                rec = json.loads(raw)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict) and "request_id" in rec:
-                done.add(problem_key(rec["request_id"]))
-    return done
+            f.truncate(end)
+
+
+def read_round_checkpoints(out_path: str) -> dict[str, list[dict]]:
+    """Problem key -> its checkpointed rounds 1..r, in order (a gap ends the usable run of rounds)."""
+    by_key: dict[str, dict[int, dict]] = {}
+    for rec in read_results(rounds_path(out_path)):
+        if "request_id" in rec and isinstance(rec.get("round"), int):
+            by_key.setdefault(problem_key(rec["request_id"]), {})[rec["round"]] = rec
+    out: dict[str, list[dict]] = {}
+    for key, rounds in by_key.items():
+        run = []
+        while len(run) + 1 in rounds:
+            run.append(rounds[len(run) + 1])
+        if run:
+            out[key] = run
+    return out
 
 
 def read_results(path: str) -> list[dict]:

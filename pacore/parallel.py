@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
 
 from .config import RunConfig
-from .io import BadLine, Problem, prepare_output, read_problems
+from .io import BadLine, Problem, prepare_output, read_problems, read_round_checkpoints
 from .runner import INTERRUPTED, write_summary
 
 
@@ -52,6 +52,7 @@ def run_data_parallel(cfg: RunConfig, replicas: int, build_llm) -> dict:
     todo = [item for item in read_problems(cfg.data_path) if item.key not in done]
     if done:
         print(f"pacore: resuming, {len(done)} problems already in {cfg.out_path}", file=sys.stderr)
+    checkpoints = read_round_checkpoints(cfg.out_path)
     devices = replica_devices(replicas)
     # On a CPU host the replicas split the cores instead of each oversubscribing all of them.
     threads = max(1, (os.cpu_count() or 1) // replicas) if devices[0] is None else 0
@@ -63,9 +64,10 @@ def run_data_parallel(cfg: RunConfig, replicas: int, build_llm) -> dict:
         shard = todo[rank::replicas]
         if not shard:
             continue
+        shard_checkpoints = {x.key: checkpoints[x.key] for x in shard if x.key in checkpoints}
         reports[rank], child_end = ctx.Pipe(duplex=False)
         with _env("CUDA_VISIBLE_DEVICES", devices[rank]):
-            p = ctx.Process(target=_replica, args=(rank, cfg, shard, threads, build_llm, child_end),
+            p = ctx.Process(target=_replica, args=(rank, cfg, shard, shard_checkpoints, threads, build_llm, child_end),
                             name=f"pacore-replica-{rank}")
             p.start()
         child_end.close()  # so the parent's end reads EOF once the replica is gone
@@ -127,8 +129,8 @@ def _interrupt_once(signum, frame):
     raise KeyboardInterrupt
 
 
-def _replica(rank: int, cfg: RunConfig, items: list[Problem | BadLine], threads: int, build_llm,
-             report: Connection) -> None:
+def _replica(rank: int, cfg: RunConfig, items: list[Problem | BadLine], checkpoints: dict[str, list[dict]],
+             threads: int, build_llm, report: Connection) -> None:
     signal.signal(signal.SIGINT, _interrupt_once)
     try:
         import torch
@@ -143,9 +145,9 @@ def _replica(rank: int, cfg: RunConfig, items: list[Problem | BadLine], threads:
             from bench.profile_run import ProfileSession
 
             with ProfileSession(runner.llm, os.path.join(cfg.profile_dir, f"replica{rank}")):
-                runner.process(items, desc=desc, position=rank, interrupt_hint=False)
+                runner.process(items, checkpoints, desc, rank, interrupt_hint=False)
         else:
-            runner.process(items, desc=desc, position=rank, interrupt_hint=False)
+            runner.process(items, checkpoints, desc, rank, interrupt_hint=False)
         report.send((runner.session_stats(), None))
     except KeyboardInterrupt:
         report.send((None, "interrupted"))

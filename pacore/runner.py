@@ -12,7 +12,8 @@ from .budget import PromptTooLong, fit_round_prompt
 from .compaction import Compacted, compact
 from .config import RunConfig
 from .grading import answers_equal, grade, ground_truth_answer, majority_vote
-from .io import BadLine, Problem, ResultsWriter, prepare_output, read_problems, read_results, write_json
+from .io import (BadLine, Problem, ResultsWriter, prepare_output, read_problems, read_results, read_round_checkpoints,
+                 rounds_path, write_json)
 from .progress import Progress
 from .prompts import shuffle_references
 from .seeds import derive_seed
@@ -57,6 +58,8 @@ class PaCoReRunner:
             )
         self._inflight: dict[str, _ProblemState] = {}
         self._writer: ResultsWriter | None = None
+        self._round_writer: ResultsWriter | None = None
+        self._checkpoints: dict[str, list[dict]] = {}
         self._progress: Progress | None = None
         self.generated_tokens = 0  # this session, finished rounds only
 
@@ -69,12 +72,17 @@ class PaCoReRunner:
         if done:
             print(f"pacore: resuming, {len(done)} problems already in {cfg.out_path}", file=sys.stderr)
         start = time.perf_counter()
-        self.process(todo)
+        self.process(todo, read_round_checkpoints(cfg.out_path))
         return write_summary(cfg, time.perf_counter() - start, [self.session_stats()])
 
-    def process(self, items: list[Problem | BadLine], desc: str = "pacore", position: int = 0,
-                interrupt_hint: bool = True) -> None:
-        """Run ``items`` to completion, appending one record per problem to the output as it ends."""
+    def process(self, items: list[Problem | BadLine], checkpoints: dict[str, list[dict]] | None = None,
+                desc: str = "pacore", position: int = 0, interrupt_hint: bool = True) -> None:
+        """Run ``items`` to completion, appending one record per problem to the output as it ends.
+
+        ``checkpoints`` (problem key -> records of its finished rounds, from an earlier session)
+        let a problem continue at its next round instead of starting over.
+        """
+        self._checkpoints = checkpoints or {}
         n_problems = sum(isinstance(x, Problem) for x in items)
         self._progress = Progress(
             self.llm,
@@ -85,7 +93,8 @@ class PaCoReRunner:
             position=position,
         )
         try:
-            with ResultsWriter(self.cfg.out_path) as self._writer:
+            with ResultsWriter(self.cfg.out_path) as self._writer, \
+                    ResultsWriter(rounds_path(self.cfg.out_path)) as self._round_writer:
                 self._loop(deque(items))
         except KeyboardInterrupt:
             if interrupt_hint:
@@ -112,7 +121,7 @@ class PaCoReRunner:
                     self._write_error(item.id, item.error, item.line_no, item.extra)
                     print(f"pacore: skipped {item.error}", file=sys.stderr)
                     continue
-                self._submit(_ProblemState(item, ground_truth_answer(item.extra)))
+                self._submit(self._restore(_ProblemState(item, ground_truth_answer(item.extra))))
             if not self._inflight:
                 continue
             finished = self.llm.step()
@@ -184,10 +193,30 @@ class PaCoReRunner:
         self.generated_tokens += stats.generated_tokens
         self._progress.round_done(len(outputs), stats.generated_tokens)
         if r + 1 < len(self.schedule):
+            # A long round is not lost with a later one: resume continues from here.
+            self._round_writer.write({"request_id": state.problem.id, "round": r + 1, "k": k,
+                                      "seed": self.cfg.seed, "responses": [c.to_record() for c in compacted],
+                                      "stats": stats.to_dict()})
             state.round_idx += 1
             self._submit(state)
         else:
             self._finish(state)
+
+    def _restore(self, state: _ProblemState) -> _ProblemState:
+        """Put back the rounds an earlier session finished, if they match this run's schedule and seed."""
+        records = self._checkpoints.get(state.problem.key, [])[: len(self.schedule) - 1]
+        if not records:
+            return state
+        if any(rec.get("k") != self.schedule[i] or rec.get("seed") != self.cfg.seed for i, rec in enumerate(records)):
+            print(f"pacore: problem {state.problem.id!r}: its checkpointed rounds were run with another "
+                  f"--rounds/--seed; starting it over", file=sys.stderr)
+            return state
+        for rec in records:
+            state.rounds.append([Compacted(r["content"], r["reasoning_content"]) for r in rec["responses"]])
+            state.stats.append(RoundStats(**rec["stats"]))
+            self._progress.round_done(rec["k"], 0)
+        state.round_idx = len(records)
+        return state
 
     # -- records -----------------------------------------------------------------------------
     def _finish(self, state: _ProblemState) -> None:

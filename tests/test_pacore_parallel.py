@@ -7,7 +7,7 @@ import pytest
 
 from pacore.cli import main
 from pacore.config import RunConfig
-from pacore.io import read_results
+from pacore.io import read_results, read_round_checkpoints
 from pacore.parallel import ReplicaError, replica_devices, run_data_parallel
 from pacore.runner import PaCoReRunner, summary_path
 from pacore_fakes import FakeLLM
@@ -57,7 +57,8 @@ def _cfg(tmp_path, n=6, **kw):
     data = tmp_path / "in.jsonl"
     if not data.exists():
         _problems(data, n)
-    return RunConfig(data_path=str(data), out_path=str(tmp_path / "out.jsonl"), rounds=(3,), max_tokens=64,
+    kw = {"rounds": (3,), **kw}
+    return RunConfig(data_path=str(data), out_path=str(tmp_path / "out.jsonl"), max_tokens=64,
                      show_progress=False, **kw)
 
 
@@ -137,3 +138,18 @@ def test_cli_data_parallel_on_a_real_engine(tiny_model_dir, tmp_path, capsys):
     summary = json.loads(open(summary_path(str(out))).read())
     assert [s["engine_stats"]["prefill_tokens"] > 0 for s in summary["run"]["replicas"]] == [True, True]
     assert "on 2 replicas" in capsys.readouterr().out
+
+
+def test_replicas_continue_from_round_checkpoints(tmp_path):
+    cfg = _cfg(tmp_path, rounds=(3, 2))
+    with pytest.raises(KeyboardInterrupt):
+        PaCoReRunner(FakeLLM(_script, interrupt_at_step=30), cfg).run()
+    saved = read_round_checkpoints(cfg.out_path)
+    assert saved
+    cfg.resume = True
+    run_data_parallel(cfg, 2, fake_llm)
+    recs = read_results(cfg.out_path)
+    assert sorted(r["request_id"] for r in recs) == [f"p{i}" for i in range(6)]
+    for rec in recs:  # the checkpointed rounds were taken over, not run again
+        for done in saved.get(rec["request_id"], []):
+            assert rec["rounds_stats"][done["round"] - 1] == done["stats"]
