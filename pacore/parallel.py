@@ -60,19 +60,19 @@ def run_data_parallel(cfg: RunConfig, replicas: int, build_llm) -> dict:
     procs: dict[int, mp.Process] = {}
     reports: dict[int, Connection] = {}
     start = time.perf_counter()
-    for rank in range(replicas):
-        shard = todo[rank::replicas]
-        if not shard:
-            continue
-        shard_checkpoints = {x.key: checkpoints[x.key] for x in shard if x.key in checkpoints}
-        reports[rank], child_end = ctx.Pipe(duplex=False)
-        with _env("CUDA_VISIBLE_DEVICES", devices[rank]):
-            p = ctx.Process(target=_replica, args=(rank, cfg, shard, shard_checkpoints, threads, build_llm, child_end),
-                            name=f"pacore-replica-{rank}")
-            p.start()
-        child_end.close()  # so the parent's end reads EOF once the replica is gone
-        procs[rank] = p
     try:
+        for rank in range(replicas):
+            shard = todo[rank::replicas]
+            if not shard:
+                continue
+            shard_checkpoints = {x.key: checkpoints[x.key] for x in shard if x.key in checkpoints}
+            reports[rank], child_end = ctx.Pipe(duplex=False)
+            with _env("CUDA_VISIBLE_DEVICES", devices[rank]):
+                p = ctx.Process(target=_replica, name=f"pacore-replica-{rank}",
+                                args=(rank, cfg, shard, shard_checkpoints, threads, build_llm, child_end))
+                p.start()
+            procs[rank] = p
+            child_end.close()  # so the parent's end reads EOF once the replica is gone
         sessions, failures = _collect(procs, reports)
     except KeyboardInterrupt:
         _stop(procs)
