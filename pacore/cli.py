@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run_data_parallel(cfg: RunConfig, replicas: int) -> int:
     from .parallel import ReplicaError, run_data_parallel
-    from .runner import show_summary
+    from .stats import show_summary
 
     try:
         summary = run_data_parallel(cfg, replicas, build_llm)

@@ -18,7 +18,8 @@ from multiprocessing.connection import Connection, wait
 
 from .config import RunConfig
 from .io import BadLine, Problem, prepare_output, read_problems, read_round_checkpoints
-from .runner import INTERRUPTED, write_summary
+from .runner import INTERRUPTED
+from .stats import write_summary
 
 
 class ReplicaError(RuntimeError):

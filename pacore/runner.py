@@ -12,12 +12,11 @@ from .budget import PromptTooLong, fit_round_prompt
 from .compaction import Compacted, compact
 from .config import RunConfig
 from .grading import answers_equal, grade, ground_truth_answer, majority_vote
-from .io import (BadLine, Problem, ResultsWriter, prepare_output, read_problems, read_results, read_round_checkpoints,
-                 rounds_path, write_json)
+from .io import BadLine, Problem, ResultsWriter, prepare_output, read_problems, read_round_checkpoints, rounds_path
 from .progress import Progress
 from .prompts import shuffle_references
 from .seeds import derive_seed
-from .stats import RoundStats, format_summary, round_stats_from_output, summarize
+from .stats import RoundStats, round_stats_from_output, show_summary, write_summary
 
 
 @dataclass(slots=True)
@@ -268,43 +267,6 @@ INTERRUPTED = ("pacore: interrupted; finished problems are saved in {out}. "
                "Run again with --resume to complete the rest.")
 
 
-def write_summary(cfg: RunConfig, wall: float, sessions: list[dict]) -> dict:
-    """Summarize the whole results file plus this session's engines (one per replica); write it."""
-    summary = summarize(read_results(cfg.out_path), list(cfg.schedule))
-    tokens = sum(s["generated_tokens"] for s in sessions)
-    first = sessions[0] if sessions else {"max_tokens": cfg.max_tokens, "max_model_len": None, "engine_stats": {}}
-    summary["run"] = {
-        "wall_time_s": round(wall, 3),
-        "generated_tokens": tokens,
-        "tokens_per_s": round(tokens / wall, 3) if wall > 0 else 0.0,
-        "max_tokens": first["max_tokens"],
-        "max_model_len": first["max_model_len"],
-        "engine_stats": first["engine_stats"] if len(sessions) <= 1 else _sum_stats(sessions),
-    }
-    if len(sessions) > 1:
-        summary["run"]["replicas"] = sessions
-    summary["config"] = cfg.to_dict()
-    write_json(summary_path(cfg.out_path), summary)
-    return summary
-
-
-def _sum_stats(sessions: list[dict]) -> dict:
-    """Engine counters added up over replicas (block size in bytes is the same for all)."""
-    total: dict = {}
-    for s in sessions:
-        for key, value in s["engine_stats"].items():
-            if isinstance(value, (int, float)) and key != "kv_bytes_per_block":
-                total[key] = total.get(key, 0) + value
-            else:
-                total.setdefault(key, value)
-    return total
-
-
-def summary_path(out_path: str) -> str:
-    """Where the run summary of ``out_path`` is written."""
-    return f"{out_path}.summary.json"
-
-
 def _engine_stats(llm) -> dict:
     try:
         return dict(llm.stats())
@@ -318,10 +280,3 @@ def run_pacore(llm, cfg: RunConfig, print_summary: bool = True) -> dict:
     if print_summary:
         show_summary(summary, cfg)
     return summary
-
-
-def show_summary(summary: dict, cfg: RunConfig) -> None:
-    """Print the summary and where the results are."""
-    print(format_summary(summary))
-    print(f"results: {cfg.out_path}\nsummary: {summary_path(cfg.out_path)}")
-

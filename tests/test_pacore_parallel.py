@@ -9,7 +9,8 @@ from pacore.cli import main
 from pacore.config import RunConfig
 from pacore.io import read_results, read_round_checkpoints
 from pacore.parallel import ReplicaError, replica_devices, run_data_parallel
-from pacore.runner import PaCoReRunner, summary_path
+from pacore.runner import PaCoReRunner
+from pacore.stats import summary_path
 from pacore_fakes import FakeLLM
 
 

@@ -5,7 +5,8 @@ import pytest
 from pacore.cli import main
 from pacore.config import RunConfig
 from pacore.io import read_results
-from pacore.runner import PaCoReRunner, run_pacore, summary_path
+from pacore.runner import PaCoReRunner, run_pacore
+from pacore.stats import summary_path
 from pacore_fakes import FakeLLM
 
 
