@@ -122,7 +122,7 @@ class LLM:
         req.metrics.num_prompt_tokens = len(ids)
         copies = 1 if self.enable_fork else params.n
         for i in range(copies):
-            seq = Sequence(req, i, list(ids), len(ids), generator=req.make_generator(i, self.device),
+            seq = Sequence(req, i, list(ids), len(ids), stream=req.stream(i),
                            fork_pending=self.enable_fork and params.n > 1)
             req.seqs.append(seq)
             self.scheduler.add(seq)
@@ -214,7 +214,7 @@ class LLM:
         parent.fork_pending = False
         req = parent.request
         children = [Sequence(req, i, list(parent.token_ids), parent.num_prompt_tokens,
-                             generator=req.make_generator(i, self.device))
+                             stream=req.stream(i))
                     for i in range(1, req.params.n)]
         req.seqs.extend(children)
         copies = []

@@ -1,15 +1,39 @@
-"""Turn logits into tokens: greedy, temperature, top-k, top-p, min-p, per-sequence seeded streams."""
+"""Turn logits into tokens: greedy, temperature, top-k, top-p, min-p, per-sequence seeded draws."""
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 
-from engine.sequence import Sequence
+if TYPE_CHECKING:
+    from engine.sequence import Sequence
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN64 = 0x9E3779B97F4A7C15
+
+
+def mix64(x: int) -> int:
+    """splitmix64's finaliser: a bijective scramble of a 64-bit integer."""
+    x &= _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def stream_uniform(stream: int, step: int) -> float:
+    """Draw ``step`` of a seeded sequence's stream, uniform in [0, 1).
+
+    Counter-based (splitmix64 at state stream + (step + 1) * golden), so a token depends on
+    (seed, child, position) alone: not on what else is batched, on preemption, or on a restart,
+    and no per-sequence generator launches a kernel per row per step.
+    """
+    return (mix64(stream + (step + 1) * _GOLDEN64) >> 11) * 2.0 ** -53
 
 
 class Sampler:
     def __init__(self, device: torch.device, seed: int = 0):
         self.device = device
-        self.generator = torch.Generator(device=device)
+        self.generator = torch.Generator(device=device)  # unseeded requests share this stream
         self.generator.manual_seed(seed)
 
     @torch.no_grad()
@@ -18,28 +42,24 @@ class Sampler:
         params = [s.params for s in seqs]
         if all(p.greedy for p in params):
             return logits.argmax(dim=-1).tolist()
-        n = len(seqs)
-        temps = torch.tensor([p.temperature or 1.0 for p in params], device=logits.device)
+        dev = logits.device
+        temps = torch.tensor([p.temperature or 1.0 for p in params], device=dev)
         probs = torch.softmax(logits / temps[:, None], dim=-1)
         if any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params):
             probs = self._filter(probs, params)
-        # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p, and lets each sequence
-        # with a seed use its own stream while the others share one batched draw. E = -log(U):
-        # torch's exponential_ is ~3x slower per element on CPU than rand + log.
-        noise = torch.empty_like(probs)
-        shared = [i for i, s in enumerate(seqs) if s.generator is None]
-        if shared:
-            noise[shared] = torch.rand(len(shared), probs.shape[1], device=probs.device,
-                                       generator=self.generator).log_().neg_()
-        for i, s in enumerate(seqs):
-            if s.generator is not None:
-                torch.rand(probs.shape[1], device=probs.device, generator=s.generator, out=noise[i])
-                noise[i].log_().neg_()
-        sampled = (probs / noise).argmax(dim=-1)
-        greedy = torch.tensor([p.greedy for p in params], device=logits.device)
+        # Inverse CDF: one uniform per row instead of one per vocabulary entry. The CDF is summed in
+        # float64 so that no token's share is absorbed into the running total.
+        u = torch.rand(len(seqs), dtype=torch.float64, device=dev, generator=self.generator)
+        seeded = [(i, stream_uniform(s.stream, s.num_generated)) for i, s in enumerate(seqs) if s.stream is not None]
+        if seeded:
+            rows, draws = zip(*seeded)
+            u[list(rows)] = torch.tensor(draws, dtype=torch.float64, device=dev)
+        cdf = probs.to(torch.float64).cumsum_(dim=-1)
+        sampled = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+        sampled = sampled.clamp_(max=probs.shape[1] - 1)
+        greedy = torch.tensor([p.greedy for p in params], device=dev)
         if greedy.any():
             sampled = torch.where(greedy, logits.argmax(dim=-1), sampled)
-        assert sampled.shape[0] == n
         return sampled.tolist()
 
     @staticmethod

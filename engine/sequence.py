@@ -6,8 +6,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
-import torch
-
+from engine.sampler import mix64
 from engine.sampling_params import SamplingParams
 
 _seq_ids = itertools.count()
@@ -32,7 +31,7 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)  # hash chain of the full blocks so far
     status: Status = Status.WAITING
     finish_reason: str | None = None
-    generator: torch.Generator | None = None
+    stream: int | None = None   # seeded requests: this child's sampling stream (engine/sampler.py)
     fork_pending: bool = False  # the request's first sequence, before the prompt is forked n ways
     row: int = -1               # row in the model runner's persistent block-table buffer
 
@@ -82,13 +81,11 @@ class Request:
     def is_finished(self) -> bool:
         return len(self.seqs) == self.params.n and all(s.is_finished for s in self.seqs)
 
-    def make_generator(self, index: int, device: torch.device) -> torch.Generator | None:
+    def stream(self, index: int) -> int | None:
+        """Child ``index``'s sampling stream: distinct per child, reproducible from (seed, index)."""
         if self.params.seed is None or self.params.greedy:
             return None
-        g = torch.Generator(device=device)
-        # Child streams must differ yet be reproducible from (seed, index) alone.
-        g.manual_seed((self.params.seed * 1_000_003 + index) % (2**63))
-        return g
+        return mix64(mix64(self.params.seed) + index)
 
 
 @dataclass(slots=True)

@@ -9,7 +9,7 @@ from engine.sequence import Request, Sequence
 
 def _seqs(params: SamplingParams, n: int, device=torch.device("cpu")):
     req = Request("r", None, [1], params)
-    return [Sequence(req, i, [1], 1, generator=req.make_generator(i, device)) for i in range(n)]
+    return [Sequence(req, i, [1], 1, stream=req.stream(i)) for i in range(n)]
 
 
 @pytest.mark.parametrize("kw", [dict(top_k=1), dict(top_p=1e-6), dict(min_p=1.0), dict(temperature=0)])
@@ -44,3 +44,25 @@ def test_seeded_children_reproducible_and_distinct():
     same_logits = logits[:1].repeat(4, 1)
     draws = Sampler(torch.device("cpu"))(same_logits, _seqs(params, 4))
     assert len(set(draws)) > 1
+
+
+def test_a_seeded_draw_depends_on_position_not_on_the_batch():
+    logits = torch.randn(6, 3000)
+    params = SamplingParams(seed=7)
+    seqs = _seqs(params, 6)
+    together = Sampler(torch.device("cpu"))(logits, seqs)
+    alone = [Sampler(torch.device("cpu"))(logits[i:i + 1], [seqs[i]])[0] for i in range(6)]
+    assert together == alone
+    seqs[0].token_ids.append(5)  # one more generated token: the next draw of that stream
+    assert Sampler(torch.device("cpu"))(logits[:1].repeat(200, 1), [seqs[0]] * 200) == \
+        [Sampler(torch.device("cpu"))(logits[:1], [seqs[0]])[0]] * 200
+
+
+def test_stream_uniforms_are_uniform_and_distinct():
+    from engine.sampler import stream_uniform
+
+    u = torch.tensor([stream_uniform(s, k) for s in (1, 2, 3) for k in range(4000)], dtype=torch.float64)
+    assert 0 <= float(u.min()) and float(u.max()) < 1
+    hist = torch.histc(u, bins=10, min=0, max=1) / len(u)
+    torch.testing.assert_close(hist, torch.full((10,), 0.1, dtype=torch.float64), atol=0.015, rtol=0)
+    assert len(set(u.tolist())) == len(u)
