@@ -17,7 +17,7 @@ from engine.model_runner import CascadePolicy, ModelRunner
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
-from engine.sequence import (CompletionOutput, Request, RequestOutput, Sequence, Status)
+from engine.sequence import CompletionOutput, Partial, Request, RequestOutput, Sequence, Status
 from engine.stopping import StopChecker
 
 _CPU_KV_BYTES = 2 << 30
@@ -93,9 +93,13 @@ class LLM:
 
     # -- requests ----------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None) -> str:
+                    request_id: str | None = None, resume: list[Partial] | None = None) -> str:
         """Queue a prompt (text or token ids); returns its request id. Raises ValueError if it can
-        never fit in max_model_len or the whole KV cache."""
+        never fit in max_model_len or the whole KV cache.
+
+        resume: what ``partial_outputs`` returned for this request in an earlier session; each
+        unfinished child continues after its tokens (a seeded child draws exactly what it would have).
+        """
         params = params or SamplingParams()
         params.validate()
         if isinstance(prompt, str):
@@ -120,6 +124,9 @@ class LLM:
             raise ValueError(f"request id {request_id!r} is already in flight")
         req = Request(request_id, text, ids, params)
         req.metrics.num_prompt_tokens = len(ids)
+        if resume is not None:
+            self._resume(req, resume)
+            return request_id
         copies = 1 if self.enable_fork else params.n
         for i in range(copies):
             seq = Sequence(req, i, list(ids), len(ids), stream=req.stream(i),
@@ -128,6 +135,40 @@ class LLM:
             self.scheduler.add(seq)
         self.requests[request_id] = req
         return request_id
+
+    def _resume(self, req: Request, resume: list[Partial]) -> None:
+        p = req.params
+        if len(resume) != p.n:
+            raise ValueError(f"resume has {len(resume)} children but the request has n={p.n}")
+        for i, (tokens, reason) in enumerate(resume):
+            if reason not in (None, "stop", "length"):
+                raise ValueError(f"resume[{i}]: finish reason must be None, 'stop' or 'length', got {reason!r}")
+            if len(tokens) > p.max_tokens or (reason is None and len(tokens) >= p.max_tokens):
+                raise ValueError(f"resume[{i}] has {len(tokens)} tokens, beyond max_tokens={p.max_tokens}")
+            if any(t < 0 or t >= self.config.vocab_size for t in tokens):
+                raise ValueError(f"resume[{i}] has token ids outside the vocabulary [0, {self.config.vocab_size})")
+        if all(reason is not None for _, reason in resume):
+            raise ValueError("resume: every child is already finished; there is nothing to run")
+        for i, (tokens, reason) in enumerate(resume):
+            # Like a preempted sequence: recomputed from the prefix cache, the prompt's blocks shared.
+            seq = Sequence(req, i, req.prompt_token_ids + [int(t) for t in tokens], len(req.prompt_token_ids),
+                           stream=req.stream(i))
+            req.seqs.append(seq)
+            if reason is None:
+                self.scheduler.add(seq)
+            else:
+                seq.status, seq.finish_reason = Status.FINISHED, reason
+        self.requests[req.request_id] = req
+
+    def partial_outputs(self, request_id: str) -> list[Partial]:
+        """Per child of a request in flight: (tokens generated so far, finish reason or None).
+
+        A snapshot to continue from later with ``add_request(..., resume=...)``; children not forked
+        yet have no tokens."""
+        req = self.requests[str(request_id)]
+        seqs = {s.index: s for s in req.seqs}
+        return [(list(seqs[i].generated), seqs[i].finish_reason) if i in seqs else ([], None)
+                for i in range(req.params.n)]
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)

@@ -88,6 +88,10 @@ class Request:
         return mix64(mix64(self.params.seed) + index)
 
 
+# One child's progress as a later session needs it: (generated token ids, finish reason or None).
+Partial = tuple[list[int], str | None]
+
+
 @dataclass(slots=True)
 class CompletionOutput:
     index: int
