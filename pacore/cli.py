@@ -71,6 +71,9 @@ def _add_method_options(p: argparse.ArgumentParser, *, max_tokens: int, preset: 
                    "for the round prompt to fit the context; 'none' never shortens")
     g.add_argument("--max-problems-in-flight", type=_positive, default=64, metavar="N",
                    help="problems with a round in the engine at once (default 64)")
+    g.add_argument("--checkpoint-every", type=float, default=300.0, metavar="SECONDS",
+                   help="seconds between snapshots of the trajectories in flight, which --resume continues "
+                        "(default 300; 0: only when stopped by Ctrl-C or an error)")
     g.add_argument("--no-grade", action="store_true", help="do not extract or grade answers")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -137,6 +140,7 @@ def _config(args, data_path: str, out_path: str, resume: bool) -> RunConfig:
         grade=not args.no_grade,
         show_progress=not args.no_progress,
         profile_dir=args.profile,
+        checkpoint_every_s=args.checkpoint_every,
         engine_options={k: v for k, v in engine_options.items() if v is not None},
     )
 

@@ -55,6 +55,8 @@ class RunConfig:
     show_progress: bool = True
     # Where `pacore run --profile` writes the step timeline and traces (bench.profile_run).
     profile_dir: str | None = None
+    # Seconds between snapshots of the rounds in flight (pacore/partial.py); <= 0: only when stopped.
+    checkpoint_every_s: float = 300.0
     engine_options: dict = field(default_factory=dict)
 
     @property

@@ -101,6 +101,11 @@ def rounds_path(out_path: str) -> str:
     return f"{out_path}.rounds.jsonl"
 
 
+def partial_dir(out_path: str) -> str:
+    """The folder beside ``out_path`` holding snapshots of unfinished rounds (pacore/partial.py)."""
+    return f"{out_path}.partial"
+
+
 def prepare_output(path: str, resume: bool) -> set[str]:
     """Check the output path (and its round checkpoints) and return the keys of finished problems.
 
@@ -108,6 +113,9 @@ def prepare_output(path: str, resume: bool) -> set[str]:
     of a write) is cut off so the next append starts on a fresh line.
     """
     held = [p for p in (path, rounds_path(path)) if os.path.exists(p) and os.path.getsize(p) > 0]
+    snapshots = partial_dir(path)
+    if not held and os.path.isdir(snapshots) and os.listdir(snapshots):
+        held = [snapshots]
     if not held:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         return set()
@@ -117,7 +125,8 @@ def prepare_output(path: str, resume: bool) -> set[str]:
             f"the rest, or choose another --out path"
         )
     for p in held:
-        _cut_torn_line(p)  # the torn line's problem (or round) is simply run again
+        if os.path.isfile(p):
+            _cut_torn_line(p)  # the torn line's problem (or round) is simply run again
     return {problem_key(rec["request_id"]) for rec in read_results(path) if "request_id" in rec}
 
 

@@ -13,6 +13,7 @@ from .compaction import Compacted, compact
 from .config import RunConfig
 from .grading import answers_equal, grade, ground_truth_answer, majority_vote
 from .io import BadLine, Problem, ResultsWriter, prepare_output, read_problems, read_round_checkpoints, rounds_path
+from .partial import PartialStore
 from .progress import Progress
 from .prompts import shuffle_references
 from .seeds import derive_seed
@@ -26,7 +27,9 @@ class _ProblemState:
     round_idx: int = 0  # the round in flight, 0-based
     rounds: list[list[Compacted]] = field(default_factory=list)
     stats: list[RoundStats] = field(default_factory=list)
-    # bookkeeping of the round in flight, for its stats
+    # the round in flight: its prompt, what it resumed, and bookkeeping for its stats
+    prompt: list[int] = field(default_factory=list)
+    resumed_tokens: int = 0
     references: int = 0
     dropped: int = 0
     truncated: int = 0
@@ -82,6 +85,8 @@ class PaCoReRunner:
         let a problem continue at its next round instead of starting over.
         """
         self._checkpoints = checkpoints or {}
+        self._partials = PartialStore(self.cfg.out_path)
+        self._last_snapshot = time.monotonic()
         n_problems = sum(isinstance(x, Problem) for x in items)
         self._progress = Progress(
             self.llm,
@@ -95,8 +100,12 @@ class PaCoReRunner:
             with ResultsWriter(self.cfg.out_path) as self._writer, \
                     ResultsWriter(rounds_path(self.cfg.out_path)) as self._round_writer:
                 self._loop(deque(items))
-        except KeyboardInterrupt:
-            if interrupt_hint:
+        except BaseException as e:
+            try:
+                self._snapshot()  # Ctrl-C or a crash: the rounds in flight continue from here on --resume
+            except Exception as snap_error:  # never hide the original failure behind this one
+                print(f"pacore: could not snapshot the rounds in flight: {snap_error}", file=sys.stderr)
+            if interrupt_hint and isinstance(e, KeyboardInterrupt):
                 print(f"\n{INTERRUPTED.format(out=self.cfg.out_path)}", file=sys.stderr)
             raise
         finally:
@@ -134,6 +143,18 @@ class PaCoReRunner:
                 if state is not None:  # requests someone else added are not ours to handle
                     self._round_finished(state, out)
             self._progress.tick()
+            every = self.cfg.checkpoint_every_s
+            if every > 0 and time.monotonic() - self._last_snapshot >= every:
+                self._snapshot()
+
+    def _snapshot(self) -> None:
+        """Save every round in flight (its trajectories' tokens so far) for --resume."""
+        self._last_snapshot = time.monotonic()
+        for request_id, state in self._inflight.items():
+            partial = self.llm.partial_outputs(request_id)
+            if any(tokens for tokens, _ in partial):
+                r = state.round_idx
+                self._partials.save(state.problem.key, r + 1, self.schedule[r], self.cfg.seed, state.prompt, partial)
 
     def _submit(self, state: _ProblemState) -> None:
         """Build and add the engine request of ``state``'s current round."""
@@ -165,7 +186,8 @@ class PaCoReRunner:
                 seed=derive_seed(self.cfg.seed, problem.key, r, "sample"),
             )
             request_id = f"{problem.key}#r{r + 1}"
-            self.llm.add_request(prompt.token_ids, params, request_id=request_id)
+            state.prompt = prompt.token_ids
+            state.resumed_tokens = self._add_request(state, params, request_id)
         except (PromptTooLong, ValueError) as e:
             # PromptTooLong is ours; ValueError is the engine refusing a prompt it can never fit.
             self._fail(state, f"round {r + 1}: {e}")
@@ -173,6 +195,20 @@ class PaCoReRunner:
         state.references = len(refs)
         state.truncated = prompt.truncated_messages
         self._inflight[request_id] = state
+
+    def _add_request(self, state: _ProblemState, params: SamplingParams, request_id: str) -> int:
+        """Add the round's request, continuing its snapshot if there is one; returns the tokens resumed."""
+        r = state.round_idx
+        resume = self._partials.load(state.problem.key, r + 1, params.n, self.cfg.seed, state.prompt)
+        if resume is not None:
+            try:
+                self.llm.add_request(state.prompt, params, request_id=request_id, resume=resume)
+                return sum(len(tokens) for tokens, _ in resume)
+            except ValueError as e:
+                print(f"pacore: problem {state.problem.id!r} round {r + 1}: snapshot not usable ({e}); "
+                      f"starting the round over", file=sys.stderr)
+        self.llm.add_request(state.prompt, params, request_id=request_id)
+        return 0
 
     def _round_finished(self, state: _ProblemState, out) -> None:
         r = state.round_idx
@@ -189,8 +225,9 @@ class PaCoReRunner:
             stats.accuracy = sum(flags) / len(flags) if flags else None
         state.rounds.append(compacted)
         state.stats.append(stats)
-        self.generated_tokens += stats.generated_tokens
+        self.generated_tokens += stats.generated_tokens - state.resumed_tokens  # this session's work
         self._progress.round_done(len(outputs), stats.generated_tokens)
+        self._partials.drop(state.problem.key, r + 1)
         if r + 1 < len(self.schedule):
             # A long round is not lost with a later one: resume continues from here.
             self._round_writer.write({"request_id": state.problem.id, "round": r + 1, "k": k,

@@ -54,13 +54,14 @@ class FakeLLM:
         self.interrupt_at_step = interrupt_at_step
         self.calls: list[tuple[str, list[int], SamplingParams]] = []
         self.step_log: list[set[str]] = []  # request ids that decoded in each step
+        self.resumed: dict[str, list[int]] = {}  # request id -> tokens each child resumed with
         self._active: dict[str, _Req] = {}
         self._counter = 0
         self._stats = {"prefill_tokens": 0, "decode_tokens": 0, "prefix_cache_hit_tokens": 0,
                        "kv_blocks_total": 1000, "kv_blocks_peak": 0, "kv_blocks_saved_by_sharing": 0,
                        "preemptions": 0, "cascade_decode_steps": 0}
 
-    def add_request(self, prompt, params, request_id=None):
+    def add_request(self, prompt, params, request_id=None, resume=None):
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if len(ids) + params.max_tokens > self.max_model_len:
             raise ValueError(f"prompt of {len(ids)} tokens + max_tokens {params.max_tokens} > max_model_len {self.max_model_len}")
@@ -70,9 +71,21 @@ class FakeLLM:
         text = self.tokenizer.decode(ids)
         targets = [self.script(text, params, rid, i) for i in range(params.n)]
         self.calls.append((rid, ids, params))
-        self._active[rid] = _Req(rid, ids, params, targets, [0] * params.n, time.perf_counter())
+        produced = [0] * params.n
+        if resume is not None:  # each child continues where the snapshot left it
+            assert len(resume) == params.n
+            for i, (tokens, _) in enumerate(resume):
+                assert self.tokenizer.decode(tokens) == targets[i][:len(tokens)], "resumed tokens differ"
+                produced[i] = len(tokens)
+            self.resumed[rid] = [len(t) for t, _ in resume]
+        self._active[rid] = _Req(rid, ids, params, targets, produced, time.perf_counter())
         self._stats["prefill_tokens"] += len(ids)  # once per request, whatever n is
         return rid
+
+    def partial_outputs(self, rid):
+        req = self._active[rid]
+        return [(self.tokenizer.encode(t[:n]), None if n < min(len(t), req.params.max_tokens) else "stop")
+                for t, n in zip(req.targets, req.produced)]
 
     def has_unfinished(self):
         return bool(self._active)

@@ -1,7 +1,13 @@
-"""Round checkpoints: a resumed problem continues at the round after its last finished one."""
+"""Checkpoints: a resumed problem continues at the round after its last finished one, and a round
+in flight continues each trajectory where its last snapshot left it."""
+import os
+
 import pytest
 
-from pacore.io import OutputExistsError, prepare_output, read_results, read_round_checkpoints, rounds_path
+from pacore.io import (OutputExistsError, partial_dir, prepare_output, read_results, read_round_checkpoints,
+                       rounds_path)
+from pacore.parallel import ReplicaError, run_data_parallel
+from pacore.partial import PartialStore
 from pacore.runner import PaCoReRunner
 from pacore_fakes import FakeLLM
 from test_pacore_runner import _cfg, default_script
@@ -71,3 +77,62 @@ def test_only_contiguous_rounds_count(tmp_path):
     with open(rounds_path(out), "w") as f:
         f.write('{"request_id": 7, "round": 1}\n{"request_id": "7", "round": 3}\n{"request_id": "b", "round": 2}\n')
     assert {k: [r["round"] for r in v] for k, v in read_round_checkpoints(out).items()} == {"7": [1]}
+
+
+# -- snapshots of the rounds in flight (pacore/partial.py) --------------------------------------------
+class _KilledLLM(FakeLLM):
+    """Dies like a killed process (no exception, no cleanup) at step 12."""
+
+    def step(self):
+        if len(self.step_log) >= 12:
+            os._exit(9)
+        return super().step()
+
+
+def killed_llm(cfg):  # built inside a spawned replica
+    return _KilledLLM(default_script)
+
+
+def test_ctrl_c_mid_round_resumes_every_trajectory_where_it_stopped(tmp_path):
+    (tmp_path / "a").mkdir()
+    cfg = _cfg(tmp_path / "a", rounds=(3,), n_problems=3, max_problems_in_flight=3, checkpoint_every_s=0)
+    with pytest.raises(KeyboardInterrupt):
+        PaCoReRunner(FakeLLM(default_script, interrupt_at_step=10), cfg).run()
+    assert len(os.listdir(partial_dir(cfg.out_path))) == 3  # one snapshot per round in flight
+    cfg.resume = True
+    llm = FakeLLM(default_script)
+    summary = PaCoReRunner(llm, cfg).run()
+    assert llm.resumed == {f"p{i}#r1": [10, 10, 10] for i in range(3)}
+    assert os.listdir(partial_dir(cfg.out_path)) == []  # a finished round drops its snapshot
+    assert summary["run"]["generated_tokens"] == summary["effective_compute_tokens_total"] - 3 * 3 * 10
+    (tmp_path / "b").mkdir()
+    whole = _cfg(tmp_path / "b", rounds=(3,), n_problems=3, max_problems_in_flight=3)
+    PaCoReRunner(FakeLLM(default_script), whole).run()
+    assert _comparable(cfg.out_path) == _comparable(whole.out_path)
+
+
+def test_periodic_snapshots_survive_a_kill(tmp_path):
+    cfg = _cfg(tmp_path, rounds=(3,), n_problems=2, max_problems_in_flight=2, checkpoint_every_s=1e-6)
+    with pytest.raises(ReplicaError, match="exited with code 9"):
+        run_data_parallel(cfg, 1, killed_llm)
+    assert len(os.listdir(partial_dir(cfg.out_path))) == 2
+    cfg.resume = True
+    llm = FakeLLM(default_script)
+    PaCoReRunner(llm, cfg).run()
+    assert sorted(llm.resumed) == ["p0#r1", "p1#r1"]
+    assert all(n >= 10 for lengths in llm.resumed.values() for n in lengths)
+    assert sorted(r["request_id"] for r in read_results(cfg.out_path)) == ["p0", "p1"]
+
+
+def test_a_snapshot_only_fits_its_own_round(tmp_path):
+    store = PartialStore(str(tmp_path / "r.jsonl"))
+    store.save("p", 1, 2, 0, [1, 2, 3], [([4, 5], None), ([6], "stop")])
+    assert store.load("p", 1, 2, 0, [1, 2, 3]) == [([4, 5], None), ([6], "stop")]
+    assert store.load("p", 1, 2, 0, [1, 2]) is None       # another prompt
+    assert store.load("p", 1, 2, 1, [1, 2, 3]) is None    # another seed
+    assert store.load("p", 1, 3, 0, [1, 2, 3]) is None    # another K
+    assert store.load("p", 2, 2, 0, [1, 2, 3]) is None    # another round
+    with pytest.raises(OutputExistsError, match="partial already holds results"):
+        prepare_output(str(tmp_path / "r.jsonl"), resume=False)
+    store.drop("p", 1)
+    assert prepare_output(str(tmp_path / "r.jsonl"), resume=False) == set()

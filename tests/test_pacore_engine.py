@@ -94,3 +94,33 @@ def test_cli_profile_writes_timeline_and_kv_plot(tiny_qwen3, tmp_path):
     assert "decode" in kinds and kinds & {"prefill", "mixed"}
     assert any(s["kv_blocks_shared"] > 0 for s in steps)  # the 3 trajectories share their prompt
     assert (prof / "kv_blocks.png").stat().st_size > 0
+
+
+class _StoppedLLM(engine.LLM):
+    """The real engine, stopped by a Ctrl-C after a number of steps."""
+
+    stop_after = 8
+
+    def step(self):
+        if self._counters["steps"] >= self.stop_after:
+            raise KeyboardInterrupt
+        return super().step()
+
+
+def test_stopped_mid_round_then_resumed_equals_never_stopped(tiny_qwen3, tmp_path):
+    _problems(tmp_path / "in.jsonl", 2)
+
+    def cfg(name, **kw):
+        return RunConfig(str(tmp_path / "in.jsonl"), str(tmp_path / name), rounds=(3,), max_tokens=24,
+                         show_progress=False, checkpoint_every_s=0, **kw)
+
+    PaCoReRunner(engine.LLM(model=str(tiny_qwen3), num_kv_blocks=512), cfg("whole.jsonl")).run()
+    with pytest.raises(KeyboardInterrupt):
+        PaCoReRunner(_StoppedLLM(model=str(tiny_qwen3), num_kv_blocks=512), cfg("cut.jsonl")).run()
+    assert not read_results(str(tmp_path / "cut.jsonl"))
+    assert len(list((tmp_path / "cut.jsonl.partial").iterdir())) == 2  # both round-1 requests, mid-way
+    PaCoReRunner(engine.LLM(model=str(tiny_qwen3), num_kv_blocks=512), cfg("cut.jsonl", resume=True)).run()
+
+    def tokens(name):  # every trajectory's text, every round
+        return {r["request_id"]: r["round_responses"] for r in read_results(str(tmp_path / name))}
+    assert tokens("cut.jsonl") == tokens("whole.jsonl")
