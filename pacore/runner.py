@@ -227,16 +227,17 @@ class PaCoReRunner:
         state.stats.append(stats)
         self.generated_tokens += stats.generated_tokens - state.resumed_tokens  # this session's work
         self._progress.round_done(len(outputs), stats.generated_tokens)
-        self._partials.drop(state.problem.key, r + 1)
         if r + 1 < len(self.schedule):
             # A long round is not lost with a later one: resume continues from here.
             self._round_writer.write({"request_id": state.problem.id, "round": r + 1, "k": k,
                                       "seed": self.cfg.seed, "responses": [c.to_record() for c in compacted],
                                       "stats": stats.to_dict()})
+            self._partials.drop(state.problem.key, r + 1)  # only once the round is safely on disk
             state.round_idx += 1
             self._submit(state)
         else:
             self._finish(state)
+            self._partials.drop(state.problem.key, r + 1)
 
     def _restore(self, state: _ProblemState) -> _ProblemState:
         """Put back the rounds an earlier session finished, if they match this run's schedule and seed."""
