@@ -216,7 +216,8 @@ class PaCoReRunner:
         outputs = sorted(out.outputs, key=lambda c: c.index)
         compacted = [compact(c.text) for c in outputs]
         stats = round_stats_from_output(
-            r + 1, k, out, references=state.references, dropped=state.dropped, truncated=state.truncated
+            r + 1, k, out, references=state.references, dropped=state.dropped, truncated=state.truncated,
+            resumed=state.resumed_tokens,
         )
         if self.cfg.grade:
             graded = [grade(c.message, state.gold) for c in compacted]

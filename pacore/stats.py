@@ -33,8 +33,10 @@ class RoundStats:
         return dataclasses.asdict(self)
 
 
-def round_stats_from_output(round_no: int, k: int, out, *, references: int, dropped: int, truncated: int) -> RoundStats:
-    """RoundStats from an engine RequestOutput."""
+def round_stats_from_output(round_no: int, k: int, out, *, references: int, dropped: int, truncated: int,
+                            resumed: int = 0) -> RoundStats:
+    """RoundStats from an engine RequestOutput; ``resumed`` tokens came from an earlier session's snapshot
+    (counted as generated, but not in this session's tokens/s)."""
     m = out.metrics
     generated = sum(len(c.token_ids) for c in out.outputs)
     first = m.first_token_time if m.first_token_time is not None else m.finished_time
@@ -48,7 +50,7 @@ def round_stats_from_output(round_no: int, k: int, out, *, references: int, drop
         generated_tokens=generated,
         prefill_time_s=round(prefill, 6),
         decode_time_s=round(decode, 6),
-        tokens_per_s=round(generated / total, 3) if total > 0 else 0.0,
+        tokens_per_s=round((generated - resumed) / total, 3) if total > 0 else 0.0,
         prefix_cache_hit_tokens=int(out.num_cached_tokens or 0),
         kv_blocks_saved_by_sharing=int(getattr(m, "kv_blocks_saved_by_sharing", 0) or 0),
         references=references,

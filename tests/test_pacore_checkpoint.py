@@ -105,6 +105,10 @@ def test_ctrl_c_mid_round_resumes_every_trajectory_where_it_stopped(tmp_path):
     assert llm.resumed == {f"p{i}#r1": [10, 10, 10] for i in range(3)}
     assert os.listdir(partial_dir(cfg.out_path)) == []  # a finished round drops its snapshot
     assert summary["run"]["generated_tokens"] == summary["effective_compute_tokens_total"] - 3 * 3 * 10
+    for rec in read_results(cfg.out_path):  # a resumed round's tokens/s counts this session's tokens only
+        r1 = rec["rounds_stats"][0]
+        elapsed = r1["prefill_time_s"] + r1["decode_time_s"]
+        assert r1["tokens_per_s"] == pytest.approx((r1["generated_tokens"] - 30) / elapsed, rel=1e-3, abs=1e-3)
     (tmp_path / "b").mkdir()
     whole = _cfg(tmp_path / "b", rounds=(3,), n_problems=3, max_problems_in_flight=3)
     PaCoReRunner(FakeLLM(default_script), whole).run()
