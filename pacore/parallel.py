@@ -82,7 +82,10 @@ def run_data_parallel(cfg: RunConfig, replicas: int, build_llm) -> dict:
     finally:
         for p in procs.values():
             p.join()
-    summary = write_summary(cfg, time.perf_counter() - start, [sessions[r] for r in sorted(sessions)])
+    wall = time.perf_counter() - start
+    if sessions:  # the replicas' decoding span, without process start-up and model loading
+        wall = max(s["finished_at"] for s in sessions.values()) - min(s["started_at"] for s in sessions.values())
+    summary = write_summary(cfg, wall, [sessions[r] for r in sorted(sessions)])
     if failures:
         detail = "\n".join(f"replica {r}: {msg.strip()}" for r, msg in sorted(failures.items()))
         raise ReplicaError(f"{len(failures)} of {len(procs)} replicas failed; the problems they finished are "

@@ -62,6 +62,7 @@ class PaCoReRunner:
         self._writer: ResultsWriter | None = None
         self._round_writer: ResultsWriter | None = None
         self._checkpoints: dict[str, list[dict]] = {}
+        self._span: list[float | None] = [None, None]
         self._progress: Progress | None = None
         self.generated_tokens = 0  # this session, finished rounds only
 
@@ -85,6 +86,7 @@ class PaCoReRunner:
         let a problem continue at its next round instead of starting over.
         """
         self._checkpoints = checkpoints or {}
+        self._span = [time.time(), None]  # wall clock, comparable across replicas
         self._partials = PartialStore(self.cfg.out_path)
         self._last_snapshot = time.monotonic()
         n_problems = sum(isinstance(x, Problem) for x in items)
@@ -110,6 +112,7 @@ class PaCoReRunner:
             raise
         finally:
             self._progress.close()
+            self._span[1] = time.time()
 
     def session_stats(self) -> dict:
         """What this runner generated, with the engine's counters (one entry of the summary's run)."""
@@ -118,6 +121,8 @@ class PaCoReRunner:
             "max_tokens": self.max_tokens,
             "max_model_len": self.max_model_len,
             "engine_stats": _engine_stats(self.llm),
+            "started_at": self._span[0],
+            "finished_at": self._span[1],
         }
 
     # -- the loop ----------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 import dataclasses
 import json
 import os
+import time
 
 import pytest
 
@@ -69,12 +70,16 @@ def _finals(path):
 
 def test_replicas_write_every_problem_once_and_one_summary(tmp_path):
     cfg = _cfg(tmp_path)
+    t0 = time.time()
     summary = run_data_parallel(cfg, 2, fake_llm)
+    elapsed = time.time() - t0
     recs = read_results(cfg.out_path)
     assert sorted(r["request_id"] for r in recs) == [f"p{i}" for i in range(6)]
     assert all("error" not in r for r in recs)
     run = summary["run"]
     assert len(run["replicas"]) == 2
+    # the run's time is the replicas' working span: no interpreter start-up or model loading
+    assert t0 < min(r["started_at"] for r in run["replicas"]) and run["wall_time_s"] < elapsed
     assert run["generated_tokens"] == sum(r["effective_compute_tokens"] for r in recs)
     assert run["engine_stats"]["prefill_tokens"] == sum(s["engine_stats"]["prefill_tokens"] for s in run["replicas"])
     assert json.loads(open(summary_path(cfg.out_path)).read())["completed"] == 6
