@@ -164,7 +164,7 @@ class LLM:
         """Per child of a request in flight: (tokens generated so far, finish reason or None).
 
         A snapshot to continue from later with ``add_request(..., resume=...)``; children not forked
-        yet have no tokens."""
+        yet have no tokens. KeyError for an id not in flight."""
         req = self.requests[str(request_id)]
         seqs = {s.index: s for s in req.seqs}
         return [(list(seqs[i].generated), seqs[i].finish_reason) if i in seqs else ([], None)

@@ -156,7 +156,10 @@ class PaCoReRunner:
         """Save every round in flight (its trajectories' tokens so far) for --resume."""
         self._last_snapshot = time.monotonic()
         for request_id, state in self._inflight.items():
-            partial = self.llm.partial_outputs(request_id)
+            try:
+                partial = self.llm.partial_outputs(request_id)
+            except KeyError:  # finished in the engine, its output not handled yet (a stop mid-step)
+                continue
             if any(tokens for tokens, _ in partial):
                 r = state.round_idx
                 self._partials.save(state.problem.key, r + 1, self.schedule[r], self.cfg.seed, state.prompt, partial)

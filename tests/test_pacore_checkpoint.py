@@ -108,7 +108,9 @@ def test_ctrl_c_mid_round_resumes_every_trajectory_where_it_stopped(tmp_path):
     for rec in read_results(cfg.out_path):  # a resumed round's tokens/s counts this session's tokens only
         r1 = rec["rounds_stats"][0]
         elapsed = r1["prefill_time_s"] + r1["decode_time_s"]
-        assert r1["tokens_per_s"] == pytest.approx((r1["generated_tokens"] - 30) / elapsed, rel=1e-3, abs=1e-3)
+        # times are rounded to 1 us on rounds of ~0.3 ms: ask which count it is nearer to
+        this_session, all_tokens = (r1["generated_tokens"] - 30) / elapsed, r1["generated_tokens"] / elapsed
+        assert abs(r1["tokens_per_s"] - this_session) < abs(r1["tokens_per_s"] - all_tokens) / 5
     (tmp_path / "b").mkdir()
     whole = _cfg(tmp_path / "b", rounds=(3,), n_problems=3, max_problems_in_flight=3)
     PaCoReRunner(FakeLLM(default_script), whole).run()
@@ -140,3 +142,21 @@ def test_a_snapshot_only_fits_its_own_round(tmp_path):
         prepare_output(str(tmp_path / "r.jsonl"), resume=False)
     store.drop("p", 1)
     assert prepare_output(str(tmp_path / "r.jsonl"), resume=False) == set()
+
+
+def _breaks_on_p1_round2(prompt, params, rid, i):
+    if rid == "p1#r2":
+        raise RuntimeError("driver bug on p1")
+    text = default_script(prompt, params, rid, i)
+    return text + "x" * 40 if rid.startswith("p9#") else text  # p9 is still decoding when p1 breaks
+
+
+def test_an_error_mid_step_still_snapshots_what_is_running(tmp_path):
+    cfg = _cfg(tmp_path, rounds=(2,), n_problems=10, max_problems_in_flight=10, checkpoint_every_s=0)
+    with pytest.raises(RuntimeError, match="driver bug on p1"):
+        PaCoReRunner(FakeLLM(_breaks_on_p1_round2), cfg).run()
+    # p0..p4 finished round 1 in one step (texts of one length); p1 broke the driver, so p2..p4 were
+    # never handled and the engine no longer has them: skipped. p5..p9 (longer texts) were decoding
+    # round 1: saved. p0's round 2 had no token yet: nothing to save.
+    assert sorted(os.listdir(partial_dir(cfg.out_path))) == sorted(
+        os.path.basename(PartialStore(cfg.out_path)._path(f"p{i}", 1)) for i in range(5, 10))
