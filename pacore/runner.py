@@ -162,7 +162,8 @@ class PaCoReRunner:
                 continue
             if any(tokens for tokens, _ in partial):
                 r = state.round_idx
-                self._partials.save(state.problem.key, r + 1, self.schedule[r], self.cfg.seed, state.prompt, partial)
+                self._partials.save(state.problem.key, r + 1, self.schedule[r], self.cfg.seed, state.prompt,
+                                    partial)
 
     def _submit(self, state: _ProblemState) -> None:
         """Build and add the engine request of ``state``'s current round."""
