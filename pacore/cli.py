@@ -177,16 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.data_parallel > 1:
             return _run_data_parallel(cfg, args.data_parallel)
-        from .runner import run_pacore
+        from .runner import profiled, run_pacore
 
         llm = build_llm(cfg)
-        if cfg.profile_dir:
-            from bench.profile_run import ProfileSession
-            with ProfileSession(llm, cfg.profile_dir):
-                run_pacore(llm, cfg)
-            print(f"profile: {cfg.profile_dir}")
-        else:
+        with profiled(llm, cfg.profile_dir):
             run_pacore(llm, cfg)
+        if cfg.profile_dir:
+            print(f"profile: {cfg.profile_dir}")
     except KeyboardInterrupt:
         return 130
     return 0

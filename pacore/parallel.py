@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
 
 from .config import RunConfig
-from .io import BadLine, Problem, prepare_output, read_problems, read_round_checkpoints
-from .runner import INTERRUPTED
+from .io import BadLine, Problem
+from .runner import INTERRUPTED, PaCoReRunner, pending_work, profiled
 from .stats import write_summary
 
 
@@ -49,11 +49,7 @@ def run_data_parallel(cfg: RunConfig, replicas: int, build_llm) -> dict:
     """
     if replicas < 1:
         raise ValueError(f"--data-parallel must be at least 1, got {replicas}")
-    done = prepare_output(cfg.out_path, cfg.resume)
-    todo = [item for item in read_problems(cfg.data_path) if item.key not in done]
-    if done:
-        print(f"pacore: resuming, {len(done)} problems already in {cfg.out_path}", file=sys.stderr)
-    checkpoints = read_round_checkpoints(cfg.out_path)
+    todo, checkpoints = pending_work(cfg)
     devices = replica_devices(replicas)
     # On a CPU host the replicas split the cores instead of each oversubscribing all of them.
     threads = max(1, (os.cpu_count() or 1) // replicas) if devices[0] is None else 0
@@ -141,17 +137,9 @@ def _replica(rank: int, cfg: RunConfig, items: list[Problem | BadLine], checkpoi
 
         if threads:
             torch.set_num_threads(threads)
-        from .runner import PaCoReRunner
-
         runner = PaCoReRunner(build_llm(cfg), cfg)
-        desc = f"replica {rank}"
-        if cfg.profile_dir:
-            from bench.profile_run import ProfileSession
-
-            with ProfileSession(runner.llm, os.path.join(cfg.profile_dir, f"replica{rank}")):
-                runner.process(items, checkpoints, desc, rank, interrupt_hint=False)
-        else:
-            runner.process(items, checkpoints, desc, rank, interrupt_hint=False)
+        with profiled(runner.llm, cfg.profile_dir and os.path.join(cfg.profile_dir, f"replica{rank}")):
+            runner.process(items, checkpoints, f"replica {rank}", rank, interrupt_hint=False)
         report.send((runner.session_stats(), None))
     except KeyboardInterrupt:
         report.send((None, "interrupted"))

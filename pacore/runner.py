@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 from engine.sampling_params import SamplingParams
@@ -62,21 +63,18 @@ class PaCoReRunner:
         self._writer: ResultsWriter | None = None
         self._round_writer: ResultsWriter | None = None
         self._checkpoints: dict[str, list[dict]] = {}
-        self._span: list[float | None] = [None, None]
+        self._started_at: float | None = None  # wall clock (time.time), comparable across replicas
+        self._finished_at: float | None = None
         self._progress: Progress | None = None
         self.generated_tokens = 0  # this session, finished rounds only
 
     # -- public ------------------------------------------------------------------------------
     def run(self) -> dict:
         """Run every problem not yet in the output; returns (and writes) the run summary."""
-        cfg = self.cfg
-        done = prepare_output(cfg.out_path, cfg.resume)
-        todo = [item for item in read_problems(cfg.data_path) if item.key not in done]
-        if done:
-            print(f"pacore: resuming, {len(done)} problems already in {cfg.out_path}", file=sys.stderr)
+        todo, checkpoints = pending_work(self.cfg)
         start = time.perf_counter()
-        self.process(todo, read_round_checkpoints(cfg.out_path))
-        return write_summary(cfg, time.perf_counter() - start, [self.session_stats()])
+        self.process(todo, checkpoints)
+        return write_summary(self.cfg, time.perf_counter() - start, [self.session_stats()])
 
     def process(self, items: list[Problem | BadLine], checkpoints: dict[str, list[dict]] | None = None,
                 desc: str = "pacore", position: int = 0, interrupt_hint: bool = True) -> None:
@@ -86,7 +84,7 @@ class PaCoReRunner:
         let a problem continue at its next round instead of starting over.
         """
         self._checkpoints = checkpoints or {}
-        self._span = [time.time(), None]  # wall clock, comparable across replicas
+        self._started_at, self._finished_at = time.time(), None
         self._partials = PartialStore(self.cfg.out_path)
         self._last_snapshot = time.monotonic()
         n_problems = sum(isinstance(x, Problem) for x in items)
@@ -112,7 +110,7 @@ class PaCoReRunner:
             raise
         finally:
             self._progress.close()
-            self._span[1] = time.time()
+            self._finished_at = time.time()
 
     def session_stats(self) -> dict:
         """What this runner generated, with the engine's counters (one entry of the summary's run)."""
@@ -121,8 +119,8 @@ class PaCoReRunner:
             "max_tokens": self.max_tokens,
             "max_model_len": self.max_model_len,
             "engine_stats": _engine_stats(self.llm),
-            "started_at": self._span[0],
-            "finished_at": self._span[1],
+            "started_at": self._started_at,
+            "finished_at": self._finished_at,
         }
 
     # -- the loop ----------------------------------------------------------------------------
@@ -242,12 +240,11 @@ class PaCoReRunner:
             self._round_writer.write({"request_id": state.problem.id, "round": r + 1, "k": k,
                                       "seed": self.cfg.seed, "responses": [c.to_record() for c in compacted],
                                       "stats": stats.to_dict()})
-            self._partials.drop(state.problem.key, r + 1)  # only once the round is safely on disk
             state.round_idx += 1
             self._submit(state)
         else:
             self._finish(state)
-            self._partials.drop(state.problem.key, r + 1)
+        self._partials.drop(state.problem.key, r + 1)  # only once the round is safely on disk
 
     def _restore(self, state: _ProblemState) -> _ProblemState:
         """Put back the rounds an earlier session finished, if they match this run's schedule and seed."""
@@ -313,6 +310,24 @@ class PaCoReRunner:
 
 INTERRUPTED = ("pacore: interrupted; finished problems are saved in {out}. "
                "Run again with --resume to complete the rest.")
+
+
+def pending_work(cfg: RunConfig) -> tuple[list[Problem | BadLine], dict[str, list[dict]]]:
+    """The input lines not yet in the output, and the checkpointed rounds of those begun earlier."""
+    done = prepare_output(cfg.out_path, cfg.resume)
+    todo = [item for item in read_problems(cfg.data_path) if item.key not in done]
+    if done:
+        print(f"pacore: resuming, {len(done)} problems already in {cfg.out_path}", file=sys.stderr)
+    return todo, read_round_checkpoints(cfg.out_path)
+
+
+def profiled(llm, profile_dir: str | None):
+    """A step-timeline and trace recorder around a run when profile_dir is set (bench.profile_run)."""
+    if not profile_dir:
+        return nullcontext()
+    from bench.profile_run import ProfileSession
+
+    return ProfileSession(llm, profile_dir)
 
 
 def _engine_stats(llm) -> dict:
