@@ -108,8 +108,7 @@ class LLM:
             text, ids = None, [int(t) for t in prompt]
         if not ids:
             raise ValueError("empty prompt: give at least one token")
-        if any(t < 0 or t >= self.config.vocab_size for t in ids):
-            raise ValueError(f"prompt has token ids outside the vocabulary [0, {self.config.vocab_size})")
+        self._check_vocab("prompt", ids)
         total = len(ids) + params.max_tokens
         if total > self.max_model_len:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
@@ -136,6 +135,10 @@ class LLM:
         self.requests[request_id] = req
         return request_id
 
+    def _check_vocab(self, what: str, ids: list[int]) -> None:
+        if any(t < 0 or t >= self.config.vocab_size for t in ids):
+            raise ValueError(f"{what} has token ids outside the vocabulary [0, {self.config.vocab_size})")
+
     def _resume(self, req: Request, resume: list[Partial]) -> None:
         p = req.params
         if len(resume) != p.n:
@@ -145,8 +148,7 @@ class LLM:
                 raise ValueError(f"resume[{i}]: finish reason must be None, 'stop' or 'length', got {reason!r}")
             if len(tokens) > p.max_tokens or (reason is None and len(tokens) >= p.max_tokens):
                 raise ValueError(f"resume[{i}] has {len(tokens)} tokens, beyond max_tokens={p.max_tokens}")
-            if any(t < 0 or t >= self.config.vocab_size for t in tokens):
-                raise ValueError(f"resume[{i}] has token ids outside the vocabulary [0, {self.config.vocab_size})")
+            self._check_vocab(f"resume[{i}]", tokens)
         if all(reason is not None for _, reason in resume):
             raise ValueError("resume: every child is already finished; there is nothing to run")
         for i, (tokens, reason) in enumerate(resume):

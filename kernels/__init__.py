@@ -9,8 +9,8 @@ Triton kernel notes:
 - q/k/v may be row-strided views (e.g. splits of a fused qkv), but each row's [H, D] must be packed;
   caches must be contiguous; block_tables rows contiguous (int32 or int64).
 - paged_decode_triton / prefill_attention_triton never sync with the host. cascade_decode_triton reads
-  the largest group size from group_starts once per group_starts tensor (cached on the tensor, so
-  once per step when all layers get the same tensor) unless given max_group_size=<int>.
+  the largest group size from group_starts (a sync, per call) unless given max_group_size=<int>, as
+  the engine always does.
   Optional num_splits / suffix_splits override the split-KV heuristics.
 - rmsnorm_triton returns new tensors (like the ref); rope_* rotate q and k in place.
 - prefill_attention_flash (only when flash_attn imports) falls back to the Triton kernel where FA2
