@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 
@@ -9,6 +11,8 @@ class SamplingParams:
 
     n: trajectories forked from the prompt (prefilled once, KV shared).
     temperature: 0 means greedy. top_p in (0, 1], top_k (-1 = off), min_p in [0, 1].
+    max_tokens: tokens to generate per trajectory; None generates until EOS, a stop, or the
+    context (max_model_len) is full, as vLLM does.
     seed: per-request seed; child i samples from a stream derived from (seed, i).
     stop: strings that end a trajectory (not included in the text); stop_token_ids likewise,
     in addition to the model's EOS unless ignore_eos.
@@ -18,7 +22,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = -1
     min_p: float = 0.0
-    max_tokens: int = 16
+    max_tokens: int | None = 16
     seed: int | None = None
     stop: list[str] | str | None = None
     stop_token_ids: list[int] = field(default_factory=list)
@@ -27,24 +31,45 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        self.stop = [s for s in (self.stop or []) if s]
+        if not isinstance(self.stop, (list, tuple, type(None))):
+            raise ValueError(f"SamplingParams.stop must be a string or a list of strings, got {self.stop!r}")
+        if not isinstance(self.stop_token_ids, (list, tuple, type(None))):
+            raise ValueError(f"SamplingParams.stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}")
+        self.stop = [s for s in (self.stop or []) if s != ""]
         self.stop_token_ids = list(self.stop_token_ids or [])
         self.validate()
 
     def validate(self) -> None:
-        if not isinstance(self.n, int) or self.n < 1:
+        if not _is_int(self.n) or self.n < 1:
             raise ValueError(f"SamplingParams.n must be an integer >= 1, got {self.n!r}")
+        for name in ("temperature", "top_p", "min_p"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"SamplingParams.{name} must be a finite number, got {value!r}")
         if self.temperature < 0:
             raise ValueError(f"SamplingParams.temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k == 0 or self.top_k < -1:
-            raise ValueError(f"SamplingParams.top_k must be -1 (off) or >= 1, got {self.top_k}")
+        if not _is_int(self.top_k) or self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"SamplingParams.top_k must be an integer, -1 (off) or >= 1, got {self.top_k!r}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"SamplingParams.min_p must be in [0, 1], got {self.min_p}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"SamplingParams.max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            raise ValueError(f"SamplingParams.max_tokens must be an integer >= 1 or None (fill the context), "
+                             f"got {self.max_tokens!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise ValueError(f"SamplingParams.seed must be an integer or None, got {self.seed!r}")
+        if not all(isinstance(s, str) for s in self.stop):
+            raise ValueError(f"SamplingParams.stop must be strings, got {self.stop!r}")
+        if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
+            raise ValueError(f"SamplingParams.stop_token_ids must be token ids (integers >= 0), "
+                             f"got {self.stop_token_ids!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _is_int(value: object) -> bool:
+    # numpy integers count (numbers.Integral); True/False are not token counts or seeds.
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
