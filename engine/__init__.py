@@ -1,6 +1,6 @@
 """PaCoRe Engine: paged, prefix-shared KV cache; fork of one prompt into K trajectories."""
-from engine.llm import LLM
+from engine.llm import LLM, StepError
 from engine.sampling_params import SamplingParams
 from engine.sequence import CompletionOutput, RequestMetrics, RequestOutput
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics"]
+__all__ = ["LLM", "StepError", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics"]

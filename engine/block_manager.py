@@ -1,6 +1,6 @@
 """Ref-counted KV blocks with a hash-chain prefix cache and explicit fork.
 
-A full block is identified by hash(parent block's hash, its tokens), so equal hashes mean equal
+A full block is identified by SHA-256(parent block's hash, its tokens), so equal hashes mean equal
 prefixes. Hashes are registered when the block is allocated for known tokens (or fills during
 decode), which lets requests admitted in the same step share: the block's KV is written by the
 same forward pass that first reads it, before attention in every layer.
@@ -8,6 +8,8 @@ Freed blocks keep their hash and stay reusable until evicted, least recently fre
 """
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict
 
 from engine.sequence import Sequence
@@ -17,8 +19,14 @@ class NoFreeBlocks(RuntimeError):
     pass
 
 
-def block_hash(parent: int | None, tokens: list[int]) -> int:
-    return hash((parent, tuple(tokens)))
+def block_hash(parent: bytes | None, tokens: list[int]) -> bytes:
+    """SHA-256 of (parent block's hash, this block's token ids).
+
+    Python's hash() of a tuple can collide (by accident, or by construction from chosen prompts),
+    and a collision would hand one prompt another's KV; vLLM moved to SHA-256 for that reason."""
+    h = hashlib.sha256(parent or b"")  # a parent digest is 32 bytes, the root none: no ambiguity
+    h.update(array("q", tokens).tobytes())  # int64: ids never wrap
+    return h.digest()
 
 
 class BlockManager:
@@ -27,8 +35,8 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_count = [0] * num_blocks
-        self.hash_of: list[int | None] = [None] * num_blocks
-        self.cached: dict[int, int] = {}  # hash -> block id
+        self.hash_of: list[bytes | None] = [None] * num_blocks
+        self.cached: dict[bytes, int] = {}  # hash -> block id
         # Free blocks in eviction order: blocks without cached content first, then LRU.
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
         self.num_logical = 0  # sum of block-table lengths of live sequences
@@ -76,13 +84,18 @@ class BlockManager:
         self.ref_count[block] = 1
         return block
 
-    def _release(self, block: int) -> None:
+    def _release(self, block: int, keep_cached: bool = True) -> None:
         self.ref_count[block] -= 1
         assert self.ref_count[block] >= 0, f"block {block} released more often than taken"
         self.num_shared -= self.ref_count[block] == 1
         if self.ref_count[block] == 0:
             self.free[block] = None
-            if self.hash_of[block] is None:
+            h = self.hash_of[block]
+            if h is not None and not keep_cached:
+                if self.cached.get(h) == block:
+                    del self.cached[h]
+                self.hash_of[block] = h = None
+            if h is None:
                 self.free.move_to_end(block, last=False)
 
     def _register(self, seq: Sequence, i: int) -> None:
@@ -164,11 +177,12 @@ class BlockManager:
         self._track_peak()
         return copy
 
-    def free_seq(self, seq: Sequence) -> None:
+    def free_seq(self, seq: Sequence, keep_cached: bool = True) -> None:
+        """Release seq's blocks; keep_cached=False forgets the content of those no one else holds."""
         # Release tail first so a sequence's blocks age like its prefix: prefix blocks are
         # evicted last among this sequence's.
         for block in reversed(seq.block_table):
-            self._release(block)
+            self._release(block, keep_cached)
         self.num_logical -= len(seq.block_table)
         seq.block_table = []
         seq.block_hashes = []

@@ -37,7 +37,7 @@ class ModelConfig:
     hf_config: object = None  # the transformers config, for RoPE parameter functions
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> "ModelConfig":
+    def from_pretrained(cls, path: str | Path, rope_scaling: dict | None = None) -> "ModelConfig":
         path = Path(path)
         cfg_file = path / "config.json"
         if not cfg_file.is_file():
@@ -58,6 +58,8 @@ class ModelConfig:
         layer_types = getattr(hf, "layer_types", None) or []
         if any(t != "full_attention" for t in layer_types) or getattr(hf, "use_sliding_window", False):
             raise ValueError(f"{cfg_file} asks for sliding-window attention, which this engine does not implement")
+        if rope_scaling is not None:
+            hf.rope_parameters = merged_rope_parameters(hf, rope_scaling)
         rope = getattr(hf, "rope_parameters", None) or {}
         rope_type = rope.get("rope_type", "default")
         if rope_type not in SUPPORTED_ROPE_TYPES:
@@ -104,6 +106,24 @@ class ModelConfig:
         # Same op order as transformers (fp32 product per position) so cos/sin match bit for bit.
         freqs = torch.arange(max_positions, dtype=torch.float)[:, None] * inv_freq.float()[None, :]
         return torch.cat([freqs.cos() * scale, freqs.sin() * scale], dim=-1)
+
+
+def merged_rope_parameters(hf, rope_scaling: dict) -> dict:
+    """The checkpoint's RoPE parameters with ``rope_scaling`` laid over them (vLLM's override).
+
+    Keys not given (rope_theta above all) keep the checkpoint's values; the legacy key "type" is
+    read as "rope_type". Pass the result to transformers as ``rope_parameters`` for a reference.
+    """
+    if not isinstance(rope_scaling, dict) or not rope_scaling:
+        raise ValueError(f"rope_scaling must be a non-empty dict such as {{'rope_type': 'yarn', 'factor': 2.0, "
+                         f"'original_max_position_embeddings': 32768}}, got {rope_scaling!r}")
+    override = dict(rope_scaling)
+    if "type" in override:
+        override.setdefault("rope_type", override.pop("type"))
+    if override.get("rope_type") not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(f"rope_scaling: rope_type must be one of {sorted(SUPPORTED_ROPE_TYPES)}, "
+                         f"got {override.get('rope_type')!r}")
+    return {**(getattr(hf, "rope_parameters", None) or {}), **override}
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:

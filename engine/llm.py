@@ -1,7 +1,9 @@
 """LLM: the public engine. Requests in, a continuous-batching step loop, RequestOutputs out."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import numbers
 import time
 
 import torch
@@ -24,6 +26,18 @@ _CPU_KV_BYTES = 2 << 30
 _MAX_CPU_BLOCKS = 1 << 16
 
 
+class StepError(RuntimeError):
+    """A step failed. The requests it was running were aborted (blocks freed); ``partial`` holds
+    each one's ``partial_outputs`` so that nothing computed is lost (resume them with
+    ``add_request(..., resume=...)``). Other requests are untouched and the engine stays usable."""
+
+    def __init__(self, partial: dict[str, list[Partial]], cause: Exception):
+        self.partial = partial
+        self.cause = cause
+        super().__init__(f"engine step failed ({type(cause).__name__}: {cause}); aborted requests "
+                         f"{sorted(partial)}")
+
+
 class LLM:
     """Generate from a local Hugging Face folder (Llama, Qwen2, Qwen3) or the embedded default.
 
@@ -35,6 +49,9 @@ class LLM:
     group size * prefix length >= cascade_min_shared_tokens.
     enable_fork=False turns a request with n=K into K independent prompts (an ablation).
     enforce_eager=True skips CUDA graphs (on CUDA, decode steps replay captured graphs by default).
+    max_model_len / rope_scaling override the checkpoint's context and RoPE parameters (vLLM's
+    ``--max-model-len`` / ``--rope-scaling``), e.g. rope_scaling={"rope_type": "yarn", "factor": 2.0,
+    "original_max_position_embeddings": 32768}; keys not given keep the checkpoint's values.
     """
 
     def __init__(self, model: str | None = None, dtype: str | torch.dtype | None = None,
@@ -47,12 +64,12 @@ class LLM:
                  attention_backend: str | None = None,
                  device: str | torch.device | None = None, seed: int = 0,
                  gpu_memory_utilization: float = 0.9, enforce_eager: bool = False,
-                 record_steps: bool = False):
+                 record_steps: bool = False, rope_scaling: dict | None = None):
         from transformers import AutoTokenizer
         if block_size < 1 or max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")
         path = resolve_model(model)
-        self.config = cfg = ModelConfig.from_pretrained(path)
+        self.config = cfg = ModelConfig.from_pretrained(path, rope_scaling=rope_scaling)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = resolve_dtype(dtype, self.device)
         self.tokenizer = AutoTokenizer.from_pretrained(path)
@@ -74,6 +91,7 @@ class LLM:
         self.sampler = Sampler(self.device, seed)
         self.stop_checker = StopChecker(self.tokenizer, cfg.eos_token_ids, self.max_model_len)
         self.requests: dict[str, Request] = {}
+        self._outbox: list[RequestOutput] = []  # finished, not yet returned by step()
         self._ids = itertools.count()
         self._counters = dict(prefill_tokens=0, decode_tokens=0, steps=0)
         self.record_steps = record_steps
@@ -102,23 +120,26 @@ class LLM:
         """
         params = params or SamplingParams()
         params.validate()
-        if isinstance(prompt, str):
-            text, ids = prompt, self.tokenizer.encode(prompt)  # special tokens as vLLM adds them
-        else:
-            text, ids = None, [int(t) for t in prompt]
-        if not ids:
-            raise ValueError("empty prompt: give at least one token")
-        self._check_vocab("prompt", ids)
+        text, ids = self._tokens(prompt)
+        if params.max_tokens is None:  # fill the context, as vLLM does
+            params = dataclasses.replace(params, max_tokens=max(1, self.max_model_len - len(ids)))
         total = len(ids) + params.max_tokens
         if total > self.max_model_len:
             raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
                              f"max_model_len={self.max_model_len}; shorten the prompt, lower max_tokens "
                              "or raise max_model_len")
-        cache_tokens = self.block_manager.num_blocks * self.block_size
+        bm = self.block_manager
+        cache_tokens = bm.num_blocks * self.block_size
         if total > cache_tokens:
             raise ValueError(f"prompt ({len(ids)}) + max_tokens ({params.max_tokens}) needs more than the whole "
-                             f"KV cache ({cache_tokens} tokens); lower max_tokens or give the cache more memory")
-        request_id = str(request_id if request_id is not None else next(self._ids))
+                             f"KV cache ({cache_tokens} tokens); lower max_tokens or max_model_len, or give the "
+                             "cache more memory")
+        if params.n > bm.num_blocks:
+            raise ValueError(f"n={params.n} trajectories exceed the KV cache's {bm.num_blocks} blocks: each "
+                             f"trajectory decodes into blocks of its own, so lower n or give the cache more memory")
+        if request_id is None:
+            request_id = next(i for i in map(str, self._ids) if i not in self.requests)
+        request_id = str(request_id)
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
         req = Request(request_id, text, ids, params)
@@ -134,6 +155,24 @@ class LLM:
             self.scheduler.add(seq)
         self.requests[request_id] = req
         return request_id
+
+    def _tokens(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ValueError(f"prompt is not valid Unicode text ({e.reason} at character {e.start}); "
+                                 "remove lone surrogates or pass token ids") from None
+            text, ids = prompt, self.tokenizer.encode(prompt)  # special tokens as vLLM adds them
+        else:
+            text = None
+            if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt):
+                raise ValueError("prompt must be a string or a list of integer token ids")
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise ValueError("empty prompt: give at least one token")
+        self._check_vocab("prompt", ids)
+        return text, ids
 
     def _check_vocab(self, what: str, ids: list[int]) -> None:
         if any(t < 0 or t >= self.config.vocab_size for t in ids):
@@ -179,29 +218,34 @@ class LLM:
         """Drop a request in flight and free its KV blocks (unknown ids are ignored)."""
         req = self.requests.pop(str(request_id), None)
         for seq in req.seqs if req else []:
-            if seq.status is Status.RUNNING:
-                self.scheduler.finish(seq)
-            elif seq.status is Status.WAITING and seq in self.scheduler.waiting:
-                self.scheduler.waiting.remove(seq)
-            seq.status = Status.FINISHED
+            self.scheduler.finish(seq)
 
     # -- the step loop -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one batch; returns the requests that finished in it."""
+        """Run one batch; returns the requests that finished in it (or in a step that failed after
+        they finished).
+
+        If the step fails, the requests it was running are aborted, their KV blocks freed, and
+        StepError reports them with their tokens so far; every other request carries on.
+        """
         t0 = time.perf_counter()
         batch = self.scheduler.schedule()
         if not batch:
             if self.scheduler.has_work():
                 raise RuntimeError("scheduler made no progress with work queued (engine bug)")
-            return []
+            return self._take_outbox()
         t1 = time.perf_counter()
         cascade_before = self.runner.cascade_steps
-        logits, sample_seqs = self.runner.run(batch)
-        if self.record_steps and self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        t2 = time.perf_counter()
-        self._advance(batch)
-        done = self._sample_and_update(logits, sample_seqs)
+        try:
+            logits, sample_seqs = self.runner.run(batch)
+            if self.record_steps and self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            t2 = time.perf_counter()
+            self._advance(batch)
+            self._sample_and_update(logits, sample_seqs)
+        except Exception as e:
+            raise self._fail_step(batch, e) from e
+        done = self._take_outbox()
         if self.record_steps:
             bm = self.block_manager
             kind = "mixed" if batch.prefills and batch.decodes else ("decode" if batch.decodes else "prefill")
@@ -210,6 +254,22 @@ class LLM:
                 self.runner.cascade_steps > cascade_before, t1 - t0, t2 - t1, time.perf_counter() - t2,
                 bm.num_used, bm.num_shared, bm.num_logical))
         return done
+
+    def _take_outbox(self) -> list[RequestOutput]:
+        done, self._outbox = self._outbox, []
+        return done
+
+    def _fail_step(self, batch: ScheduledBatch, error: Exception) -> StepError:
+        # The step's KV writes may be half done: its requests cannot continue, and blocks they
+        # filled must not be found by the prefix cache.
+        ids = {seq.request.request_id for seq, _ in batch.prefills} | {s.request.request_id for s in batch.decodes}
+        partial = {}
+        for rid in sorted(ids):
+            if rid in self.requests:
+                partial[rid] = self.partial_outputs(rid)
+                for seq in self.requests.pop(rid).seqs:
+                    self.scheduler.finish(seq, keep_cached=False)
+        return StepError(partial, error)
 
     def _advance(self, batch: ScheduledBatch) -> None:
         for seq, chunk in batch.prefills:
@@ -221,19 +281,18 @@ class LLM:
         self._counters["decode_tokens"] += len(batch.decodes)
         self._counters["steps"] += 1
 
-    def _sample_and_update(self, logits: torch.Tensor, sample_seqs: list[Sequence]) -> list[RequestOutput]:
+    def _sample_and_update(self, logits: torch.Tensor, sample_seqs: list[Sequence]) -> None:
         rows, owners = [], []
         for i, seq in enumerate(sample_seqs):
             group = self._fork(seq) if seq.fork_pending else [seq]
             rows.extend([i] * len(group))
             owners.extend(group)
         if not owners:
-            return []
+            return
         if len(rows) != len(sample_seqs):
             logits = logits[torch.tensor(rows, device=logits.device)]
         tokens = self.sampler(logits, owners)
         now = time.perf_counter()
-        done: list[RequestOutput] = []
         for seq, token in zip(owners, tokens):
             req = seq.request
             if req.metrics.first_token_time is None:
@@ -243,17 +302,15 @@ class LLM:
             if reason is None:
                 continue
             seq.finish_reason = reason
-            if seq.status is Status.RUNNING:
-                self.scheduler.finish(seq)
-            elif seq.status is Status.WAITING:
-                self.scheduler.waiting.remove(seq)
-            seq.status = Status.FINISHED
+            self.scheduler.finish(seq)
             if req.is_finished:
-                done.append(self._finish_request(req, now))
-        return done
+                self._outbox.append(self._finish_request(req, now))
 
     def _fork(self, parent: Sequence) -> list[Sequence]:
-        """Prompt prefilled once: share its blocks with n-1 new sequences (copy a partial block)."""
+        """Prompt prefilled once: share its blocks with n-1 new sequences (copy a partial block).
+
+        Returns the sequences to sample now; children with no slot or block wait and are
+        recomputed from the prefix cache later, so sampling memory follows the batch, not n."""
         parent.fork_pending = False
         req = parent.request
         children = [Sequence(req, i, list(parent.token_ids), parent.num_prompt_tokens,
@@ -276,9 +333,10 @@ class LLM:
             self.scheduler.running.append(child)
         self.runner.copy_blocks(copies)
         full = parent.num_computed // self.block_size
-        req.metrics.kv_blocks_saved_by_sharing = full * sum(c.status is Status.RUNNING for c in children)
+        running = [c for c in children if c.status is Status.RUNNING]
+        req.metrics.kv_blocks_saved_by_sharing = full * len(running)
         req.shared_prefix_blocks = -1
-        return [parent, *children]
+        return [parent, *running]
 
     def _finish_request(self, req: Request, now: float) -> RequestOutput:
         del self.requests[req.request_id]
@@ -291,27 +349,40 @@ class LLM:
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """Run prompts (texts or token-id lists) to completion; outputs in prompt order."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        """Run prompts (texts or token-id lists) to completion; outputs in prompt order.
+
+        Requests added earlier with add_request keep running alongside; their outputs are returned
+        by the next step(). If generate raises, the requests it added are aborted, no others."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], numbers.Integral)):
             prompts = [prompts]
         params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params_list)} SamplingParams")
         ids: list[str] = []
+        results: dict[str, RequestOutput] = {}
+        others: list[RequestOutput] = []
         try:
             for p, sp in zip(prompts, params_list):
                 ids.append(self.add_request(p, sp))
-        except Exception:
-            for rid in ids:  # a bad prompt queues nothing of its batch
+            pending = set(ids)
+            total = sum(sp.n for sp in params_list)
+            with tqdm(total=total, desc="trajectories", disable=not use_tqdm, dynamic_ncols=True) as bar:
+                while pending:
+                    if pending.isdisjoint(self.requests):
+                        raise RuntimeError(f"requests {sorted(pending)} left the engine unfinished (engine bug)")
+                    for out in self.step():
+                        if out.request_id in pending:
+                            pending.discard(out.request_id)
+                            results[out.request_id] = out
+                            bar.update(len(out.outputs))
+                        else:
+                            others.append(out)
+        except BaseException:
+            for rid in ids:
                 self.abort_request(rid)
             raise
-        results: dict[str, RequestOutput] = {}
-        total = sum(sp.n for sp in params_list)
-        with tqdm(total=total, desc="trajectories", disable=not use_tqdm, dynamic_ncols=True) as bar:
-            while self.has_unfinished():
-                for out in self.step():
-                    results[out.request_id] = out
-                    bar.update(len(out.outputs))
+        finally:
+            self._outbox[:0] = others  # someone else's requests: the next step() returns them
         return [results[i] for i in ids]
 
     def stats(self) -> dict:

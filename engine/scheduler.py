@@ -110,7 +110,15 @@ class Scheduler:
             batch.prefills.append((seq, chunk))
         return batch
 
-    def finish(self, seq: Sequence) -> None:
-        self.running.remove(seq)
-        self.bm.free_seq(seq)
-        self.on_release(seq)
+    def finish(self, seq: Sequence, keep_cached: bool = True) -> None:
+        """Take seq out of the queues for good and free its blocks (finished or aborted).
+
+        keep_cached=False also drops the blocks it alone held from the prefix cache (a failed step
+        may have left their KV half written)."""
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+            self.bm.free_seq(seq, keep_cached)
+            self.on_release(seq)
+        elif seq.status is Status.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = Status.FINISHED

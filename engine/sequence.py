@@ -28,7 +28,7 @@ class Sequence:
     seq_id: int = field(default_factory=lambda: next(_seq_ids))
     num_computed: int = 0
     block_table: list[int] = field(default_factory=list)
-    block_hashes: list[int] = field(default_factory=list)  # hash chain of the full blocks so far
+    block_hashes: list[bytes] = field(default_factory=list)  # hash chain of the full blocks so far
     status: Status = Status.WAITING
     finish_reason: str | None = None
     stream: int | None = None   # seeded requests: this child's sampling stream (engine/sampler.py)

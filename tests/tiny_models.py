@@ -17,6 +17,9 @@ CONFIGS = {
                              high_freq_factor=4.0, original_max_position_embeddings=64))),
     "qwen2": dict(arch="Qwen2ForCausalLM", cls="Qwen2Config", kw=dict(
         num_key_value_heads=1, tie_word_embeddings=False)),
+    # Default RoPE, for overriding it at load time (LLM(rope_scaling=...)).
+    "qwen3_plain": dict(arch="Qwen3ForCausalLM", cls="Qwen3Config", kw=dict(
+        num_key_value_heads=2, head_dim=32, tie_word_embeddings=False)),
     "qwen3": dict(arch="Qwen3ForCausalLM", cls="Qwen3Config", kw=dict(
         num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
         rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=2.0,
@@ -44,10 +47,10 @@ def make_tiny_model(folder: Path, kind: str, seed: int = 0, dtype=torch.float32)
     return folder
 
 
-def hf_greedy(folder: Path, prompt_ids: list[int], max_new_tokens: int):
+def hf_greedy(folder: Path, prompt_ids: list[int], max_new_tokens: int, **config_overrides):
     """transformers' own greedy tokens and the logits at the last prompt position."""
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **config_overrides)
     model.eval()
     ids = torch.tensor([prompt_ids])
     with torch.no_grad():
