@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 
-from engine.block_manager import BlockManager
+from engine.block_manager import BlockManager, block_hash
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.sequence import Request, Sequence, Status
@@ -106,3 +106,19 @@ def test_scheduler_decode_step(benchmark, num_seqs):
         return batch
     batch = benchmark.pedantic(step, rounds=200, warmup_rounds=5)
     assert len(batch.decodes) == num_seqs and all(s.status is Status.RUNNING for s in seqs)
+
+
+@pytest.mark.parametrize("hasher", ["sha256", "builtin"])
+def test_prefix_hash(benchmark, hasher):
+    """Hash chain of a 64k-token prompt (4096 blocks), as admission and match_prefix compute it:
+    the engine's SHA-256 against Python's tuple hash (what it used before; collisions possible)."""
+    benchmark.group = "prefix hash 64k tokens"
+    tokens = [next(_ids) % 50000 for _ in range(4096 * BS)]
+    fn = block_hash if hasher == "sha256" else (lambda parent, toks: hash((parent, tuple(toks))))
+
+    def chain():
+        parent = None
+        for i in range(0, len(tokens), BS):
+            parent = fn(parent, tokens[i:i + BS])
+        return parent
+    benchmark.pedantic(chain, rounds=20, warmup_rounds=2)
