@@ -8,7 +8,14 @@ from .compaction import Compacted, compact
 from .config import PRESETS, RunConfig, parse_rounds, round_schedule
 from .grading import answers_equal, extract_answer, majority_vote
 from .prompts import CONTROLLER_TEMPLATE, render_controller_prompt
-from .runner import PaCoReRunner, run_pacore
+
+
+def __getattr__(name: str):
+    # The runner needs the engine, hence torch; `pacore --help` and the CLI's checks must not.
+    if name in ("PaCoReRunner", "run_pacore"):
+        from . import runner
+        return getattr(runner, name)
+    raise AttributeError(f"module 'pacore' has no attribute {name!r}")
 
 __all__ = [
     "CONTROLLER_TEMPLATE",
