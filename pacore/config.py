@@ -41,7 +41,9 @@ class RunConfig:
     data_path: str
     out_path: str
     rounds: tuple[int, ...] = PRESETS["low"]  # K vector WITHOUT the final K=1 round
-    max_tokens: int = 512
+    # Generation budget of each trajectory; "auto": the context minus the round's prompt (the paper's
+    # setting: the reference pipeline generates until the 131,072-token context is full).
+    max_tokens: int | Literal["auto"] = 512
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int = 0
@@ -51,6 +53,12 @@ class RunConfig:
     # an int: cap every reference at that many tokens (then still error if it does not fit);
     # None: never shorten.
     message_token_cap: MessageCap = "auto"
+    # Order of a round's responses, as recorded and as the next round's references (prompts.py):
+    # "official" (the reference pipeline's length sort + fixed shuffle) or "seeded" (per problem and round).
+    shuffle: str = "official"
+    runs: int = 1  # independent runs of each problem (the paper averages pass@1 over 64 on AIME/HMMT/Apex)
+    # Round-1 trajectories sampled once per problem; each run draws its K1 from them (None: no pool).
+    pool: int | None = None
     grade: bool = True
     show_progress: bool = True
     # Where `pacore run --profile` writes the step timeline and traces (bench.profile_run).

@@ -6,7 +6,6 @@ import random
 
 import jinja2
 
-from .seeds import derive_seed
 
 # The controller prompt PaCoRe-8B was trained with, verbatim from the official repository
 # (stepfun-ai/PaCoRe, pacore/batch_inference/base_exp.py, format_controller_prompt). The source
@@ -44,13 +43,14 @@ def last_user_index(messages: list[dict]) -> int:
     raise ValueError("the conversation has no user message")
 
 
-def round_messages(messages: list[dict], references: list[str]) -> list[dict]:
+def round_messages(messages: list[dict], references: list[str], *, empty_bypasses: bool = True) -> list[dict]:
     """The conversation for a round: the last user message replaced by the controller prompt.
 
-    With no references (round 1, or every previous message empty) the problem is passed unchanged,
-    the degenerate case the paper describes (the template is bypassed when the message set is empty).
+    With no references the problem is passed unchanged when ``empty_bypasses`` (round 1: the paper's
+    degenerate case M = {}). The reference pipeline renders the template for every later round, even
+    when every previous response was empty, so its rounds >= 2 pass ``empty_bypasses=False``.
     """
-    if not references:
+    if not references and empty_bypasses:
         return messages
     i = last_user_index(messages)
     out = copy.deepcopy(messages)
@@ -58,10 +58,29 @@ def round_messages(messages: list[dict], references: list[str]) -> list[dict]:
     return out
 
 
-def shuffle_references(references: list[str], run_seed: int, problem_key: str, round_idx: int) -> list[str]:
-    """A reproducible permutation of the references (avoids position bias toward early samples)."""
-    out = list(references)
-    random.Random(derive_seed(run_seed, problem_key, round_idx, "shuffle")).shuffle(out)
+# How the reference pipeline orders a round's responses (base_exp.py, ``_run_parallel_calls``): a
+# stable sort by ``len(content)`` (code points), then ``random.Random(42).shuffle`` with a Random made
+# anew on every call, so the permutation depends only on how many responses there are. That order is
+# both what it stores in ``round_responses`` and the order of "Reference i" in the next prompt.
+OFFICIAL_SHUFFLE_SEED = 42
+SHUFFLES = ("official", "seeded")
+
+
+def order_responses(items: list, mode: str, seed: int, length=lambda item: len(item.text)) -> list:
+    """A round's responses in the order they are recorded and passed on as references.
+
+    ``official``: the reference pipeline's order, byte for byte (its responses come in completion
+    order, ours in child index order, which only matters between responses of equal length).
+    ``seeded``: a permutation drawn from ``seed`` (derive it per problem and round).
+    """
+    if mode == "official":
+        out = sorted(items, key=length)
+        random.Random(OFFICIAL_SHUFFLE_SEED).shuffle(out)
+    elif mode == "seeded":
+        out = list(items)
+        random.Random(seed).shuffle(out)
+    else:
+        raise ValueError(f"unknown shuffle {mode!r}; expected one of {', '.join(SHUFFLES)}")
     return out
 
 

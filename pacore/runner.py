@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 
 from engine.sampling_params import SamplingParams
 
-from .budget import PromptTooLong, fit_round_prompt
-from .compaction import Compacted, compact
+from .budget import PromptTooLong, check_max_tokens, fit_round_prompt
+from .compaction import Trajectory
 from .config import RunConfig
 from .grading import answers_equal, grade, ground_truth_answer, majority_vote
 from .io import BadLine, Problem, ResultsWriter, prepare_output, read_problems, read_round_checkpoints, rounds_path
 from .partial import PartialStore
 from .progress import Progress
-from .prompts import shuffle_references
+from .prompts import order_responses
 from .seeds import derive_seed
 from .stats import RoundStats, round_stats_from_output, show_summary, write_summary
 
@@ -26,7 +26,7 @@ class _ProblemState:
     problem: Problem
     gold: str | None
     round_idx: int = 0  # the round in flight, 0-based
-    rounds: list[list[Compacted]] = field(default_factory=list)
+    rounds: list[list[Trajectory]] = field(default_factory=list)  # each in its recorded (reference) order
     stats: list[RoundStats] = field(default_factory=list)
     # the round in flight: its prompt, what it resumed, and bookkeeping for its stats
     prompt: list[int] = field(default_factory=list)
@@ -34,6 +34,7 @@ class _ProblemState:
     references: int = 0
     dropped: int = 0
     truncated: int = 0
+    truncated_tokens: int = 0
 
 
 class PaCoReRunner:
@@ -51,14 +52,7 @@ class PaCoReRunner:
         self.schedule = cfg.schedule
         self.max_model_len = int(llm.max_model_len)
         self.max_tokens = cfg.max_tokens
-        if self.max_tokens >= self.max_model_len:
-            # Leave half the context for the prompt (references need room in later rounds).
-            self.max_tokens = self.max_model_len // 2
-            print(
-                f"pacore: max_tokens {cfg.max_tokens} >= the model's context of {self.max_model_len}; "
-                f"using {self.max_tokens}",
-                file=sys.stderr,
-            )
+        check_max_tokens(self.max_tokens, self.max_model_len)
         self._inflight: dict[str, _ProblemState] = {}
         self._writer: ResultsWriter | None = None
         self._round_writer: ResultsWriter | None = None
@@ -168,13 +162,12 @@ class PaCoReRunner:
         r = state.round_idx
         k = self.schedule[r]
         problem = state.problem
-        refs: list[str] = []
+        refs: list[str] | None = None
         state.dropped = 0
         if r > 0:
-            messages = [c.message for c in state.rounds[-1]]
-            refs = [m for m in messages if m]
-            state.dropped = len(messages) - len(refs)
-            refs = shuffle_references(refs, self.cfg.seed, problem.key, r)
+            # Already in reference order (_round_finished); empty responses are left out.
+            refs = [t.message for t in state.rounds[-1] if t.passes_on]
+            state.dropped = len(state.rounds[-1]) - len(refs)
         try:
             prompt = fit_round_prompt(
                 self.llm.tokenizer,
@@ -199,8 +192,8 @@ class PaCoReRunner:
             # PromptTooLong is ours; ValueError is the engine refusing a prompt it can never fit.
             self._fail(state, f"round {r + 1}: {e}")
             return
-        state.references = len(refs)
-        state.truncated = prompt.truncated_messages
+        state.references = len(refs or [])
+        state.truncated, state.truncated_tokens = prompt.truncated_messages, prompt.truncated_tokens
         self._inflight[request_id] = state
 
     def _add_request(self, state: _ProblemState, params: SamplingParams, request_id: str) -> int:
@@ -221,24 +214,27 @@ class PaCoReRunner:
         r = state.round_idx
         k = self.schedule[r]
         outputs = sorted(out.outputs, key=lambda c: c.index)
-        compacted = [compact(c.text) for c in outputs]
+        trajectories = order_responses(
+            [Trajectory(c.index, c.text, c.finish_reason, len(c.token_ids)) for c in outputs], self.cfg.shuffle,
+            derive_seed(self.cfg.seed, state.problem.key, r + 1, "shuffle"))
         stats = round_stats_from_output(
             r + 1, k, out, references=state.references, dropped=state.dropped, truncated=state.truncated,
-            resumed=state.resumed_tokens,
+            truncated_tokens=state.truncated_tokens, resumed=state.resumed_tokens,
         )
         if self.cfg.grade:
-            graded = [grade(c.message, state.gold) for c in compacted]
-            stats.answers = [a for a, _ in graded]
+            graded = [grade(t.message.strip(), state.gold) for t in trajectories]
+            stats.answers = [a for a, _ in graded]  # in the recorded order, like round_responses
             flags = [ok for _, ok in graded if ok is not None]
             stats.accuracy = sum(flags) / len(flags) if flags else None
-        state.rounds.append(compacted)
+        state.rounds.append(trajectories)
         state.stats.append(stats)
         self.generated_tokens += stats.generated_tokens - state.resumed_tokens  # this session's work
         self._progress.round_done(len(outputs), stats.generated_tokens)
         if r + 1 < len(self.schedule):
             # A long round is not lost with a later one: resume continues from here.
             self._round_writer.write({"request_id": state.problem.id, "round": r + 1, "k": k,
-                                      "seed": self.cfg.seed, "responses": [c.to_record() for c in compacted],
+                                      "seed": self.cfg.seed, "shuffle": self.cfg.shuffle,
+                                      "responses": [t.to_record() for t in trajectories],
                                       "stats": stats.to_dict()})
             state.round_idx += 1
             self._submit(state)
@@ -251,12 +247,13 @@ class PaCoReRunner:
         records = self._checkpoints.get(state.problem.key, [])[: len(self.schedule) - 1]
         if not records:
             return state
-        if any(rec.get("k") != self.schedule[i] or rec.get("seed") != self.cfg.seed for i, rec in enumerate(records)):
+        if any((rec.get("k"), rec.get("seed"), rec.get("shuffle")) != (self.schedule[i], self.cfg.seed, self.cfg.shuffle)
+               for i, rec in enumerate(records)):
             print(f"pacore: problem {state.problem.id!r}: its checkpointed rounds were run with another "
-                  f"--rounds/--seed; starting it over", file=sys.stderr)
+                  f"--rounds/--seed/--shuffle; starting it over", file=sys.stderr)
             return state
         for rec in records:
-            state.rounds.append([Compacted(r["content"], r["reasoning_content"]) for r in rec["responses"]])
+            state.rounds.append([Trajectory.from_record(t, i) for i, t in enumerate(rec["responses"])])
             state.stats.append(RoundStats(**rec["stats"]))
             self._progress.round_done(rec["k"], 0)
         state.round_idx = len(records)
@@ -264,19 +261,20 @@ class PaCoReRunner:
 
     # -- records -----------------------------------------------------------------------------
     def _finish(self, state: _ProblemState) -> None:
-        final = state.rounds[-1][0] if state.rounds[-1] else Compacted("", "")
+        final = state.rounds[-1][0] if state.rounds[-1] else Trajectory(0, "")
         answer, correct = (None, None)
         if self.cfg.grade:
-            answer, correct = grade(final.message, state.gold)
+            answer, correct = grade(final.message.strip(), state.gold)
         sc_answer = majority_vote(state.stats[0].answers) if self.cfg.grade else None
         sc_correct = None
         if self.cfg.grade and state.gold is not None:
             sc_correct = sc_answer is not None and answers_equal(state.gold, sc_answer)
         record = {
             "request_id": state.problem.id,
-            "final_response": final.message,
-            "final_reasoning_content": final.reasoning,
-            "round_responses": [[c.to_record() for c in rnd] for rnd in state.rounds],
+            # The reference pipeline's keys, holding what it records under plain `vllm serve`.
+            "final_response": final.text,
+            "final_reasoning_content": "",
+            "round_responses": [[t.to_record() for t in rnd] for rnd in state.rounds],
             "rounds_stats": [s.to_dict() for s in state.stats],
             "effective_compute_tokens": sum(s.generated_tokens for s in state.stats),
             "answer": answer,
@@ -295,7 +293,7 @@ class PaCoReRunner:
             error,
             state.problem.line_no,
             state.problem.extra,
-            round_responses=[[c.to_record() for c in rnd] for rnd in state.rounds],
+            round_responses=[[t.to_record() for t in rnd] for rnd in state.rounds],
             rounds_stats=[s.to_dict() for s in state.stats],
         )
 

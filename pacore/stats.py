@@ -25,6 +25,7 @@ class RoundStats:
     references: int  # reference messages in this round's prompt
     dropped_messages: int  # previous-round messages dropped because they were empty
     truncated_messages: int  # references shortened to fit the context
+    truncated_tokens: int = 0  # tokens those references lost
     finish_reasons: dict[str, int] = field(default_factory=dict)
     answers: list[str | None] = field(default_factory=list)
     accuracy: float | None = None  # mean correctness over the K trajectories
@@ -34,7 +35,7 @@ class RoundStats:
 
 
 def round_stats_from_output(round_no: int, k: int, out, *, references: int, dropped: int, truncated: int,
-                            resumed: int = 0) -> RoundStats:
+                            truncated_tokens: int = 0, resumed: int = 0) -> RoundStats:
     """RoundStats from an engine RequestOutput; ``resumed`` tokens came from an earlier session's snapshot
     (counted as generated, but not in this session's tokens/s)."""
     m = out.metrics
@@ -56,6 +57,7 @@ def round_stats_from_output(round_no: int, k: int, out, *, references: int, drop
         references=references,
         dropped_messages=dropped,
         truncated_messages=truncated,
+        truncated_tokens=truncated_tokens,
         finish_reasons=dict(Counter(c.finish_reason for c in out.outputs)),
     )
 
@@ -87,6 +89,7 @@ def summarize(records: list[dict], schedule: list[int]) -> dict:
             "kv_blocks_saved_by_sharing": sum(s["kv_blocks_saved_by_sharing"] for s in rs),
             "dropped_messages": sum(s["dropped_messages"] for s in rs),
             "truncated_messages": sum(s["truncated_messages"] for s in rs),
+            "truncated_tokens": sum(s.get("truncated_tokens", 0) for s in rs),
         })
     sc = [r["self_consistency"]["correct"] for r in ok if (r.get("self_consistency") or {}).get("correct") is not None]
     compute = [r["effective_compute_tokens"] for r in ok if "effective_compute_tokens" in r]
@@ -121,13 +124,15 @@ def format_summary(summary: dict) -> str:
         f"self-consistency (majority of {summary['self_consistency_k']} round-1 answers): "
         f"{_fmt(summary['self_consistency_accuracy'], True)}",
         f"  {'round':>5} {'K':>4} {'acc':>7} {'prompt tok':>11} {'gen tok':>9} {'tok/s':>8} "
-        f"{'cache hit':>10} {'KV saved':>9} {'dropped':>8} {'cut':>5}",
+        f"{'cache hit':>10} {'KV saved':>9} {'dropped':>8} {'cut (tokens)':>14}",
     ]
     for r in summary["rounds"]:
+        cut = f"{r['truncated_messages']} ({r['truncated_tokens']})"
         lines.append(
             f"  {r['round']:>5} {r['k']:>4} {_fmt(r['accuracy'], True):>7} {r['prompt_tokens']:>11} "
             f"{r['generated_tokens']:>9} {_fmt(r['mean_tokens_per_s']):>8} {r['prefix_cache_hit_tokens']:>10} "
-            f"{r['kv_blocks_saved_by_sharing']:>9} {r['dropped_messages']:>8} {r['truncated_messages']:>5}"
+            f"{r['kv_blocks_saved_by_sharing']:>9} {r['dropped_messages']:>8} "
+            f"{cut:>14}"
         )
     lines.append(
         f"  effective test-time compute: {summary['effective_compute_tokens_total']} tokens "

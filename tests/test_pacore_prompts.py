@@ -1,11 +1,16 @@
+import random
+
+import pytest
+
 from pacore.prompts import (
     CONTROLLER_TEMPLATE,
     chat_prompt_ids,
     last_user_index,
     render_controller_prompt,
+    order_responses,
     round_messages,
-    shuffle_references,
 )
+from pacore.compaction import Trajectory
 from pacore.seeds import derive_seed
 
 EXPECTED_ROUND2 = (
@@ -75,15 +80,50 @@ def test_last_user_index():
         raise AssertionError
 
 
-def test_shuffle_is_reproducible_and_seeded():
-    refs = [str(i) for i in range(16)]
-    a = shuffle_references(refs, 0, "p1", 1)
-    assert a == shuffle_references(refs, 0, "p1", 1)
-    assert sorted(a) == sorted(refs)
-    assert a != refs
-    others = {tuple(shuffle_references(refs, s, p, r)) for s, p, r in [(1, "p1", 1), (0, "p2", 1), (0, "p1", 2)]}
-    assert tuple(a) not in others
-    assert refs == [str(i) for i in range(16)]
+def test_rendered_prompt_with_unstripped_references_byte_for_byte():
+    # the case: the first reference is the text after </think>, its leading blank lines kept
+    got = render_controller_prompt("What is 1+1?", ["\n\nThe answer is \\boxed{2}.", "It is 2"])
+    assert got == (
+        "You are given a problem and a list of reference responses. Your job is to analyze these references "
+        "and provide your own response.\n\nOriginal Problem:\nWhat is 1+1?\n\nReference Responses:\n\n"
+        "Reference 1:\n\n\nThe answer is \\boxed{2}.\n\nReference 2:\nIt is 2\n\n\nNow, based on the original "
+        "problem and reference responses above, please provide your own comprehensive solution."
+    )
+
+
+def _trajs(texts):
+    return [Trajectory(i, t) for i, t in enumerate(texts)]
+
+
+def test_official_order_is_length_sort_then_the_fixed_random_42_shuffle():
+    texts = ["dddd", "a", "ccc", "bb"]  # lengths 4, 1, 3, 2 by child index
+    out = order_responses(_trajs(texts), "official", seed=123)
+    # sorted by length: a, bb, ccc, dddd; random.Random(42).shuffle of 4 items is [2, 1, 3, 0]
+    assert [t.text for t in out] == ["ccc", "bb", "dddd", "a"]
+    assert [t.index for t in out] == [2, 3, 0, 1]
+    # a new Random(42) on every call: the same permutation whatever the seed, call or problem
+    assert order_responses(_trajs(texts), "official", seed=7) == out
+    # the same as the reference's own two statements on dicts
+    ref = [{"content": t} for t in texts]
+    ref.sort(key=lambda x: len(x["content"]))
+    random.Random(42).shuffle(ref)
+    assert [r["content"] for r in ref] == [t.text for t in out]
+
+
+def test_official_order_keeps_index_order_between_equal_lengths():
+    out = order_responses(_trajs(["x1", "x2", "x3", "x4"]), "official", seed=0)
+    assert [t.index for t in out] == [2, 1, 3, 0]  # the shuffle alone: the sort was stable
+
+
+def test_seeded_order_is_reproducible_and_per_seed():
+    trajs = _trajs([str(i) for i in range(16)])
+    a = order_responses(trajs, "seeded", seed=derive_seed(0, "p1", 1, "shuffle"))
+    assert a == order_responses(trajs, "seeded", seed=derive_seed(0, "p1", 1, "shuffle"))
+    assert sorted(t.index for t in a) == list(range(16)) and a != trajs
+    assert a != order_responses(trajs, "seeded", seed=derive_seed(0, "p2", 1, "shuffle"))
+    assert [t.index for t in trajs] == list(range(16))  # input untouched
+    with pytest.raises(ValueError, match="unknown shuffle"):
+        order_responses(trajs, "random", seed=0)
 
 
 def test_derive_seed_stable_across_processes():

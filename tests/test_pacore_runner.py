@@ -65,16 +65,21 @@ def test_results_records_and_summary(tmp_path):
     recs = read_results(cfg.out_path)
     assert sorted(r["request_id"] for r in recs) == ["p0", "p1", "p2"]
     r = next(x for x in recs if x["request_id"] == "p1")
-    assert r["final_response"] == "Final: \\boxed{2}"
-    assert r["final_reasoning_content"] == "compare"
+    # the reference pipeline's keys hold what it records under plain `vllm serve`: the whole text
+    assert r["final_response"] == "<think>compare</think>Final: \\boxed{2}"
+    assert r["final_reasoning_content"] == ""
     assert len(r["round_responses"]) == 2 and len(r["round_responses"][0]) == 4
-    assert r["round_responses"][0][1] == {"content": "So \\boxed{2}", "reasoning_content": "think 1"}
+    # equal lengths: the official order is random.Random(42)'s permutation of 4, [2, 1, 3, 0]
+    assert [t["index"] for t in r["round_responses"][0]] == [2, 1, 3, 0]
+    text1 = "<think>think 1</think>\nSo \\boxed{2}"
+    assert r["round_responses"][0][1] == {"content": text1, "reasoning_content": "", "index": 1,
+                                          "finish_reason": "stop", "tokens": len(text1)}
     assert r["answer"] == "2" and r["correct"] is True
     assert r["source"] == "t" and r["ground_truth"] == {"answer": "2"}
     s1, s2 = r["rounds_stats"]
     assert (s1["k"], s2["k"], s1["round"], s2["round"]) == (4, 1, 1, 2)
     assert s1["accuracy"] == 0.75 and s2["accuracy"] == 1.0
-    assert s1["answers"] == ["3", "2", "2", "2"]
+    assert s1["answers"] == ["2", "2", "2", "3"]  # in the recorded order
     assert s1["references"] == 0 and s2["references"] == 4 and s2["dropped_messages"] == 0
     assert s1["generated_tokens"] == sum(len(f"<think>think {i}</think>\nSo \\boxed{{{3 if i == 0 else 2}}}") for i in range(4))
     assert r["effective_compute_tokens"] == s1["generated_tokens"] + s2["generated_tokens"]
@@ -89,35 +94,54 @@ def test_results_records_and_summary(tmp_path):
     assert on_disk["run"]["generated_tokens"] == sum(x["effective_compute_tokens"] for x in recs)
 
 
-def test_round2_prompt_holds_compacted_shuffled_references(tmp_path):
+def test_round2_prompt_holds_the_official_order_of_exact_references(tmp_path):
     seen = {}
+    texts = ["<think>secret0</think>\n\nmsg0 longest one", "<think>s1</think>msg1", "msg2 no think",
+             "<think>s3</think>  msg3  ", "<think>s4</think>", "<think>secret5</think>\nmsg5 mid"]
 
     def script(prompt, params, rid, i):
         seen.setdefault(rid, prompt)
-        if rid.endswith("#r1"):
-            return f"<think>secret{i}</think> msg{i} "
-        return "done"
+        return texts[i] if rid.endswith("#r1") else "done"
 
     llm = FakeLLM(script)
-    _run(llm, _cfg(tmp_path, rounds=(6,), n_problems=1, seed=3))
-    p2 = seen["p0#r2"]
-    assert "secret" not in p2
-    order = [int(p2.split(f"Reference {j}:\nmsg")[1][0]) for j in range(1, 7)]
-    assert sorted(order) == list(range(6)) and order != list(range(6))
-    assert "Original Problem:\nProblem 0: what is 0+0?\n" in p2
-    # same seed, same order; another seed, another order
-    llm2 = FakeLLM(script)
-    seen.clear()
+    cfg = _cfg(tmp_path, rounds=(6,), n_problems=1, seed=3)
+    _run(llm, cfg)
+    recorded = read_results(cfg.out_path)[0]["round_responses"][0]
+    by_length = sorted(range(6), key=lambda i: len(texts[i]))
+    official = [by_length[j] for j in [3, 1, 2, 4, 0, 5]]  # random.Random(42).shuffle of 6 items
+    assert [t["index"] for t in recorded] == official
+    assert [t["content"] for t in recorded] == [texts[i] for i in official]
+    refs = [texts[i].split("</think>")[-1] for i in official]  # unstripped; "" for child 4 is kept
+    from pacore.prompts import render_controller_prompt
+    assert render_controller_prompt("Problem 0: what is 0+0?", refs) in seen["p0#r2"]
+    assert "secret" not in seen["p0#r2"]
+    # another seed, the same official order
     tmp2 = tmp_path / "again"
     tmp2.mkdir()
-    _run(llm2, _cfg(tmp2, rounds=(6,), n_problems=1, seed=3))
-    assert seen["p0#r2"] == p2
+    seen.clear()
+    _run(FakeLLM(script), _cfg(tmp2, rounds=(6,), n_problems=1, seed=4))
+    assert [t["index"] for t in read_results(str(tmp2 / "out.jsonl"))[0]["round_responses"][0]] == official
 
 
-def test_empty_messages_are_dropped_and_counted(tmp_path):
+def test_seeded_shuffle_depends_on_the_seed(tmp_path):
+    def script(prompt, params, rid, i):
+        return f"m{i}" if rid.endswith("#r1") else "done"
+
+    orders = []
+    for seed in (3, 3, 4):
+        d = tmp_path / f"s{len(orders)}"
+        d.mkdir()
+        cfg = _cfg(d, rounds=(8,), n_problems=1, seed=seed, shuffle="seeded")
+        _run(FakeLLM(script), cfg)
+        orders.append([t["index"] for t in read_results(cfg.out_path)[0]["round_responses"][0]])
+    assert orders[0] == orders[1] and orders[0] != orders[2]
+    assert sorted(orders[0]) == list(range(8)) and orders[0] != list(range(8))
+
+
+def test_only_empty_texts_are_dropped(tmp_path):
     def script(prompt, params, rid, i):
         if rid.endswith("#r1"):
-            return "<think>only thoughts</think>  " if i % 2 else f"answer {i}"
+            return ["", "<think>only thoughts</think>", "", "answer 3"][i]
         return "ok"
 
     llm = FakeLLM(script)
@@ -127,13 +151,17 @@ def test_empty_messages_are_dropped_and_counted(tmp_path):
     assert st["references"] == 2 and st["dropped_messages"] == 2
     prompt = llm.tokenizer.decode(llm.calls[-1][1])
     assert "Reference 2:" in prompt and "Reference 3:" not in prompt
+    assert "Reference 1:\n\n" in prompt or "Reference 2:\n\n" in prompt  # the empty conclusion is kept
 
 
-def test_all_messages_empty_falls_back_to_problem(tmp_path):
-    llm = FakeLLM(lambda p, sp, rid, i: "<think>x</think>" if rid.endswith("#r1") else "y")
+def test_all_responses_empty_still_uses_the_template(tmp_path):
+    # as the reference pipeline: rounds after the first always render the controller prompt
+    llm = FakeLLM(lambda p, sp, rid, i: "" if rid.endswith("#r1") else "y")
     cfg = _cfg(tmp_path, rounds=(2,), n_problems=1)
     _run(llm, cfg)
-    assert llm.calls[1][1] == llm.calls[0][1]  # the original prompt again
+    prompt = llm.tokenizer.decode(llm.calls[1][1])
+    assert "Reference Responses:\n\n\nNow, based on" in prompt and "Reference 1" not in prompt
+    assert read_results(cfg.out_path)[0]["rounds_stats"][1]["dropped_messages"] == 2
 
 
 def test_problems_at_different_rounds_share_steps(tmp_path):
@@ -259,15 +287,41 @@ def test_engine_value_error_is_an_error_record(tmp_path):
     assert "error" not in recs["p0"] and "error" not in recs["p2"]
 
 
-def test_length_finish_and_max_tokens_capped_to_context(tmp_path, capsys):
+def test_a_fixed_budget_at_the_context_is_refused_before_anything_runs(tmp_path):
     llm = FakeLLM(lambda p, sp, rid, i: "w" * 500, max_model_len=400)
-    cfg = _cfg(tmp_path, rounds=(2,), n_problems=1, max_tokens=1000)
+    cfg = _cfg(tmp_path, rounds=(2,), n_problems=1, max_tokens=400)
+    with pytest.raises(ValueError, match="--max-tokens 400 leaves no room.*--max-tokens auto"):
+        _run(llm, cfg)
+    assert llm.calls == [] and not read_results(cfg.out_path)
+
+
+def test_auto_budget_fills_the_context_in_every_round(tmp_path):
+    llm = FakeLLM(lambda p, sp, rid, i: "w" * 2000, max_model_len=600)
+    cfg = _cfg(tmp_path, rounds=(2,), n_problems=1, max_tokens="auto")
     summary = _run(llm, cfg)
-    assert "using 200" in capsys.readouterr().err
-    assert all(p.max_tokens == 200 for _, _, p in llm.calls)
+    assert len(llm.calls) == 2
+    for _, ids, params in llm.calls:
+        assert params.max_tokens == 600 - len(ids)
     rec = read_results(cfg.out_path)[0]
-    assert rec["rounds_stats"][0]["finish_reasons"] == {"length": 2}
-    assert summary["run"]["max_tokens"] == 200
+    s1, s2 = rec["rounds_stats"]
+    assert s1["finish_reasons"] == {"length": 2} and s1["generated_tokens"] == 2 * (600 - s1["prompt_tokens"])
+    assert all(t["tokens"] == 600 - s1["prompt_tokens"] for t in rec["round_responses"][0])
+    assert s2["generated_tokens"] == 600 - s2["prompt_tokens"]
+    assert summary["run"]["max_tokens"] == "auto"
+
+
+def test_auto_budget_reports_the_reference_cut_per_round(tmp_path):
+    llm = FakeLLM(lambda p, sp, rid, i: "z" * 150 + f"E{i}" if rid.endswith("#r1") else "fin", max_model_len=1000)
+    cfg = _cfg(tmp_path, rounds=(4,), n_problems=1, max_tokens="auto")
+    summary = _run(llm, cfg)
+    s2 = read_results(cfg.out_path)[0]["rounds_stats"][1]
+    assert s2["truncated_messages"] == 4 and s2["truncated_tokens"] > 0
+    assert s2["prompt_tokens"] <= 1000 - 250  # a quarter of the context left to generate
+    assert llm.calls[-1][2].max_tokens == 1000 - s2["prompt_tokens"]
+    assert (summary["rounds"][1]["truncated_messages"], summary["rounds"][1]["truncated_tokens"]) == \
+        (4, s2["truncated_tokens"])
+    prompt = llm.tokenizer.decode(llm.calls[-1][1])
+    assert all(f"E{i}" in prompt for i in range(4))
 
 
 def test_no_ground_truth_is_not_graded(tmp_path):
