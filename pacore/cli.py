@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
 
 from .config import PRESETS, RunConfig, parse_rounds
-from .io import OutputExistsError, prepare_output
+from .io import OutputExistsError, prepare_output, same_file
+from .lock import ResultsLocked, results_lock
 
 
 def _cap(value: str):
@@ -29,6 +31,57 @@ def _positive(value: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError("must be a positive integer")
     return n
+
+
+# The sampling flags are checked here, with the engine's own ranges (SamplingParams.validate), so a
+# bad value stops the command at once instead of costing a model load and an error per problem.
+def _finite(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if not math.isfinite(x):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {value!r}")
+    return x
+
+
+def _temperature(value: str) -> float:
+    t = _finite(value)
+    if t < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (0 = greedy, 1.0 = the paper's), got {value}")
+    return t
+
+
+def _top_p(value: str) -> float:
+    p = _finite(value)
+    if not 0 < p <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1] (1.0 = off, the paper's), got {value}")
+    return p
+
+
+def _seed(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
+    if not 0 <= n < 2**64:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**64), got {value}")
+    return n
+
+
+def _seconds(value: str) -> float:
+    s = _finite(value)
+    if s < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds (0: snapshot only when stopped), got {value}")
+    return s
+
+
+def _rounds(value: str) -> tuple[int, ...]:
+    try:
+        return parse_rounds(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
 
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -56,22 +109,22 @@ def _add_method_options(p: argparse.ArgumentParser, *, max_tokens: int, preset: 
     rounds.add_argument("--preset", choices=sorted(PRESETS), default=None,
                         help=f"round schedule preset: " + ", ".join(f"{k}={list(v)}" for k, v in PRESETS.items())
                         + f" (default: {preset}); a final K=1 round is always appended")
-    rounds.add_argument("--rounds", type=parse_rounds, default=None, metavar="K1,K2,...",
+    rounds.add_argument("--rounds", type=_rounds, default=None, metavar="K1,K2,...",
                         help="trajectories per round, e.g. 32,4; a final K=1 round is always appended")
     g.add_argument("--max-tokens", type=_positive, default=max_tokens, metavar="N",
                    help=f"generation budget of each trajectory (default {max_tokens}; the paper uses 131072); "
                    "capped to half the context if it does not leave room for a prompt")
-    g.add_argument("--temperature", type=float, default=temperature,
+    g.add_argument("--temperature", type=_temperature, default=temperature,
                    help=f"sampling temperature (default {temperature}; the paper uses 1.0)")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling threshold (default 1.0, as the paper)")
-    g.add_argument("--seed", type=int, default=0,
+    g.add_argument("--top-p", type=_top_p, default=1.0, help="nucleus sampling threshold (default 1.0, as the paper)")
+    g.add_argument("--seed", type=_seed, default=0,
                    help="run seed; sampling and reference shuffling derive per problem and round from it (default 0)")
     g.add_argument("--message-token-cap", type=_cap, default="auto", metavar="auto|none|N",
                    help="shorten each reference to its last N tokens; 'auto' (default) shortens just enough "
                    "for the round prompt to fit the context; 'none' never shortens")
     g.add_argument("--max-problems-in-flight", type=_positive, default=64, metavar="N",
                    help="problems with a round in the engine at once (default 64)")
-    g.add_argument("--checkpoint-every", type=float, default=300.0, metavar="SECONDS",
+    g.add_argument("--checkpoint-every", type=_seconds, default=300.0, metavar="SECONDS",
                    help="seconds between snapshots of the trajectories in flight, which --resume continues "
                         "(default 300; 0: only when stopped by Ctrl-C or an error)")
     g.add_argument("--no-grade", action="store_true", help="do not extract or grade answers")
@@ -97,7 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--data", required=True, metavar="PROBLEMS.jsonl", help="input problems, official PaCoRe JSONL")
     run.add_argument("--out", required=True, metavar="RESULTS.jsonl", help="results JSONL (appended, one line per problem)")
     run.add_argument("--resume", action="store_true",
-                     help="skip problems already in --out and complete the rest (without it a non-empty --out is refused)")
+                     help="skip the problems --out already has a result for and run the rest, including those "
+                          "whose earlier tries ended in an error (without it a non-empty --out is refused)")
+    run.add_argument("--skip-failed", action="store_true",
+                     help="with --resume: also skip problems whose earlier tries all ended in an error")
     _add_method_options(run, max_tokens=512, preset="low", temperature=1.0)
     _add_engine_options(run)
 
@@ -135,6 +191,7 @@ def _config(args, data_path: str, out_path: str, resume: bool) -> RunConfig:
         top_p=args.top_p,
         seed=args.seed,
         resume=resume,
+        skip_failed=getattr(args, "skip_failed", False),  # `pacore demo` has no such flag
         max_problems_in_flight=args.max_problems_in_flight,
         message_token_cap=args.message_token_cap,
         grade=not args.no_grade,
@@ -156,8 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``pacore`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
     if args.command == "run":
-        if not os.path.isfile(args.data):
-            print(f"pacore: no such input file: {args.data}", file=sys.stderr)
+        refused = _refused_paths(args)
+        if refused:
+            print(f"pacore: {refused}", file=sys.stderr)
             return 2
         cfg = _config(args, args.data, args.out, args.resume)
     else:
@@ -168,24 +226,49 @@ def main(argv: list[str] | None = None) -> int:
         write_demo_jsonl(data)
         cfg = _config(args, data, args.out or os.path.join(workdir, "results.jsonl"), resume=False)
     try:
-        # Checked before loading the model, so a refused path costs nothing.
-        prepare_output(cfg.out_path, cfg.resume)
-    except OutputExistsError as e:
+        # One run per results file, from the output check to the summary (replicas run under it).
+        with results_lock(cfg.out_path):
+            # Checked before loading the model, so a refused path costs nothing.
+            prepare_output(cfg.out_path, cfg.resume)
+            return _run(args, cfg)
+    except (OutputExistsError, ResultsLocked) as e:
         print(f"pacore: {e}", file=sys.stderr)
         return 2
-
-    try:
-        if args.data_parallel > 1:
-            return _run_data_parallel(cfg, args.data_parallel)
-        from .runner import profiled, run_pacore
-
-        llm = build_llm(cfg)
-        with profiled(llm, cfg.profile_dir):
-            run_pacore(llm, cfg)
-        if cfg.profile_dir:
-            print(f"profile: {cfg.profile_dir}")
     except KeyboardInterrupt:
         return 130
+
+
+def _refused_paths(args) -> str | None:
+    """Why ``pacore run`` cannot use its paths and flags as given, or None."""
+    if os.path.isdir(args.data):
+        return f"--data {args.data} is a directory; pass a problems file (JSONL, or a JSON array of problems)"
+    if not os.path.isfile(args.data):
+        return f"no such input file: {args.data}"
+    if os.path.isdir(args.out):
+        return f"--out {args.out} is a directory; pass a file path such as {os.path.join(args.out, 'results.jsonl')}"
+    if same_file(args.data, args.out):
+        return f"--out {args.out} is the input file; results would be appended to the problems. Choose another --out"
+    if args.skip_failed and not args.resume:
+        return "--skip-failed only applies with --resume"
+    return None
+
+
+def _run(args, cfg: RunConfig) -> int:
+    if args.data_parallel > 1:
+        return _run_data_parallel(cfg, args.data_parallel)
+    from .budget import check_max_tokens
+    from .runner import profiled, run_pacore
+
+    llm = build_llm(cfg)
+    try:
+        check_max_tokens(cfg.max_tokens, llm.max_model_len)
+    except ValueError as e:
+        print(f"pacore: {e}", file=sys.stderr)
+        return 2
+    with profiled(llm, cfg.profile_dir):
+        run_pacore(llm, cfg)
+    if cfg.profile_dir:
+        print(f"profile: {cfg.profile_dir}")
     return 0
 
 

@@ -14,11 +14,12 @@ MessageCap = int | Literal["auto"] | None
 def parse_rounds(spec: str) -> tuple[int, ...]:
     """Parse a comma-separated K vector such as ``"32,4"`` into ``(32, 4)``."""
     try:
-        ks = tuple(int(part) for part in spec.split(",") if part.strip())
+        ks = tuple(int(part) for part in spec.split(","))  # an empty entry ("4,,1") is refused too
     except ValueError:
-        raise ValueError(f"--rounds must be comma-separated positive integers, got {spec!r}") from None
-    if not ks or any(k < 1 for k in ks):
-        raise ValueError(f"--rounds must be comma-separated positive integers, got {spec!r}")
+        raise ValueError(f"expected comma-separated positive integers such as 32,4, got {spec!r}") from None
+    if any(k < 1 for k in ks):
+        raise ValueError(f"{spec!r}: each K is a round's number of trajectories and must be at least 1; the "
+                         f"final K=1 round is always appended, so the smallest schedule is 1 (then the final round)")
     return ks
 
 
@@ -48,6 +49,7 @@ class RunConfig:
     top_p: float = 1.0
     seed: int = 0
     resume: bool = False
+    skip_failed: bool = False  # on resume, leave problems whose only records are errors (default: rerun them)
     max_problems_in_flight: int = 64
     # "auto": shorten references (keeping their ends) just enough for the round prompt to fit;
     # an int: cap every reference at that many tokens (then still error if it does not fit);

@@ -1,4 +1,4 @@
-"""JSONL in and out: reading problems (bad lines reported, never fatal), durable appends, resume."""
+"""Problems in (JSONL or a JSON array; bad lines reported, never fatal), durable appends, resume."""
 from __future__ import annotations
 
 import fcntl
@@ -7,6 +7,8 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+_BOM = b"\xef\xbb\xbf"
+
 
 class OutputExistsError(RuntimeError):
     """The output file already holds results and --resume was not given."""
@@ -14,10 +16,10 @@ class OutputExistsError(RuntimeError):
 
 @dataclass(slots=True)
 class Problem:
-    """One valid input line."""
+    """One valid input line (or element of a JSON array)."""
 
-    line_no: int
-    id: object  # the input's id as given (string or number), or "line_N" when absent
+    line_no: int  # 1-based line of a JSONL file, or 1-based element of a JSON array
+    id: object  # the input's id as given (string or number), or "req_N" (N = 0-based index) when absent
     messages: list[dict]
     extra: dict = field(default_factory=dict)  # every other input key, carried to the output
 
@@ -32,16 +34,16 @@ class Problem:
 
 @dataclass(slots=True)
 class BadLine:
-    """An input line that cannot be run, with the reason."""
+    """An input line that cannot be run, with the reason.
+
+    It has no problem key on purpose: its error record is keyed by its line (``record_key``), so
+    it can never stand for, or shadow, a valid problem with the same id.
+    """
 
     line_no: int
     id: object
     error: str
     extra: dict = field(default_factory=dict)
-
-    @property
-    def key(self) -> str:
-        return problem_key(self.id)
 
 
 def problem_key(pid: object) -> str:
@@ -67,33 +69,82 @@ def _validate(obj: object) -> str | None:
 
 
 def read_problems(path: str) -> Iterator[Problem | BadLine]:
-    """Yield each non-blank line of a PaCoRe JSONL file as a Problem or a BadLine.
+    """Yield each problem of a PaCoRe input file as a Problem or a BadLine.
 
-    Duplicate ids are reported as BadLine for every occurrence after the first.
+    The file is JSONL (one object per non-blank line) or, when its first character is ``[``, one
+    JSON array of objects. A problem without an id gets ``req_N``, N its 0-based line or element
+    index, as the reference pipeline names it. Lines that are not UTF-8, not JSON or not a valid
+    problem, and every repeat of an id, are BadLines; they never stop the others.
     """
-    seen: set[str] = set()
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
+    with open(path, "rb") as f:
+        head = f.read(len(_BOM))
+        if head != _BOM:
+            f.seek(0)
+        first = f.read(4096).lstrip()
+        f.seek(len(_BOM) if head == _BOM else 0)
+        if first.startswith(b"["):
+            entries = _array_entries(f.read())
+        else:
+            entries = _line_entries(f)
+        seen: set[str] = set()
+        for number, label, obj in entries:
+            if isinstance(obj, _Unreadable):
+                yield BadLine(number, f"req_{number - 1}", f"{label}: {obj.reason}")
                 continue
-            default_id = f"line_{line_no}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                yield BadLine(line_no, default_id, f"line {line_no}: invalid JSON: {e.msg} (column {e.colno})")
-                continue
-            pid = obj.get("id", default_id) if isinstance(obj, dict) else default_id
-            if isinstance(pid, (dict, list)) or pid is None:
-                pid = default_id
-            extra = {k: v for k, v in obj.items() if k != "id"} if isinstance(obj, dict) else {}
-            error = _validate(obj)
-            if error is None and problem_key(pid) in seen:
-                error = f"duplicate id {pid!r} (first seen earlier in the file)"
-            if error is not None:
-                yield BadLine(line_no, pid, f"line {line_no}: {error}", extra)
-                continue
-            seen.add(problem_key(pid))
-            yield Problem(line_no, pid, obj["messages"], {k: v for k, v in extra.items() if k != "messages"})
+            yield _problem(number, label, obj, seen)
+
+
+@dataclass(slots=True)
+class _Unreadable:
+    reason: str
+
+
+def _line_entries(f) -> Iterator[tuple[int, str, object]]:
+    # Bytes, decoded line by line: one bad byte costs its line, not the run.
+    for line_no, raw in enumerate(f, start=1):
+        label = f"line {line_no}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            yield line_no, label, _Unreadable(f"not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                                              f"save the file as UTF-8")
+            continue
+        if not line.strip():
+            continue
+        try:
+            yield line_no, label, json.loads(line)
+        except json.JSONDecodeError as e:
+            yield line_no, label, _Unreadable(f"invalid JSON: {e.msg} (column {e.colno})")
+
+
+def _array_entries(data: bytes) -> Iterator[tuple[int, str, object]]:
+    try:
+        items = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        yield 1, "file", _Unreadable(f"a JSON array that is not UTF-8 text (byte 0x{data[e.start]:02x} at "
+                                     f"offset {e.start}); save the file as UTF-8")
+        return
+    except json.JSONDecodeError as e:
+        yield 1, "file", _Unreadable(f"invalid JSON array: {e.msg} (line {e.lineno}, column {e.colno}); "
+                                     f"no problem in it can run until it is fixed")
+        return
+    for i, obj in enumerate(items, start=1):
+        yield i, f"item {i}", obj
+
+
+def _problem(number: int, label: str, obj: object, seen: set[str]) -> Problem | BadLine:
+    default_id = f"req_{number - 1}"
+    pid = obj.get("id", default_id) if isinstance(obj, dict) else default_id
+    if isinstance(pid, (dict, list)) or pid is None:
+        pid = default_id
+    extra = {k: v for k, v in obj.items() if k != "id"} if isinstance(obj, dict) else {}
+    error = _validate(obj)
+    if error is None and problem_key(pid) in seen:
+        error = f"duplicate id {pid!r} (first seen earlier in the file)"
+    if error is not None:
+        return BadLine(number, pid, f"{label}: {error}", extra)
+    seen.add(problem_key(pid))
+    return Problem(number, pid, obj["messages"], {k: v for k, v in extra.items() if k != "messages"})
 
 
 def rounds_path(out_path: str) -> str:
@@ -106,11 +157,48 @@ def partial_dir(out_path: str) -> str:
     return f"{out_path}.partial"
 
 
-def prepare_output(path: str, resume: bool) -> set[str]:
-    """Check the output path (and its round checkpoints) and return the keys of finished problems.
+@dataclass(slots=True)
+class PriorResults:
+    """What earlier sessions left in a results file: the basis of --resume."""
+
+    done: set[str] = field(default_factory=set)  # problem keys with a success record
+    failed: set[str] = field(default_factory=set)  # problem keys with error records only
+    bad_lines: dict[int, str] = field(default_factory=dict)  # input line -> its latest recorded input error
+
+
+def record_key(rec: dict) -> tuple[str, str] | None:
+    """What a results record is about: ("problem", key), or ("line", N) for an input line that is no
+    problem (bad JSON, duplicate id, ...), so that such a line never counts as, or shadows, a problem."""
+    if rec.get("input_error") and isinstance(rec.get("line"), int):
+        return ("line", str(rec["line"]))
+    if "request_id" in rec:
+        return ("problem", problem_key(rec["request_id"]))
+    return None
+
+
+def latest_records(records: list[dict]) -> list[dict]:
+    """One record per problem (or bad input line): the latest, except that a success beats any error.
+
+    A results file is an append-only history (a failed problem retried on --resume has an error and
+    then a success); everything that counts problems reads it through this.
+    """
+    best: dict[tuple[str, str], dict] = {}
+    for rec in records:
+        key = record_key(rec)
+        if key is None:
+            continue
+        old = best.get(key)
+        if old is None or "error" not in rec or "error" in old:
+            best[key] = rec
+    return list(best.values())
+
+
+def prepare_output(path: str, resume: bool) -> PriorResults:
+    """Check the output path (and its round checkpoints) and return what earlier sessions finished.
 
     Without ``resume`` a non-empty file is refused. With it, a torn last line (a kill in the middle
-    of a write) is cut off so the next append starts on a fresh line.
+    of a write) is cut off so the next append starts on a fresh line. Only a success record makes a
+    problem done; error records stay in the file as history.
     """
     held = [p for p in (path, rounds_path(path)) if os.path.exists(p) and os.path.getsize(p) > 0]
     snapshots = partial_dir(path)
@@ -118,7 +206,7 @@ def prepare_output(path: str, resume: bool) -> set[str]:
         held = [snapshots]
     if not held:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        return set()
+        return PriorResults()
     if not resume:
         raise OutputExistsError(
             f"{held[0]} already holds results; pass --resume to skip the problems it has and finish "
@@ -127,7 +215,55 @@ def prepare_output(path: str, resume: bool) -> set[str]:
     for p in held:
         if os.path.isfile(p):
             _cut_torn_line(p)  # the torn line's problem (or round) is simply run again
-    return {problem_key(rec["request_id"]) for rec in read_results(path) if "request_id" in rec}
+    prior = PriorResults()
+    for rec in latest_records(read_results(path)):
+        kind, key = record_key(rec)
+        if kind == "line":
+            prior.bad_lines[int(key)] = rec.get("error")
+        elif "error" in rec:
+            prior.failed.add(key)
+        else:
+            prior.done.add(key)
+    return prior
+
+
+def select_pending(items: Iterator[Problem | BadLine], prior: PriorResults,
+                   skip_failed: bool = False) -> tuple[list[Problem | BadLine], str | None]:
+    """The input items this session runs, and a note saying what a resume takes over (None if nothing).
+
+    Done problems are skipped; failed ones run again unless ``skip_failed``; a bad line whose very
+    error is already recorded is not recorded again (it has nothing new to say).
+    """
+    todo: list[Problem | BadLine] = []
+    done = retried = skipped = 0
+    for item in items:
+        if isinstance(item, BadLine):
+            if prior.bad_lines.get(item.line_no) != item.error:
+                todo.append(item)
+        elif item.key in prior.done:
+            done += 1
+        elif item.key in prior.failed and skip_failed:
+            skipped += 1
+        else:
+            retried += item.key in prior.failed
+            todo.append(item)
+    if not (done or retried or skipped):
+        return todo, None
+    if skip_failed:
+        return todo, f"resuming: {_n(done)} done, {_n(skipped)} failed earlier skipped (--skip-failed)"
+    return todo, f"resuming: {_n(done)} done, {_n(retried)} failed earlier will run again"
+
+
+def _n(count: int) -> str:
+    return f"{count} problem{'' if count == 1 else 's'}"
+
+
+def same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file (also through links or a different spelling)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist yet
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _cut_torn_line(path: str) -> None:
@@ -159,11 +295,11 @@ def read_results(path: str) -> list[dict]:
     out = []
     if not os.path.exists(path):
         return out
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:
         for line in f:
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
+            except ValueError:  # a torn or corrupted line (bad JSON or not UTF-8) is skipped
                 continue
             if isinstance(rec, dict):
                 out.append(rec)

@@ -3,7 +3,8 @@
 PaCoRe problems are independent and a PaCoRe-8B replica fits one GPU, so a node scales by
 replicas, not by splitting the model. Every replica appends to the same results file (one locked
 write per problem), so ``--resume`` works unchanged, and a replica that fails loses only the
-problems it had in flight; the parent writes the summary once all replicas are done.
+problems it had in flight; the parent holds the results file's run lock (pacore/lock.py) for
+the whole run and writes the summary once all replicas are done.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from multiprocessing.connection import Connection, wait
 
 from .config import RunConfig
 from .io import BadLine, Problem
+from .lock import results_lock
 from .runner import INTERRUPTED, PaCoReRunner, pending_work, profiled
 from .stats import write_summary
 
@@ -45,10 +47,16 @@ def run_data_parallel(cfg: RunConfig, replicas: int, build_llm) -> dict:
     """Run ``cfg`` on ``replicas`` engines (``build_llm(cfg)`` in each); returns the run summary.
 
     Raises ReplicaError after writing the summary when a replica failed, so the caller can exit
-    non-zero while everything the others finished stays in the results file.
+    non-zero while everything the others finished stays in the results file, and ResultsLocked
+    (before starting anything) when another run holds the results file.
     """
     if replicas < 1:
         raise ValueError(f"--data-parallel must be at least 1, got {replicas}")
+    with results_lock(cfg.out_path):  # a no-op when the CLI already holds it
+        return _run(cfg, replicas, build_llm)
+
+
+def _run(cfg: RunConfig, replicas: int, build_llm) -> dict:
     todo, checkpoints = pending_work(cfg)
     devices = replica_devices(replicas)
     # On a CPU host the replicas split the cores instead of each oversubscribing all of them.
@@ -62,7 +70,8 @@ def run_data_parallel(cfg: RunConfig, replicas: int, build_llm) -> dict:
             shard = todo[rank::replicas]
             if not shard:
                 continue
-            shard_checkpoints = {x.key: checkpoints[x.key] for x in shard if x.key in checkpoints}
+            shard_checkpoints = {x.key: checkpoints[x.key] for x in shard
+                                 if isinstance(x, Problem) and x.key in checkpoints}
             reports[rank], child_end = ctx.Pipe(duplex=False)
             with _env("CUDA_VISIBLE_DEVICES", devices[rank]):
                 p = ctx.Process(target=_replica, name=f"pacore-replica-{rank}",

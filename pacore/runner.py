@@ -13,7 +13,8 @@ from .budget import PromptTooLong, check_max_tokens, fit_round_prompt
 from .compaction import Trajectory
 from .config import RunConfig
 from .grading import answers_equal, grade, ground_truth_answer, majority_vote
-from .io import BadLine, Problem, ResultsWriter, prepare_output, read_problems, read_round_checkpoints, rounds_path
+from .io import (BadLine, Problem, ResultsWriter, prepare_output, read_problems, read_round_checkpoints, rounds_path,
+                 select_pending)
 from .partial import PartialStore
 from .progress import Progress
 from .prompts import order_responses
@@ -123,7 +124,8 @@ class PaCoReRunner:
             while todo and len(self._inflight) < self.cfg.max_problems_in_flight:
                 item = todo.popleft()
                 if isinstance(item, BadLine):
-                    self._write_error(item.id, item.error, item.line_no, item.extra)
+                    # keyed by its line, so it never counts as (or shadows) a problem of that id
+                    self._write_error(item.id, item.error, item.line_no, item.extra, input_error=True)
                     print(f"pacore: skipped {item.error}", file=sys.stderr)
                     continue
                 self._submit(self._restore(_ProblemState(item, ground_truth_answer(item.extra))))
@@ -312,10 +314,10 @@ INTERRUPTED = ("pacore: interrupted; finished problems are saved in {out}. "
 
 def pending_work(cfg: RunConfig) -> tuple[list[Problem | BadLine], dict[str, list[dict]]]:
     """The input lines not yet in the output, and the checkpointed rounds of those begun earlier."""
-    done = prepare_output(cfg.out_path, cfg.resume)
-    todo = [item for item in read_problems(cfg.data_path) if item.key not in done]
-    if done:
-        print(f"pacore: resuming, {len(done)} problems already in {cfg.out_path}", file=sys.stderr)
+    prior = prepare_output(cfg.out_path, cfg.resume)
+    todo, note = select_pending(read_problems(cfg.data_path), prior, cfg.skip_failed)
+    if note:
+        print(f"pacore: {note} ({cfg.out_path})", file=sys.stderr)
     return todo, read_round_checkpoints(cfg.out_path)
 
 

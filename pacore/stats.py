@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .config import RunConfig
-from .io import read_results, write_json
+from .io import latest_records, read_results, write_json
 
 
 @dataclass(slots=True)
@@ -67,7 +67,11 @@ def _mean(xs: list[float]) -> float | None:
 
 
 def summarize(records: list[dict], schedule: list[int]) -> dict:
-    """Aggregate the results file: accuracy per round vs self-consistency, tokens/s, compute, KV saved."""
+    """Aggregate the results file: accuracy per round vs self-consistency, tokens/s, compute, KV saved.
+
+    Each problem counts once (``latest_records``), however many sessions wrote records for it.
+    """
+    records = latest_records(records)
     ok = [r for r in records if "error" not in r]
     errors = [r for r in records if "error" in r]
     graded = [r for r in ok if r.get("correct") is not None]

@@ -68,7 +68,7 @@ def test_a_checkpoint_file_alone_needs_resume(tmp_path):
     (tmp_path / "r.jsonl.rounds.jsonl").write_text('{"request_id": "a", "round": 1}\n{"request_id": "a", "rou')
     with pytest.raises(OutputExistsError, match="rounds.jsonl already holds results.*--resume"):
         prepare_output(str(out), resume=False)
-    assert prepare_output(str(out), resume=True) == set()
+    assert prepare_output(str(out), resume=True).done == set()
     assert open(rounds_path(str(out))).read() == '{"request_id": "a", "round": 1}\n'  # torn line cut
 
 
@@ -141,7 +141,7 @@ def test_a_snapshot_only_fits_its_own_round(tmp_path):
     with pytest.raises(OutputExistsError, match="partial already holds results"):
         prepare_output(str(tmp_path / "r.jsonl"), resume=False)
     store.drop("p", 1)
-    assert prepare_output(str(tmp_path / "r.jsonl"), resume=False) == set()
+    assert prepare_output(str(tmp_path / "r.jsonl"), resume=False).done == set()
 
 
 def _breaks_on_p1_round2(prompt, params, rid, i):

@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from pacore.io import BadLine, OutputExistsError, Problem, ResultsWriter, prepare_output, read_problems, read_results
+from pacore.io import (BadLine, OutputExistsError, PriorResults, Problem, ResultsWriter, prepare_output, read_problems,
+                       read_results)
 
 
 def _write(path, lines):
@@ -36,23 +37,23 @@ def test_read_problems_reports_malformed_lines(tmp_path):
     assert "JSON object" in errors[6]
     assert "duplicate id 'a'" in errors[7]
     assert "string" in errors[8]
-    assert items[-1].id == "line_9" and items[-1].key == "line_9"
+    assert items[-1].id == "req_8" and items[-1].key == "req_8"  # the reference pipeline's req_{index}
 
 
 def test_prepare_output_refuses_without_resume(tmp_path):
     out = tmp_path / "sub" / "r.jsonl"
-    assert prepare_output(str(out), resume=False) == set()  # creates the folder
+    assert prepare_output(str(out), resume=False) == PriorResults()  # creates the folder
     assert out.parent.is_dir()
     out.write_text('{"request_id": "a"}\n')
     with pytest.raises(OutputExistsError, match="--resume"):
         prepare_output(str(out), resume=False)
-    assert prepare_output(str(out), resume=True) == {"a"}
+    assert prepare_output(str(out), resume=True).done == {"a"}
 
 
 def test_resume_cuts_torn_last_line(tmp_path):
     out = tmp_path / "r.jsonl"
     out.write_text('{"request_id": 1}\n{"request_id": "b", "final_resp')
-    assert prepare_output(str(out), resume=True) == {"1"}
+    assert prepare_output(str(out), resume=True).done == {"1"}
     assert out.read_text() == '{"request_id": 1}\n'
     with ResultsWriter(str(out)) as w:
         w.write({"request_id": "b", "x": "é"})

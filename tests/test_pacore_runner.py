@@ -226,8 +226,8 @@ def test_malformed_lines_skipped_with_error_records(tmp_path):
     cfg = _cfg(tmp_path, rounds=(2,))
     summary = _run(FakeLLM(default_script), cfg)
     recs = {r["request_id"]: r for r in read_results(cfg.out_path)}
-    assert set(recs) == {"p0", "p1", "line_3", "nouser"}
-    assert recs["line_3"]["line"] == 3 and "invalid JSON" in recs["line_3"]["error"]
+    assert set(recs) == {"p0", "p1", "req_2", "nouser"}  # req_{0-based index}, as the reference pipeline
+    assert recs["req_2"]["line"] == 3 and "invalid JSON" in recs["req_2"]["error"]
     assert "no user message" in recs["nouser"]["error"]
     assert summary["errors"] == 2 and summary["completed"] == 2
     # resume does not redo or duplicate them
