@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
 import tempfile
 
+from .budget import check_max_tokens
 from .config import PRESETS, RunConfig, parse_rounds
 from .io import OutputExistsError, prepare_output, same_file
 from .lock import ResultsLocked, results_lock
@@ -83,6 +85,30 @@ def _rounds(value: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _max_tokens(value: str):
+    if value == "auto":
+        return "auto"
+    try:
+        return _positive(value)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive integer, got {value!r}") from None
+
+
+def _json_object(value: str) -> dict:
+    try:
+        obj = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg}); quote it for the shell, e.g. "
+                                         f"'{_YARN_EXAMPLE}'") from None
+    if not isinstance(obj, dict) or not obj:
+        raise argparse.ArgumentTypeError(f"expected a non-empty JSON object such as '{_YARN_EXAMPLE}', got {value}")
+    return obj
+
+
+_YARN_EXAMPLE = '{"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32768}'
+# Without --model the embedded 135M model runs on a CPU: a budget that fills its 8k context would take long.
+_EMBEDDED_MODEL_MAX_TOKENS = 512
+
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
@@ -90,7 +116,12 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="HF model folder (config.json, safetensors, tokenizer); default: the embedded SmolLM2-135M")
     g.add_argument("--dtype", default=None, help="weights/activations dtype, e.g. float32, bfloat16 (default: the engine's choice)")
     g.add_argument("--max-model-len", type=_positive, default=None, metavar="N",
-                   help="context limit in tokens, prompt + generation (default: the model's)")
+                   help="context limit in tokens, prompt + generation (default: the model's); 131072 for "
+                        "PaCoRe-8B as in the paper, with --rope-scaling")
+    g.add_argument("--rope-scaling", type=_json_object, default=None, metavar="JSON",
+                   help="RoPE parameters laid over the checkpoint's (vLLM's --rope-scaling), e.g. the paper's YaRN x2: "
+                        "'{\"rope_type\": \"yarn\", \"factor\": 2.0, \"original_max_position_embeddings\": 32768, "
+                        "\"attention_factor\": 1.0}'")
     g.add_argument("--max-num-seqs", type=_positive, default=None, metavar="N",
                    help="most sequences (trajectories) decoded in one step (engine default 256)")
     g.add_argument("--num-kv-blocks", type=_positive, default=None, metavar="N",
@@ -103,7 +134,8 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                         "plot (kv_blocks.png) of the run to DIR")
 
 
-def _add_method_options(p: argparse.ArgumentParser, *, max_tokens: int, preset: str, temperature: float) -> None:
+def _add_method_options(p: argparse.ArgumentParser, *, max_tokens: int | None, preset: str,
+                        temperature: float) -> None:
     g = p.add_argument_group("PaCoRe")
     rounds = g.add_mutually_exclusive_group()
     rounds.add_argument("--preset", choices=sorted(PRESETS), default=None,
@@ -111,17 +143,26 @@ def _add_method_options(p: argparse.ArgumentParser, *, max_tokens: int, preset: 
                         + f" (default: {preset}); a final K=1 round is always appended")
     rounds.add_argument("--rounds", type=_rounds, default=None, metavar="K1,K2,...",
                         help="trajectories per round, e.g. 32,4; a final K=1 round is always appended")
-    g.add_argument("--max-tokens", type=_positive, default=max_tokens, metavar="N",
-                   help=f"generation budget of each trajectory (default {max_tokens}; the paper uses 131072); "
-                   "capped to half the context if it does not leave room for a prompt")
+    default = (f"{max_tokens}" if max_tokens else
+               f"auto with --model, {_EMBEDDED_MODEL_MAX_TOKENS} for the embedded default model")
+    g.add_argument("--max-tokens", type=_max_tokens, default=max_tokens, metavar="auto|N",
+                   help=f"generation budget of each trajectory: 'auto' gives each request the context minus its "
+                   f"prompt, as the paper (references are then cut, ends kept, only to leave a quarter of the "
+                   f"context); N must be below the context (default: {default})")
     g.add_argument("--temperature", type=_temperature, default=temperature,
                    help=f"sampling temperature (default {temperature}; the paper uses 1.0)")
     g.add_argument("--top-p", type=_top_p, default=1.0, help="nucleus sampling threshold (default 1.0, as the paper)")
     g.add_argument("--seed", type=_seed, default=0,
-                   help="run seed; sampling and reference shuffling derive per problem and round from it (default 0)")
+                   help="run seed; sampling (and with --shuffle seeded, the reference order) derives per problem and round "
+                   "from it (default 0)")
     g.add_argument("--message-token-cap", type=_cap, default="auto", metavar="auto|none|N",
                    help="shorten each reference to its last N tokens; 'auto' (default) shortens just enough "
-                   "for the round prompt to fit the context; 'none' never shortens")
+                   "for the round prompt to fit the context (with --max-tokens auto: to leave a quarter of it to "
+                   "generate); 'none' never shortens, as the reference pipeline")
+    g.add_argument("--shuffle", choices=["official", "seeded"], default="official",
+                   help="order of a round's responses, recorded and given as references: 'official' (default) is the "
+                   "reference pipeline's (sorted by length, then one fixed Random(42) shuffle), so results compare with "
+                   "published ones; 'seeded' shuffles per problem and round from --seed")
     g.add_argument("--max-problems-in-flight", type=_positive, default=64, metavar="N",
                    help="problems with a round in the engine at once (default 64)")
     g.add_argument("--checkpoint-every", type=_seconds, default=300.0, metavar="SECONDS",
@@ -154,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "whose earlier tries ended in an error (without it a non-empty --out is refused)")
     run.add_argument("--skip-failed", action="store_true",
                      help="with --resume: also skip problems whose earlier tries all ended in an error")
-    _add_method_options(run, max_tokens=512, preset="low", temperature=1.0)
+    _add_method_options(run, max_tokens=None, preset="low", temperature=1.0)
     _add_engine_options(run)
 
     demo = sub.add_parser(
@@ -181,12 +222,16 @@ def _config(args, data_path: str, out_path: str, resume: bool) -> RunConfig:
         "max_model_len": args.max_model_len,
         "max_num_seqs": args.max_num_seqs,
         "num_kv_blocks": args.num_kv_blocks,
+        "rope_scaling": args.rope_scaling,
     }
+    max_tokens = args.max_tokens
+    if max_tokens is None:  # the paper's budget for a real model; the embedded one keeps a small one
+        max_tokens = "auto" if args.model else _EMBEDDED_MODEL_MAX_TOKENS
     return RunConfig(
         data_path=data_path,
         out_path=out_path,
         rounds=tuple(rounds),
-        max_tokens=args.max_tokens,
+        max_tokens=max_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
         seed=args.seed,
@@ -194,6 +239,7 @@ def _config(args, data_path: str, out_path: str, resume: bool) -> RunConfig:
         skip_failed=getattr(args, "skip_failed", False),  # `pacore demo` has no such flag
         max_problems_in_flight=args.max_problems_in_flight,
         message_token_cap=args.message_token_cap,
+        shuffle=args.shuffle,
         grade=not args.no_grade,
         show_progress=not args.no_progress,
         profile_dir=args.profile,
@@ -225,6 +271,13 @@ def main(argv: list[str] | None = None) -> int:
         data = os.path.join(workdir, "demo_problems.jsonl")
         write_demo_jsonl(data)
         cfg = _config(args, data, args.out or os.path.join(workdir, "results.jsonl"), resume=False)
+    context = cfg.engine_options.get("max_model_len")
+    if context is not None:
+        try:  # the context is known before the model loads: refuse a budget that can never fit now
+            check_max_tokens(cfg.max_tokens, context)
+        except ValueError as e:
+            print(f"pacore: {e}", file=sys.stderr)
+            return 2
     try:
         # One run per results file, from the output check to the summary (replicas run under it).
         with results_lock(cfg.out_path):
@@ -256,7 +309,6 @@ def _refused_paths(args) -> str | None:
 def _run(args, cfg: RunConfig) -> int:
     if args.data_parallel > 1:
         return _run_data_parallel(cfg, args.data_parallel)
-    from .budget import check_max_tokens
     from .runner import profiled, run_pacore
 
     llm = build_llm(cfg)

@@ -124,3 +124,59 @@ def test_stopped_mid_round_then_resumed_equals_never_stopped(tiny_qwen3, tmp_pat
     def tokens(name):  # every trajectory's text, every round
         return {r["request_id"]: r["round_responses"] for r in read_results(str(tmp_path / name))}
     assert tokens("cut.jsonl") == tokens("whole.jsonl")
+
+
+class _RecordingLLM(engine.LLM):
+    """The real engine, noting each request's prompt length and budget."""
+
+    def add_request(self, prompt, params=None, request_id=None, resume=None):
+        self.budgets = getattr(self, "budgets", [])
+        self.budgets.append((request_id, len(prompt), params.max_tokens))
+        return super().add_request(prompt, params, request_id=request_id, resume=resume)
+
+
+def test_auto_budget_fills_a_small_context_on_the_real_engine(tiny_qwen3, tmp_path):
+    # A 128-token context: round 1 (a 37-token prompt) generates until the context is full; round 2's
+    # template alone does not fit, which is a clear error record that keeps round 1.
+    llm = _RecordingLLM(model=str(tiny_qwen3), num_kv_blocks=64, max_model_len=128, seed=0)
+    _problems(tmp_path / "in.jsonl", 1)
+    cfg = RunConfig(str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"), rounds=(3,), max_tokens="auto",
+                    show_progress=False)
+    PaCoReRunner(llm, cfg).run()
+    [(rid, prompt_len, budget)] = llm.budgets
+    assert rid == "p0#r1" and budget == 128 - prompt_len
+    rec = read_results(cfg.out_path)[0]
+    [r1] = rec["rounds_stats"]
+    assert r1["prompt_tokens"] == prompt_len
+    trajs = rec["round_responses"][0]
+    assert all(t["tokens"] <= budget for t in trajs)
+    ran_out = [t for t in trajs if t["finish_reason"] == "length"]
+    assert ran_out and all(t["tokens"] == 128 - prompt_len for t in ran_out)
+    assert rec["error"].startswith("round 2:") and "context of 128" in rec["error"] and "--max-model-len" in rec["error"]
+
+
+def test_cli_rope_scaling_and_context_reach_the_engine(tiny_qwen3, tmp_path):
+    _problems(tmp_path / "in.jsonl", 1)
+    out = tmp_path / "res.jsonl"
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512}
+    args = ["run", "--model", str(tiny_qwen3), "--data", str(tmp_path / "in.jsonl"), "--out", str(out),
+            "--rounds", "2", "--max-tokens", "6", "--num-kv-blocks", "256", "--no-progress",
+            "--max-model-len", "2048", "--rope-scaling", json.dumps(yarn)]
+    assert main(args) == 0
+    summary = json.loads(open(summary_path(str(out))).read())
+    assert summary["config"]["engine_options"]["rope_scaling"] == yarn
+    assert summary["run"]["max_model_len"] == 2048 and summary["completed"] == 1
+
+
+def test_cli_refuses_a_fixed_budget_beyond_the_context(tiny_qwen3, tmp_path, capsys):
+    _problems(tmp_path / "in.jsonl", 1)
+    base = ["run", "--model", str(tiny_qwen3), "--data", str(tmp_path / "in.jsonl"), "--no-progress",
+            "--num-kv-blocks", "256"]
+    # known from the flags: refused before the model loads
+    assert main(base + ["--out", str(tmp_path / "a.jsonl"), "--max-tokens", "300", "--max-model-len", "300"]) == 2
+    assert "--max-tokens 300 leaves no room" in capsys.readouterr().err
+    # known once the model is loaded (its config says 1024): refused before anything runs
+    assert main(base + ["--out", str(tmp_path / "b.jsonl"), "--max-tokens", "1024"]) == 2
+    err = capsys.readouterr().err
+    assert "context of 1024" in err and "--max-tokens auto" in err
+    assert not read_results(str(tmp_path / "b.jsonl"))
