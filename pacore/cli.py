@@ -12,6 +12,7 @@ from .budget import check_max_tokens
 from .config import PRESETS, RunConfig, parse_rounds
 from .io import OutputExistsError, prepare_output, same_file
 from .lock import ResultsLocked, results_lock
+from .runs import validate_runs
 
 
 def _cap(value: str):
@@ -163,6 +164,14 @@ def _add_method_options(p: argparse.ArgumentParser, *, max_tokens: int | None, p
                    help="order of a round's responses, recorded and given as references: 'official' (default) is the "
                    "reference pipeline's (sorted by length, then one fixed Random(42) shuffle), so results compare with "
                    "published ones; 'seeded' shuffles per problem and round from --seed")
+    g.add_argument("--runs", type=_positive, default=1, metavar="R",
+                   help="independent runs of each problem, each with its own derived seeds and its own record "
+                   "(\"run\": r); the summary gives accuracy as the mean over runs and its std across runs, as the "
+                   "paper's pass@1 (64 runs on AIME 2025, HMMT 2025, Apex; default 1)")
+    g.add_argument("--pool", type=_positive, default=None, metavar="M",
+                   help="sample M round-1 trajectories once per problem (one request, prompt prefilled once); each "
+                   "run draws its K1 from them without replacement, as the paper's evaluation (M=512 there); "
+                   "default: every run samples its own")
     g.add_argument("--max-problems-in-flight", type=_positive, default=64, metavar="N",
                    help="problems with a round in the engine at once (default 64)")
     g.add_argument("--checkpoint-every", type=_seconds, default=300.0, metavar="SECONDS",
@@ -240,6 +249,8 @@ def _config(args, data_path: str, out_path: str, resume: bool) -> RunConfig:
         max_problems_in_flight=args.max_problems_in_flight,
         message_token_cap=args.message_token_cap,
         shuffle=args.shuffle,
+        runs=args.runs,
+        pool=args.pool,
         grade=not args.no_grade,
         show_progress=not args.no_progress,
         profile_dir=args.profile,
@@ -272,12 +283,13 @@ def main(argv: list[str] | None = None) -> int:
         write_demo_jsonl(data)
         cfg = _config(args, data, args.out or os.path.join(workdir, "results.jsonl"), resume=False)
     context = cfg.engine_options.get("max_model_len")
-    if context is not None:
-        try:  # the context is known before the model loads: refuse a budget that can never fit now
+    try:  # refused before the model loads (the context, when given, tells whether a budget can fit)
+        validate_runs(cfg)
+        if context is not None:
             check_max_tokens(cfg.max_tokens, context)
-        except ValueError as e:
-            print(f"pacore: {e}", file=sys.stderr)
-            return 2
+    except ValueError as e:
+        print(f"pacore: {e}", file=sys.stderr)
+        return 2
     try:
         # One run per results file, from the output check to the summary (replicas run under it).
         with results_lock(cfg.out_path):

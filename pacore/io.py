@@ -51,6 +51,13 @@ def problem_key(pid: object) -> str:
     return str(pid)
 
 
+def run_key(pid: object, run: object = 0) -> str:
+    """The resume identity of run ``run`` of a problem (``pacore run --runs``): its problem key for run 0
+    (and for records without a "run"), the key and the run joined by a unit separator otherwise."""
+    key = problem_key(pid)
+    return key if not run else f"{key}\x1frun{run}"
+
+
 def _validate(obj: object) -> str | None:
     if not isinstance(obj, dict):
         return f"expected a JSON object, got {type(obj).__name__}"
@@ -161,8 +168,8 @@ def partial_dir(out_path: str) -> str:
 class PriorResults:
     """What earlier sessions left in a results file: the basis of --resume."""
 
-    done: set[str] = field(default_factory=set)  # problem keys with a success record
-    failed: set[str] = field(default_factory=set)  # problem keys with error records only
+    done: set[str] = field(default_factory=set)  # run keys (run_key) with a success record
+    failed: set[str] = field(default_factory=set)  # run keys with error records only
     bad_lines: dict[int, str] = field(default_factory=dict)  # input line -> its latest recorded input error
 
 
@@ -172,7 +179,7 @@ def record_key(rec: dict) -> tuple[str, str] | None:
     if rec.get("input_error") and isinstance(rec.get("line"), int):
         return ("line", str(rec["line"]))
     if "request_id" in rec:
-        return ("problem", problem_key(rec["request_id"]))
+        return ("problem", run_key(rec["request_id"], rec.get("run", 0)))  # each run of a problem apart
     return None
 
 
@@ -227,12 +234,12 @@ def prepare_output(path: str, resume: bool) -> PriorResults:
     return prior
 
 
-def select_pending(items: Iterator[Problem | BadLine], prior: PriorResults,
-                   skip_failed: bool = False) -> tuple[list[Problem | BadLine], str | None]:
+def select_pending(items: Iterator[Problem | BadLine], prior: PriorResults, skip_failed: bool = False,
+                   runs: int = 1) -> tuple[list[Problem | BadLine], str | None]:
     """The input items this session runs, and a note saying what a resume takes over (None if nothing).
 
-    Done problems are skipped; failed ones run again unless ``skip_failed``; a bad line whose very
-    error is already recorded is not recorded again (it has nothing new to say).
+    Done problems (all ``runs`` of them done) are skipped; failed ones run again unless ``skip_failed``;
+    a bad line whose very error is already recorded is not recorded again (it has nothing new to say).
     """
     todo: list[Problem | BadLine] = []
     done = retried = skipped = 0
@@ -240,12 +247,14 @@ def select_pending(items: Iterator[Problem | BadLine], prior: PriorResults,
         if isinstance(item, BadLine):
             if prior.bad_lines.get(item.line_no) != item.error:
                 todo.append(item)
-        elif item.key in prior.done:
+            continue
+        left = [k for k in (run_key(item.id, r) for r in range(runs)) if k not in prior.done]
+        if not left:
             done += 1
-        elif item.key in prior.failed and skip_failed:
+        elif skip_failed and all(k in prior.failed for k in left):
             skipped += 1
         else:
-            retried += item.key in prior.failed
+            retried += any(k in prior.failed for k in left)
             todo.append(item)
     if not (done or retried or skipped):
         return todo, None

@@ -1,4 +1,4 @@
-"""The driver loop: every problem advances through its rounds on its own, sharing one engine."""
+"""The driver loop: every run of every problem advances through its rounds on its own, sharing one engine."""
 from __future__ import annotations
 
 import sys
@@ -12,23 +12,29 @@ from engine.sampling_params import SamplingParams
 from .budget import PromptTooLong, check_max_tokens, fit_round_prompt
 from .compaction import Trajectory
 from .config import RunConfig
-from .grading import answers_equal, grade, ground_truth_answer, majority_vote
-from .io import (BadLine, Problem, ResultsWriter, prepare_output, read_problems, read_round_checkpoints, rounds_path,
-                 select_pending)
+from .grading import grade, ground_truth_answer
+from .io import BadLine, Problem, ResultsWriter, prepare_output, read_problems, rounds_path, select_pending
 from .partial import PartialStore
 from .progress import Progress
 from .prompts import order_responses
-from .seeds import derive_seed
+from .records import error_record, run_record
+from .runs import (POOL, PriorWork, draw, drawn_round, planned, pool_seed, read_prior_work, runs_left, sample_seed,
+                   shuffle_seed, unit_key, usable_pool, usable_rounds, validate_runs)
 from .stats import RoundStats, round_stats_from_output, show_summary, write_summary
 
 
 @dataclass(slots=True)
-class _ProblemState:
+class _Unit:
+    """What one engine request belongs to: a run of a problem, or (run == POOL) the problem's pool."""
+
     problem: Problem
     gold: str | None
+    run: int | str = 0
     round_idx: int = 0  # the round in flight, 0-based
     rounds: list[list[Trajectory]] = field(default_factory=list)  # each in its recorded (reference) order
     stats: list[RoundStats] = field(default_factory=list)
+    pool: dict | None = None  # a run drawn from a pool: what it drew, for its record
+    waiting: list[int] = field(default_factory=list)  # a pool: the runs that draw from it
     # the round in flight: its prompt, what it resumed, and bookkeeping for its stats
     prompt: list[int] = field(default_factory=list)
     resumed_tokens: int = 0
@@ -37,27 +43,33 @@ class _ProblemState:
     truncated: int = 0
     truncated_tokens: int = 0
 
+    @property
+    def key(self) -> str:
+        return unit_key(self.problem.key, self.run)
+
 
 class PaCoReRunner:
     """Runs PaCoRe over a JSONL file on an engine with the ``LLM.add_request/step`` interface.
 
-    Each round of each problem is one engine request with ``n=K``; when it finishes, the problem's
-    next round is submitted in the same loop iteration while other problems keep decoding.
+    Each round of each run of a problem is one engine request with ``n=K``; when it finishes, the
+    run's next round is submitted in the same loop iteration while the others keep decoding.
     """
 
     def __init__(self, llm, cfg: RunConfig):
         if cfg.max_problems_in_flight < 1:
             raise ValueError("max_problems_in_flight must be at least 1")
+        validate_runs(cfg)
         self.llm = llm
         self.cfg = cfg
         self.schedule = cfg.schedule
         self.max_model_len = int(llm.max_model_len)
         self.max_tokens = cfg.max_tokens
         check_max_tokens(self.max_tokens, self.max_model_len)
-        self._inflight: dict[str, _ProblemState] = {}
+        self._inflight: dict[str, _Unit] = {}
+        self._open: dict[str, int] = {}  # problem key -> its runs not yet recorded
         self._writer: ResultsWriter | None = None
         self._round_writer: ResultsWriter | None = None
-        self._checkpoints: dict[str, list[dict]] = {}
+        self._prior: dict[str, PriorWork] = {}
         self._started_at: float | None = None  # wall clock (time.time), comparable across replicas
         self._finished_at: float | None = None
         self._progress: Progress | None = None
@@ -66,31 +78,29 @@ class PaCoReRunner:
     # -- public ------------------------------------------------------------------------------
     def run(self) -> dict:
         """Run every problem not yet in the output; returns (and writes) the run summary."""
-        todo, checkpoints = pending_work(self.cfg)
+        todo, prior = pending_work(self.cfg)
         start = time.perf_counter()
-        self.process(todo, checkpoints)
+        self.process(todo, prior)
         return write_summary(self.cfg, time.perf_counter() - start, [self.session_stats()])
 
-    def process(self, items: list[Problem | BadLine], checkpoints: dict[str, list[dict]] | None = None,
+    def process(self, items: list[Problem | BadLine], prior: dict[str, PriorWork] | None = None,
                 desc: str = "pacore", position: int = 0, interrupt_hint: bool = True) -> None:
-        """Run ``items`` to completion, appending one record per problem to the output as it ends.
+        """Run ``items`` to completion, appending one record per run of a problem as it ends.
 
-        ``checkpoints`` (problem key -> records of its finished rounds, from an earlier session)
-        let a problem continue at its next round instead of starting over.
+        ``prior`` (problem key -> what earlier sessions finished: done runs, checkpointed rounds, the
+        pool) lets a problem skip its done runs and continue the others at their next round.
         """
-        self._checkpoints = checkpoints or {}
+        self._prior = prior or {}
         self._started_at, self._finished_at = time.time(), None
         self._partials = PartialStore(self.cfg.out_path)
         self._last_snapshot = time.monotonic()
-        n_problems = sum(isinstance(x, Problem) for x in items)
-        self._progress = Progress(
-            self.llm,
-            total_trajectories=n_problems * sum(self.schedule),
-            total_rounds=n_problems * len(self.schedule),
-            enabled=self.cfg.show_progress,
-            desc=desc,
-            position=position,
-        )
+        trajectories = rounds = 0
+        for item in items:
+            if isinstance(item, Problem):
+                t, r = planned(self.cfg, len(runs_left(self.cfg, self._prior.get(item.key))))
+                trajectories, rounds = trajectories + t, rounds + r
+        self._progress = Progress(self.llm, total_trajectories=trajectories, total_rounds=rounds,
+                                  enabled=self.cfg.show_progress, desc=desc, position=position)
         try:
             with ResultsWriter(self.cfg.out_path) as self._writer, \
                     ResultsWriter(rounds_path(self.cfg.out_path)) as self._round_writer:
@@ -121,14 +131,14 @@ class PaCoReRunner:
     # -- the loop ----------------------------------------------------------------------------
     def _loop(self, todo: deque) -> None:
         while todo or self._inflight:
-            while todo and len(self._inflight) < self.cfg.max_problems_in_flight:
+            while todo and len(self._open) < self.cfg.max_problems_in_flight:
                 item = todo.popleft()
                 if isinstance(item, BadLine):
                     # keyed by its line, so it never counts as (or shadows) a problem of that id
-                    self._write_error(item.id, item.error, item.line_no, item.extra, input_error=True)
+                    self._write(error_record(item.id, None, item.error, item.line_no, input_error=True), item.extra)
                     print(f"pacore: skipped {item.error}", file=sys.stderr)
                     continue
-                self._submit(self._restore(_ProblemState(item, ground_truth_answer(item.extra))))
+                self._start(item)
             if not self._inflight:
                 continue
             finished = self.llm.step()
@@ -138,169 +148,187 @@ class PaCoReRunner:
                     f"returned: {sorted(self._inflight)[:5]}"
                 )
             for out in finished:
-                state = self._inflight.pop(out.request_id, None)
-                if state is not None:  # requests someone else added are not ours to handle
-                    self._round_finished(state, out)
+                unit = self._inflight.pop(out.request_id, None)
+                if unit is not None:  # requests someone else added are not ours to handle
+                    self._round_finished(unit, out)
             self._progress.tick()
             every = self.cfg.checkpoint_every_s
             if every > 0 and time.monotonic() - self._last_snapshot >= every:
                 self._snapshot()
 
+    def _start(self, problem: Problem) -> None:
+        """Begin a problem's runs left: each at its next round, or all at once from its pool."""
+        runs = runs_left(self.cfg, self._prior.get(problem.key))
+        if not runs:
+            return
+        self._open[problem.key] = len(runs)
+        gold = ground_truth_answer(problem.extra)
+        if not self.cfg.pool:
+            for run in runs:
+                self._advance(self._restore(_Unit(problem, gold, run)))
+            return
+        pool = _Unit(problem, gold, POOL, waiting=runs)
+        rec = usable_pool(self.cfg, self._prior.get(problem.key))
+        if rec is not None:
+            self._progress.round_done(self.cfg.pool, 0)
+            self._pool_done(pool, [Trajectory.from_record(t, i) for i, t in enumerate(rec["responses"])],
+                            rec["stats"])
+        else:
+            self._submit(pool)
+
+    def _advance(self, unit: _Unit) -> None:
+        if unit.round_idx < len(self.schedule):
+            self._submit(unit)
+        else:  # the final round is done
+            self._finish(unit)
+
     def _snapshot(self) -> None:
         """Save every round in flight (its trajectories' tokens so far) for --resume."""
         self._last_snapshot = time.monotonic()
-        for request_id, state in self._inflight.items():
+        for request_id, unit in self._inflight.items():
             try:
                 partial = self.llm.partial_outputs(request_id)
             except KeyError:  # finished in the engine, its output not handled yet (a stop mid-step)
                 continue
             if any(tokens for tokens, _ in partial):
-                r = state.round_idx
-                self._partials.save(state.problem.key, r + 1, self.schedule[r], self.cfg.seed, state.prompt,
-                                    partial)
+                self._partials.save(unit.key, unit.round_idx + 1, len(partial), self.cfg.seed, unit.prompt, partial)
 
-    def _submit(self, state: _ProblemState) -> None:
-        """Build and add the engine request of ``state``'s current round."""
-        r = state.round_idx
-        k = self.schedule[r]
-        problem = state.problem
+    def _submit(self, unit: _Unit) -> None:
+        """Build and add the engine request of ``unit``'s current round."""
+        r = unit.round_idx
+        problem = unit.problem
         refs: list[str] | None = None
-        state.dropped = 0
+        unit.dropped = 0
         if r > 0:
-            # Already in reference order (_round_finished); empty responses are left out.
-            refs = [t.message for t in state.rounds[-1] if t.passes_on]
-            state.dropped = len(state.rounds[-1]) - len(refs)
+            # Already in reference order (_complete_round); empty responses are left out.
+            refs = [t.message for t in unit.rounds[-1] if t.passes_on]
+            unit.dropped = len(unit.rounds[-1]) - len(refs)
         try:
-            prompt = fit_round_prompt(
-                self.llm.tokenizer,
-                problem.messages,
-                refs,
-                max_model_len=self.max_model_len,
-                max_tokens=self.max_tokens,
-                message_token_cap=self.cfg.message_token_cap,
-            )
-            params = SamplingParams(
-                n=k,
-                temperature=self.cfg.temperature,
-                top_p=self.cfg.top_p,
-                max_tokens=prompt.max_tokens,
-                # Per problem and round, so results do not depend on what else was scheduled.
-                seed=derive_seed(self.cfg.seed, problem.key, r, "sample"),
-            )
-            request_id = f"{problem.key}#r{r + 1}"
-            state.prompt = prompt.token_ids
-            state.resumed_tokens = self._add_request(state, params, request_id)
+            prompt = fit_round_prompt(self.llm.tokenizer, problem.messages, refs, max_model_len=self.max_model_len,
+                                      max_tokens=self.max_tokens, message_token_cap=self.cfg.message_token_cap)
+            # Per problem, run and round, so results do not depend on what else was scheduled.
+            seed = (pool_seed(self.cfg.seed, problem.key) if unit.run == POOL
+                    else sample_seed(self.cfg.seed, problem.key, unit.run, r))
+            params = SamplingParams(n=self.cfg.pool if unit.run == POOL else self.schedule[r],
+                                    temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+                                    max_tokens=prompt.max_tokens, seed=seed)
+            request_id = f"{unit.key}#r{r + 1}"
+            unit.prompt = prompt.token_ids
+            unit.resumed_tokens = self._add_request(unit, params, request_id)
         except (PromptTooLong, ValueError) as e:
             # PromptTooLong is ours; ValueError is the engine refusing a prompt it can never fit.
-            self._fail(state, f"round {r + 1}: {e}")
+            self._fail(unit, f"round {r + 1}: {e}")
             return
-        state.references = len(refs or [])
-        state.truncated, state.truncated_tokens = prompt.truncated_messages, prompt.truncated_tokens
-        self._inflight[request_id] = state
+        unit.references = len(refs or [])
+        unit.truncated, unit.truncated_tokens = prompt.truncated_messages, prompt.truncated_tokens
+        self._inflight[request_id] = unit
 
-    def _add_request(self, state: _ProblemState, params: SamplingParams, request_id: str) -> int:
+    def _add_request(self, unit: _Unit, params: SamplingParams, request_id: str) -> int:
         """Add the round's request, continuing its snapshot if there is one; returns the tokens resumed."""
-        r = state.round_idx
-        resume = self._partials.load(state.problem.key, r + 1, params.n, self.cfg.seed, state.prompt)
+        r = unit.round_idx
+        resume = self._partials.load(unit.key, r + 1, params.n, self.cfg.seed, unit.prompt)
         if resume is not None:
             try:
-                self.llm.add_request(state.prompt, params, request_id=request_id, resume=resume)
+                self.llm.add_request(unit.prompt, params, request_id=request_id, resume=resume)
                 return sum(len(tokens) for tokens, _ in resume)
             except ValueError as e:
-                print(f"pacore: problem {state.problem.id!r} round {r + 1}: snapshot not usable ({e}); "
+                print(f"pacore: problem {unit.problem.id!r} round {r + 1}: snapshot not usable ({e}); "
                       f"starting the round over", file=sys.stderr)
-        self.llm.add_request(state.prompt, params, request_id=request_id)
+        self.llm.add_request(unit.prompt, params, request_id=request_id)
         return 0
 
-    def _round_finished(self, state: _ProblemState, out) -> None:
-        r = state.round_idx
-        k = self.schedule[r]
-        outputs = sorted(out.outputs, key=lambda c: c.index)
-        trajectories = order_responses(
-            [Trajectory(c.index, c.text, c.finish_reason, len(c.token_ids)) for c in outputs], self.cfg.shuffle,
-            derive_seed(self.cfg.seed, state.problem.key, r + 1, "shuffle"))
+    def _round_finished(self, unit: _Unit, out) -> None:
+        r = unit.round_idx
+        trajectories = [Trajectory(c.index, c.text, c.finish_reason, len(c.token_ids))
+                        for c in sorted(out.outputs, key=lambda c: c.index)]
         stats = round_stats_from_output(
-            r + 1, k, out, references=state.references, dropped=state.dropped, truncated=state.truncated,
-            truncated_tokens=state.truncated_tokens, resumed=state.resumed_tokens,
-        )
+            r + 1, len(trajectories), out, references=unit.references, dropped=unit.dropped,
+            truncated=unit.truncated, truncated_tokens=unit.truncated_tokens, resumed=unit.resumed_tokens)
+        self.generated_tokens += stats.generated_tokens - unit.resumed_tokens  # this session's work
+        self._progress.round_done(len(trajectories), stats.generated_tokens)
+        if unit.run == POOL:
+            self._checkpoint(unit, trajectories, stats)
+            self._pool_done(unit, trajectories, stats.to_dict())
+        else:
+            self._complete_round(unit, trajectories, stats)
+        self._partials.drop(unit.key, r + 1)  # only once the round is safely on disk
+
+    def _pool_done(self, pool: _Unit, trajectories: list[Trajectory], pool_stats: dict) -> None:
+        """Start each waiting run at round 2 with its own draw of K1 pool trajectories as round 1."""
+        problem, k1 = pool.problem, self.schedule[0]
+        generated = sum(t.tokens for t in trajectories)
+        for run in pool.waiting:
+            unit = _Unit(problem, pool.gold, run)
+            indices = draw(len(trajectories), k1, self.cfg.seed, problem.key, run)
+            drawn, stats = drawn_round(trajectories, pool_stats, indices, k1)
+            unit.pool = {"size": len(trajectories), "indices": indices, "generated_tokens": generated,
+                         "stats": pool_stats}
+            self._complete_round(unit, drawn, stats, checkpoint=False)  # the pool and the draw say it all
+
+    def _complete_round(self, unit: _Unit, trajectories: list[Trajectory], stats: RoundStats,
+                        checkpoint: bool = True) -> None:
+        """Order a finished round as it is recorded and passed on, grade it, then go on to the next round."""
+        r = unit.round_idx
+        ordered = order_responses(trajectories, self.cfg.shuffle,
+                                  shuffle_seed(self.cfg.seed, unit.problem.key, unit.run, r + 1))
         if self.cfg.grade:
-            graded = [grade(t.message.strip(), state.gold) for t in trajectories]
+            graded = [grade(t.message.strip(), unit.gold) for t in ordered]
             stats.answers = [a for a, _ in graded]  # in the recorded order, like round_responses
             flags = [ok for _, ok in graded if ok is not None]
             stats.accuracy = sum(flags) / len(flags) if flags else None
-        state.rounds.append(trajectories)
-        state.stats.append(stats)
-        self.generated_tokens += stats.generated_tokens - state.resumed_tokens  # this session's work
-        self._progress.round_done(len(outputs), stats.generated_tokens)
-        if r + 1 < len(self.schedule):
+        unit.rounds.append(ordered)
+        unit.stats.append(stats)
+        if checkpoint and r + 1 < len(self.schedule):
             # A long round is not lost with a later one: resume continues from here.
-            self._round_writer.write({"request_id": state.problem.id, "round": r + 1, "k": k,
-                                      "seed": self.cfg.seed, "shuffle": self.cfg.shuffle,
-                                      "responses": [t.to_record() for t in trajectories],
-                                      "stats": stats.to_dict()})
-            state.round_idx += 1
-            self._submit(state)
-        else:
-            self._finish(state)
-        self._partials.drop(state.problem.key, r + 1)  # only once the round is safely on disk
+            self._checkpoint(unit, ordered, stats)
+        unit.round_idx += 1
+        if unit.pool is not None and unit.round_idx == 1:
+            self._restore(unit)
+        self._advance(unit)
 
-    def _restore(self, state: _ProblemState) -> _ProblemState:
-        """Put back the rounds an earlier session finished, if they match this run's schedule and seed."""
-        records = self._checkpoints.get(state.problem.key, [])[: len(self.schedule) - 1]
-        if not records:
-            return state
-        if any((rec.get("k"), rec.get("seed"), rec.get("shuffle")) != (self.schedule[i], self.cfg.seed, self.cfg.shuffle)
-               for i, rec in enumerate(records)):
-            print(f"pacore: problem {state.problem.id!r}: its checkpointed rounds were run with another "
-                  f"--rounds/--seed/--shuffle; starting it over", file=sys.stderr)
-            return state
+    def _checkpoint(self, unit: _Unit, trajectories: list[Trajectory], stats: RoundStats) -> None:
+        self._round_writer.write({"request_id": unit.problem.id, "run": unit.run, "round": unit.round_idx + 1,
+                                  "k": len(trajectories), "seed": self.cfg.seed, "shuffle": self.cfg.shuffle,
+                                  "pool": self.cfg.pool, "responses": [t.to_record() for t in trajectories],
+                                  "stats": stats.to_dict()})
+
+    def _restore(self, unit: _Unit) -> _Unit:
+        """Put back the rounds an earlier session finished, if they match this run's settings."""
+        # unit.round_idx is 1 when round 1 was drawn from the pool
+        records, dropped = usable_rounds(self.cfg, self._prior.get(unit.problem.key), unit.run, unit.round_idx)
+        if dropped:
+            print(f"pacore: problem {unit.problem.id!r} run {unit.run}: its checkpointed rounds were run with "
+                  f"another --rounds/--seed/--shuffle/--pool; starting it over", file=sys.stderr)
         for rec in records:
-            state.rounds.append([Trajectory.from_record(t, i) for i, t in enumerate(rec["responses"])])
-            state.stats.append(RoundStats(**rec["stats"]))
+            unit.rounds.append([Trajectory.from_record(t, i) for i, t in enumerate(rec["responses"])])
+            unit.stats.append(RoundStats(**rec["stats"]))
             self._progress.round_done(rec["k"], 0)
-        state.round_idx = len(records)
-        return state
+        unit.round_idx += len(records)
+        return unit
 
     # -- records -----------------------------------------------------------------------------
-    def _finish(self, state: _ProblemState) -> None:
-        final = state.rounds[-1][0] if state.rounds[-1] else Trajectory(0, "")
-        answer, correct = (None, None)
-        if self.cfg.grade:
-            answer, correct = grade(final.message.strip(), state.gold)
-        sc_answer = majority_vote(state.stats[0].answers) if self.cfg.grade else None
-        sc_correct = None
-        if self.cfg.grade and state.gold is not None:
-            sc_correct = sc_answer is not None and answers_equal(state.gold, sc_answer)
-        record = {
-            "request_id": state.problem.id,
-            # The reference pipeline's keys, holding what it records under plain `vllm serve`.
-            "final_response": final.text,
-            "final_reasoning_content": "",
-            "round_responses": [[t.to_record() for t in rnd] for rnd in state.rounds],
-            "rounds_stats": [s.to_dict() for s in state.stats],
-            "effective_compute_tokens": sum(s.generated_tokens for s in state.stats),
-            "answer": answer,
-            "correct": correct,
-            "self_consistency": {"k": self.schedule[0], "answer": sc_answer, "correct": sc_correct},
-        }
-        self._write(record, state.problem.extra)
+    def _finish(self, unit: _Unit) -> None:
+        self._write(run_record(unit.problem.id, unit.run, unit.rounds, unit.stats, gold=unit.gold,
+                               graded=self.cfg.grade, k1=self.schedule[0], pool=unit.pool), unit.problem.extra)
+        self._closed(unit.problem)
 
-    def _fail(self, state: _ProblemState, error: str) -> None:
-        print(f"pacore: problem {state.problem.id!r} failed: {error}", file=sys.stderr)
-        self._progress.problem_failed(
-            sum(self.schedule[state.round_idx:]), len(self.schedule) - state.round_idx
-        )
-        self._write_error(
-            state.problem.id,
-            error,
-            state.problem.line_no,
-            state.problem.extra,
-            round_responses=[[t.to_record() for t in rnd] for rnd in state.rounds],
-            rounds_stats=[s.to_dict() for s in state.stats],
-        )
+    def _fail(self, unit: _Unit, error: str) -> None:
+        runs = unit.waiting if unit.run == POOL else [unit.run]
+        print(f"pacore: problem {unit.problem.id!r} failed: {error}", file=sys.stderr)
+        if unit.run == POOL:
+            self._progress.problem_failed(*planned(self.cfg, len(runs)))
+        else:
+            self._progress.problem_failed(sum(self.schedule[unit.round_idx:]), len(self.schedule) - unit.round_idx)
+        for run in runs:
+            self._write(error_record(unit.problem.id, run, error, unit.problem.line_no,
+                                     round_responses=[[t.to_record() for t in rnd] for rnd in unit.rounds],
+                                     rounds_stats=[s.to_dict() for s in unit.stats]), unit.problem.extra)
+            self._closed(unit.problem)
 
-    def _write_error(self, pid, error: str, line_no: int, extra: dict, **partial) -> None:
-        self._write({"request_id": pid, "error": error, "line": line_no, **partial}, extra)
+    def _closed(self, problem: Problem) -> None:
+        self._open[problem.key] -= 1
+        if not self._open[problem.key]:
+            del self._open[problem.key]
 
     def _write(self, record: dict, extra: dict) -> None:
         for key, value in extra.items():
@@ -312,13 +340,13 @@ INTERRUPTED = ("pacore: interrupted; finished problems are saved in {out}. "
                "Run again with --resume to complete the rest.")
 
 
-def pending_work(cfg: RunConfig) -> tuple[list[Problem | BadLine], dict[str, list[dict]]]:
-    """The input lines not yet in the output, and the checkpointed rounds of those begun earlier."""
+def pending_work(cfg: RunConfig) -> tuple[list[Problem | BadLine], dict[str, PriorWork]]:
+    """The input lines not yet in the output, and what earlier sessions did of those begun (runs.py)."""
     prior = prepare_output(cfg.out_path, cfg.resume)
-    todo, note = select_pending(read_problems(cfg.data_path), prior, cfg.skip_failed)
+    todo, note = select_pending(read_problems(cfg.data_path), prior, cfg.skip_failed, cfg.runs)
     if note:
         print(f"pacore: {note} ({cfg.out_path})", file=sys.stderr)
-    return todo, read_round_checkpoints(cfg.out_path)
+    return todo, read_prior_work(cfg, todo, prior)
 
 
 def profiled(llm, profile_dir: str | None):

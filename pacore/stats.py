@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -26,6 +27,7 @@ class RoundStats:
     dropped_messages: int  # previous-round messages dropped because they were empty
     truncated_messages: int  # references shortened to fit the context
     truncated_tokens: int = 0  # tokens those references lost
+    pool: int | None = None  # a round 1 drawn from a pool of this many trajectories (runs.py)
     finish_reasons: dict[str, int] = field(default_factory=dict)
     answers: list[str | None] = field(default_factory=list)
     accuracy: float | None = None  # mean correctness over the K trajectories
@@ -66,10 +68,28 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def summarize(records: list[dict], schedule: list[int]) -> dict:
-    """Aggregate the results file: accuracy per round vs self-consistency, tokens/s, compute, KV saved.
+def _over_runs(records: list[dict], value) -> tuple[float | None, float | None]:
+    """The mean of ``value(record)`` over all records (pass@1 averaged over problems and runs, as the
+    paper reports it) and the standard deviation, over runs, of each run's mean (None with one run)."""
+    per_run: dict = {}
+    for rec in records:
+        v = value(rec)
+        if v is not None:
+            per_run.setdefault(rec.get("run", 0), []).append(float(v))
+    values = [v for vs in per_run.values() for v in vs]
+    means = [sum(vs) / len(vs) for vs in per_run.values()]
+    return _mean(values), statistics.stdev(means) if len(means) > 1 else None
 
-    Each problem counts once (``latest_records``), however many sessions wrote records for it.
+
+def _problem_of(rec: dict) -> tuple:
+    return ("line", rec.get("line")) if rec.get("input_error") else ("id", str(rec.get("request_id")))
+
+
+def summarize(records: list[dict], schedule: list[int]) -> dict:
+    """Aggregate the results file: accuracy per round vs self-consistency (mean and std over runs),
+    tokens/s, compute, KV saved.
+
+    Each run of a problem counts once (``latest_records``), however many sessions wrote records for it.
     """
     records = latest_records(records)
     ok = [r for r in records if "error" not in r]
@@ -77,13 +97,15 @@ def summarize(records: list[dict], schedule: list[int]) -> dict:
     graded = [r for r in ok if r.get("correct") is not None]
     rounds = []
     for i, k in enumerate(schedule):
-        rs = [r["rounds_stats"][i] for r in ok if len(r.get("rounds_stats", [])) > i]
-        accs = [s["accuracy"] for s in rs if s.get("accuracy") is not None]
+        has = [r for r in ok if len(r.get("rounds_stats", [])) > i]
+        rs = [r["rounds_stats"][i] for r in has]
+        accuracy, accuracy_std = _over_runs(has, lambda r: r["rounds_stats"][i].get("accuracy"))
         rounds.append({
             "round": i + 1,
             "k": k,
             "problems": len(rs),
-            "accuracy": _mean(accs),
+            "accuracy": accuracy,
+            "accuracy_std": accuracy_std,
             "prompt_tokens": sum(s["prompt_tokens"] for s in rs),
             "generated_tokens": sum(s["generated_tokens"] for s in rs),
             "mean_tokens_per_s": _mean([s["tokens_per_s"] for s in rs]),
@@ -95,21 +117,34 @@ def summarize(records: list[dict], schedule: list[int]) -> dict:
             "truncated_messages": sum(s["truncated_messages"] for s in rs),
             "truncated_tokens": sum(s.get("truncated_tokens", 0) for s in rs),
         })
-    sc = [r["self_consistency"]["correct"] for r in ok if (r.get("self_consistency") or {}).get("correct") is not None]
+    accuracy, accuracy_std = _over_runs(graded, lambda r: r["correct"])
+    sc, sc_std = _over_runs(ok, lambda r: (r.get("self_consistency") or {}).get("correct"))
     compute = [r["effective_compute_tokens"] for r in ok if "effective_compute_tokens" in r]
+    # A pool's trajectories were generated once per problem, however many runs drew from them.
+    pools = {str(r["request_id"]): r["pool"] for r in ok if r.get("pool")}
+    generated = sum(s["generated_tokens"] for r in ok for s in r.get("rounds_stats", []) if not s.get("pool"))
+    generated += sum(p["generated_tokens"] for p in pools.values())
+    saved = sum(x["kv_blocks_saved_by_sharing"] for x in rounds)
+    saved += sum(p["stats"]["kv_blocks_saved_by_sharing"] for p in pools.values())
     return {
-        "problems": len(records),
+        "problems": len({_problem_of(r) for r in records}),
+        "runs": max((r.get("run", 0) for r in ok), default=0) + 1,
         "completed": len(ok),
         "errors": len(errors),
         "graded": len(graded),
-        "accuracy": _mean([float(r["correct"]) for r in graded]),
-        "self_consistency_accuracy": _mean([float(c) for c in sc]),
+        "accuracy": accuracy,
+        "accuracy_std": accuracy_std,
+        "self_consistency_accuracy": sc,
+        "self_consistency_accuracy_std": sc_std,
         "self_consistency_k": schedule[0] if schedule else None,
         "rounds": rounds,
         "effective_compute_tokens_total": sum(compute),
         "effective_compute_tokens_mean": _mean(compute),
-        "kv_blocks_saved_by_sharing": sum(x["kv_blocks_saved_by_sharing"] for x in rounds),
-        "error_samples": [{"request_id": r.get("request_id"), "error": r["error"]} for r in errors[:10]],
+        "generated_tokens_total": generated,
+        "pool_generated_tokens": sum(p["generated_tokens"] for p in pools.values()),
+        "kv_blocks_saved_by_sharing": saved,
+        "error_samples": [{"request_id": r.get("request_id"), "run": r.get("run"), "error": r["error"]}
+                          for r in errors[:10]],
     }
 
 
@@ -119,29 +154,40 @@ def _fmt(x: float | None, pct: bool = False) -> str:
     return f"{100 * x:.1f}%" if pct else f"{x:.1f}"
 
 
+def _acc(mean: float | None, std: float | None) -> str:
+    return _fmt(mean, True) + (f" ± {100 * std:.1f}" if std is not None else "")
+
+
 def format_summary(summary: dict) -> str:
     """A human-readable summary for the terminal."""
+    runs = summary.get("runs", 1)
+    what = "problems" if runs == 1 else "runs"
+    total = summary["completed"] + summary["errors"] if runs > 1 else summary["problems"]
     lines = [
-        f"PaCoRe run: {summary['completed']}/{summary['problems']} problems completed, "
-        f"{summary['errors']} errors, {summary['graded']} graded",
-        f"  accuracy (final answer): {_fmt(summary['accuracy'], True)}   "
+        f"PaCoRe run: {summary['completed']}/{total} {what} completed"
+        + (f" ({summary['problems']} problems x {runs} runs)" if runs > 1 else "")
+        + f", {summary['errors']} errors, {summary['graded']} graded",
+        f"  accuracy (final answer): {_acc(summary['accuracy'], summary.get('accuracy_std'))}   "
         f"self-consistency (majority of {summary['self_consistency_k']} round-1 answers): "
-        f"{_fmt(summary['self_consistency_accuracy'], True)}",
-        f"  {'round':>5} {'K':>4} {'acc':>7} {'prompt tok':>11} {'gen tok':>9} {'tok/s':>8} "
+        f"{_acc(summary['self_consistency_accuracy'], summary.get('self_consistency_accuracy_std'))}"
+        + (f"   (pass@1 averaged over {runs} runs ± std over runs)" if runs > 1 else ""),
+        f"  {'round':>5} {'K':>4} {'acc':>13} {'prompt tok':>11} {'gen tok':>9} {'tok/s':>8} "
         f"{'cache hit':>10} {'KV saved':>9} {'dropped':>8} {'cut (tokens)':>14}",
     ]
     for r in summary["rounds"]:
         cut = f"{r['truncated_messages']} ({r['truncated_tokens']})"
         lines.append(
-            f"  {r['round']:>5} {r['k']:>4} {_fmt(r['accuracy'], True):>7} {r['prompt_tokens']:>11} "
+            f"  {r['round']:>5} {r['k']:>4} {_acc(r['accuracy'], r.get('accuracy_std')):>13} {r['prompt_tokens']:>11} "
             f"{r['generated_tokens']:>9} {_fmt(r['mean_tokens_per_s']):>8} {r['prefix_cache_hit_tokens']:>10} "
-            f"{r['kv_blocks_saved_by_sharing']:>9} {r['dropped_messages']:>8} "
-            f"{cut:>14}"
+            f"{r['kv_blocks_saved_by_sharing']:>9} {r['dropped_messages']:>8} {cut:>14}"
         )
     lines.append(
         f"  effective test-time compute: {summary['effective_compute_tokens_total']} tokens "
-        f"({_fmt(summary['effective_compute_tokens_mean'])} per problem); "
-        f"KV blocks saved by sharing: {summary['kv_blocks_saved_by_sharing']}"
+        f"({_fmt(summary['effective_compute_tokens_mean'])} per {'run' if runs > 1 else 'problem'}); "
+        f"generated: {summary.get('generated_tokens_total', summary['effective_compute_tokens_total'])} tokens"
+        + (f" (pools: {summary['pool_generated_tokens']}, once per problem)" if summary.get("pool_generated_tokens")
+           else "")
+        + f"; KV blocks saved by sharing: {summary['kv_blocks_saved_by_sharing']}"
     )
     run = summary.get("run")
     if run:
@@ -151,7 +197,8 @@ def format_summary(summary: dict) -> str:
             + (f" on {len(run['replicas'])} replicas" if run.get("replicas") else "")
         )
     for e in summary["error_samples"]:
-        lines.append(f"  error [{e['request_id']}]: {e['error']}")
+        run_no = f" run {e['run']}" if runs > 1 and e.get("run") is not None else ""
+        lines.append(f"  error [{e['request_id']}{run_no}]: {e['error']}")
     return "\n".join(lines)
 
 

@@ -180,3 +180,37 @@ def test_cli_refuses_a_fixed_budget_beyond_the_context(tiny_qwen3, tmp_path, cap
     err = capsys.readouterr().err
     assert "context of 1024" in err and "--max-tokens auto" in err
     assert not read_results(str(tmp_path / "b.jsonl"))
+
+
+def test_runs_prefill_the_round1_prompt_once_through_the_prefix_cache(tiny_qwen3, tmp_path):
+    llm = engine.LLM(model=str(tiny_qwen3), num_kv_blocks=512, seed=0)
+    _problems(tmp_path / "in.jsonl", 1)
+    cfg = RunConfig(str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"), rounds=(2,), max_tokens=8, runs=3,
+                    show_progress=False)
+    summary = PaCoReRunner(llm, cfg).run()
+    recs = sorted(read_results(cfg.out_path), key=lambda r: r["run"])
+    assert [r["run"] for r in recs] == [0, 1, 2] and summary["runs"] == 3
+    round1 = [r["rounds_stats"][0] for r in recs]
+    prompt = round1[0]["prompt_tokens"]
+    assert {s["prompt_tokens"] for s in round1} == {prompt}
+    # the first run's request computes the prompt; the others find its full blocks in the prefix cache
+    full_blocks = (prompt - 1) // llm.block_size * llm.block_size
+    assert full_blocks > 0
+    assert sorted(s["prefix_cache_hit_tokens"] for s in round1) == [0, full_blocks, full_blocks]
+    texts = [[t["content"] for t in r["round_responses"][0]] for r in recs]
+    assert texts[0] != texts[1] != texts[2]  # independent runs sample differently
+
+
+def test_pool_on_the_real_engine(tiny_qwen3, tmp_path):
+    llm = engine.LLM(model=str(tiny_qwen3), num_kv_blocks=512, seed=0)
+    _problems(tmp_path / "in.jsonl", 1)
+    cfg = RunConfig(str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"), rounds=(2,), max_tokens=8, runs=3,
+                    pool=4, show_progress=False)
+    summary = PaCoReRunner(llm, cfg).run()
+    recs = read_results(cfg.out_path)
+    assert len(recs) == 3 and all("error" not in r for r in recs)
+    pool_tokens = recs[0]["pool"]["generated_tokens"]
+    assert pool_tokens == recs[0]["pool"]["stats"]["generated_tokens"] > 0
+    later = sum(r["rounds_stats"][1]["generated_tokens"] for r in recs)
+    assert summary["generated_tokens_total"] == pool_tokens + later == summary["run"]["generated_tokens"]
+    assert summary["effective_compute_tokens_total"] == sum(s["generated_tokens"] for r in recs for s in r["rounds_stats"])
