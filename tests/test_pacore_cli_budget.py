@@ -48,3 +48,23 @@ def test_shuffle_defaults_to_the_official_order():
     assert _cfg("--shuffle", "seeded").shuffle == "seeded"
     with pytest.raises(SystemExit):
         _cfg("--shuffle", "random")
+
+
+def test_the_readme_command_reproducing_the_paper_parses_to_its_settings():
+    import re
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Reproduce the paper", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    argv = shlex.split(block.replace("\\\n", " "))
+    assert argv[0].endswith("pacore")
+    args = build_parser().parse_args(argv[1:])
+    cfg = _config(args, args.data, args.out, args.resume)
+    assert cfg.schedule == (32, 4, 1) and cfg.runs == 64 and cfg.pool == 512 and cfg.shuffle == "official"
+    assert cfg.max_tokens == "auto" and (cfg.temperature, cfg.top_p) == (1.0, 1.0)
+    assert cfg.engine_options["max_model_len"] == 131072
+    assert cfg.engine_options["rope_scaling"] == {"rope_type": "yarn", "factor": 2.0,
+                                                  "original_max_position_embeddings": 32768, "attention_factor": 1.0}
+    assert args.data_parallel == 8
