@@ -51,7 +51,8 @@ class RunConfig:
     resume: bool = False
     skip_failed: bool = False  # on resume, leave problems whose only records are errors (default: rerun them)
     max_problems_in_flight: int = 64
-    # "auto": shorten references (keeping their ends) just enough for the round prompt to fit;
+    # "auto": shorten references (keeping their ends) just enough for the round prompt to fit (with
+    # max_tokens "auto": to leave a quarter of the context to generate, budget.reserved_room);
     # an int: cap every reference at that many tokens (then still error if it does not fit);
     # None: never shorten.
     message_token_cap: MessageCap = "auto"
