@@ -7,6 +7,7 @@ from collections import deque
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
+from engine.llm import StepError
 from engine.sampling_params import SamplingParams
 
 from .budget import PromptTooLong, check_max_tokens, fit_round_prompt
@@ -14,6 +15,7 @@ from .compaction import Trajectory
 from .config import RunConfig
 from .grading import grade, ground_truth_answer
 from .io import BadLine, Problem, ResultsWriter, prepare_output, read_problems, rounds_path, select_pending
+from .lock import results_lock
 from .partial import PartialStore
 from .progress import Progress
 from .prompts import order_responses
@@ -78,10 +80,11 @@ class PaCoReRunner:
     # -- public ------------------------------------------------------------------------------
     def run(self) -> dict:
         """Run every problem not yet in the output; returns (and writes) the run summary."""
-        todo, prior = pending_work(self.cfg)
-        start = time.perf_counter()
-        self.process(todo, prior)
-        return write_summary(self.cfg, time.perf_counter() - start, [self.session_stats()])
+        with results_lock(self.cfg.out_path):  # re-entrant: the CLI already holds it
+            todo, prior = pending_work(self.cfg)
+            start = time.perf_counter()
+            self.process(todo, prior)
+            return write_summary(self.cfg, time.perf_counter() - start, [self.session_stats()])
 
     def process(self, items: list[Problem | BadLine], prior: dict[str, PriorWork] | None = None,
                 desc: str = "pacore", position: int = 0, interrupt_hint: bool = True) -> None:
@@ -141,7 +144,11 @@ class PaCoReRunner:
                 self._start(item)
             if not self._inflight:
                 continue
-            finished = self.llm.step()
+            try:
+                finished = self.llm.step()
+            except StepError as e:
+                self._step_failed(e)
+                continue
             if not finished and not self.llm.has_unfinished():
                 raise RuntimeError(
                     f"the engine has no unfinished requests but {len(self._inflight)} rounds never "
@@ -181,6 +188,17 @@ class PaCoReRunner:
             self._submit(unit)
         else:  # the final round is done
             self._finish(unit)
+
+    def _step_failed(self, error: StepError) -> None:
+        """The engine aborted the rounds of a failed step: keep their tokens for --resume, record
+        their runs as failed (so --resume runs them again, from those tokens), carry on with the rest."""
+        for request_id, partial in error.partial.items():
+            unit = self._inflight.pop(request_id, None)
+            if unit is None:
+                continue
+            if any(tokens for tokens, _ in partial):
+                self._partials.save(unit.key, unit.round_idx + 1, len(partial), self.cfg.seed, unit.prompt, partial)
+            self._fail(unit, f"round {unit.round_idx + 1}: {error}")
 
     def _snapshot(self) -> None:
         """Save every round in flight (its trajectories' tokens so far) for --resume."""

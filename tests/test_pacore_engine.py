@@ -214,3 +214,38 @@ def test_pool_on_the_real_engine(tiny_qwen3, tmp_path):
     later = sum(r["rounds_stats"][1]["generated_tokens"] for r in recs)
     assert summary["generated_tokens_total"] == pool_tokens + later == summary["run"]["generated_tokens"]
     assert summary["effective_compute_tokens_total"] == sum(s["generated_tokens"] for r in recs for s in r["rounds_stats"])
+
+
+def test_a_failed_engine_step_loses_nothing(tiny_qwen3, tmp_path):
+    """A step that fails mid-round (a device error) fails only the rounds it ran: their tokens are
+    snapshotted and their problems recorded as failed; the other problems finish; --resume then
+    completes the failed ones exactly as a run that never failed."""
+    _problems(tmp_path / "in.jsonl", 3)
+
+    def cfg(name, **kw):
+        return RunConfig(str(tmp_path / "in.jsonl"), str(tmp_path / name), rounds=(3,), max_tokens=16,
+                         show_progress=False, checkpoint_every_s=0, max_problems_in_flight=1, **kw)
+
+    PaCoReRunner(engine.LLM(model=str(tiny_qwen3), num_kv_blocks=512), cfg("whole.jsonl")).run()
+    llm = engine.LLM(model=str(tiny_qwen3), num_kv_blocks=512)
+    run = llm.runner.run
+
+    def flaky(batch):  # p1's round 1 fails after 5 tokens
+        if any(s.request.request_id.startswith("p1#") and s.num_generated == 5 for s in batch.decodes):
+            llm.runner.run = run
+            raise RuntimeError("simulated device error")
+        return run(batch)
+    llm.runner.run = flaky
+    summary = PaCoReRunner(llm, cfg("cut.jsonl")).run()
+    recs = read_results(str(tmp_path / "cut.jsonl"))
+    assert sorted(r["request_id"] for r in recs if "error" not in r) == ["p0", "p2"]
+    [failed] = [r for r in recs if "error" in r]
+    assert failed["request_id"] == "p1" and "simulated device error" in failed["error"]
+    assert summary["completed"] == 2
+    assert len(list((tmp_path / "cut.jsonl.partial").iterdir())) == 1  # p1's 3 trajectories, 5 tokens each
+
+    PaCoReRunner(engine.LLM(model=str(tiny_qwen3), num_kv_blocks=512), cfg("cut.jsonl", resume=True)).run()
+
+    def done(name):
+        return {r["request_id"]: r["round_responses"] for r in read_results(str(tmp_path / name)) if "error" not in r}
+    assert done("cut.jsonl") == done("whole.jsonl")
