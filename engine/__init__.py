@@ -1,6 +1,14 @@
 """PaCoRe Engine: paged, prefix-shared KV cache; fork of one prompt into K trajectories."""
-from engine.llm import LLM, StepError
 from engine.sampling_params import SamplingParams
-from engine.sequence import CompletionOutput, RequestMetrics, RequestOutput
 
 __all__ = ["LLM", "StepError", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics"]
+_LAZY = {"LLM": "engine.llm", "StepError": "engine.llm", "RequestOutput": "engine.sequence",
+         "CompletionOutput": "engine.sequence", "RequestMetrics": "engine.sequence"}
+
+
+def __getattr__(name: str):
+    # The engine proper pulls in torch; SamplingParams alone (the CLI's flag checks) must not.
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -36,8 +36,6 @@ def _positive(value: str) -> int:
     return n
 
 
-# The sampling flags are checked here, with the engine's own ranges (SamplingParams.validate), so a
-# bad value stops the command at once instead of costing a model load and an error per problem.
 def _finite(value: str) -> float:
     try:
         x = float(value)
@@ -48,18 +46,19 @@ def _finite(value: str) -> float:
     return x
 
 
-def _temperature(value: str) -> float:
-    t = _finite(value)
-    if t < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 (0 = greedy, 1.0 = the paper's), got {value}")
-    return t
+def _sampling(name: str):
+    """An argparse type for a sampling flag, checked by the engine's own rule (SamplingParams), so
+    a bad value stops the command at once instead of costing a model load and an error per problem."""
+    def parse(value: str) -> float:
+        from engine.sampling_params import SamplingParams  # torch-free
 
-
-def _top_p(value: str) -> float:
-    p = _finite(value)
-    if not 0 < p <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1] (1.0 = off, the paper's), got {value}")
-    return p
+        x = _finite(value)
+        try:
+            SamplingParams(**{name: x})
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e).removeprefix(f"SamplingParams.{name} ")) from None
+        return x
+    return parse
 
 
 def _seed(value: str) -> int:
@@ -150,9 +149,9 @@ def _add_method_options(p: argparse.ArgumentParser, *, max_tokens: int | None, p
                    help=f"generation budget of each trajectory: 'auto' gives each request the context minus its "
                    f"prompt, as the paper (references are then cut, ends kept, only to leave a quarter of the "
                    f"context); N must be below the context (default: {default})")
-    g.add_argument("--temperature", type=_temperature, default=temperature,
+    g.add_argument("--temperature", type=_sampling("temperature"), default=temperature,
                    help=f"sampling temperature (default {temperature}; the paper uses 1.0)")
-    g.add_argument("--top-p", type=_top_p, default=1.0, help="nucleus sampling threshold (default 1.0, as the paper)")
+    g.add_argument("--top-p", type=_sampling("top_p"), default=1.0, help="nucleus sampling threshold (default 1.0, as the paper)")
     g.add_argument("--seed", type=_seed, default=0,
                    help="run seed; sampling (and with --shuffle seeded, the reference order) derives per problem and round "
                    "from it (default 0)")
