@@ -36,11 +36,16 @@ def _positive(value: str) -> int:
     return n
 
 
-def _finite(value: str) -> float:
+def _convert(value: str, kind: type):
     try:
-        x = float(value)
+        return kind(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
+                                         f"got {value!r}") from None
+
+
+def _finite(value: str) -> float:
+    x = _convert(value, float)
     if not math.isfinite(x):
         raise argparse.ArgumentTypeError(f"expected a finite number, got {value!r}")
     return x
@@ -62,10 +67,7 @@ def _sampling(name: str):
 
 
 def _seed(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
+    n = _convert(value, int)
     if not 0 <= n < 2**64:
         raise argparse.ArgumentTypeError(f"must be in [0, 2**64), got {value}")
     return n
