@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
 
 from .config import RunConfig
-from .io import BadLine, Problem
+from .problems import BadLine, Problem
 from .lock import results_lock
 from .runner import INTERRUPTED, PaCoReRunner, pending_work, profiled
 from .stats import write_summary

@@ -14,9 +14,10 @@ from .budget import PromptTooLong, check_max_tokens, fit_round_prompt
 from .compaction import Trajectory
 from .config import RunConfig
 from .grading import grade, ground_truth_answer
-from .io import BadLine, Problem, ResultsWriter, prepare_output, read_problems, rounds_path, select_pending
+from .io import ResultsWriter, prepare_output, rounds_path, select_pending
 from .lock import results_lock
 from .partial import PartialStore
+from .problems import BadLine, Problem, read_problems
 from .progress import Progress
 from .prompts import order_responses
 from .records import error_record, run_record

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from .compaction import Trajectory
 from .config import RunConfig
-from .io import PriorResults, Problem, problem_key, read_results, rounds_path, run_key
+from .io import PriorResults, read_results, rounds_path
+from .problems import Problem, problem_key, run_key
 from .seeds import derive_seed
 from .stats import RoundStats
 

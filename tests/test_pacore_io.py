@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from pacore.io import (BadLine, OutputExistsError, PriorResults, Problem, ResultsWriter, prepare_output, read_problems,
-                       read_results)
+from pacore.io import OutputExistsError, PriorResults, ResultsWriter, prepare_output, read_results
+from pacore.problems import BadLine, Problem, read_problems
 
 
 def _write(path, lines):

@@ -10,7 +10,8 @@ import pytest
 
 from pacore.cli import build_parser, main
 from pacore.config import RunConfig
-from pacore.io import BadLine, Problem, read_problems, read_results
+from pacore.io import read_results
+from pacore.problems import BadLine, Problem, read_problems
 from pacore.lock import ResultsLocked, lock_path, results_lock
 from pacore.parallel import run_data_parallel
 from pacore.runner import PaCoReRunner
