@@ -23,6 +23,7 @@ class AttentionMetadata:
     group_starts: torch.Tensor | None = None   # set: decode rows use cascade (prefix-shared) attention
     group_prefix_lens: torch.Tensor | None = None
     max_group_size: int | None = None          # host-side bound, so kernels need no device read
+    plan: list | None = None                   # batch-invariant attention's index plan (first layer)
 
 
 _OPS = ("store_kvcache", "paged_decode", "cascade_decode", "prefill_attention", "rmsnorm", "rope",
@@ -83,6 +84,33 @@ def get_backend(name: str) -> Backend:
     if name == "triton":
         fns["prefill_attention"] = _flash_prefill_or(fns["prefill_attention"])
     return Backend(name=name, **fns)
+
+
+@dataclass(slots=True, frozen=True)
+class BatchInvariantBackend(Backend):
+    """Every query token through one attention whose result for a query does not depend on the
+    others (kernels/batch_invariant.py): the model runner hands decodes over as one-token chunks."""
+
+    def attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        from kernels.batch_invariant import max_pairs, plan_attention
+        if meta.num_prefill_tokens != q.shape[0]:
+            raise RuntimeError("batch-invariant attention takes decodes as one-token prefill chunks (engine bug)")
+        self.store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
+        if meta.plan is None:  # the same for every layer of the step
+            meta.plan = plan_attention(meta.prefill_cu_seqlens_q, meta.prefill_seq_lens,
+                                       meta.prefill_block_tables, k_cache.shape[1],
+                                       max_pairs(q.shape[1], k_cache.shape[2], q.shape[2]))
+        return self.prefill_attention(q, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q,
+                                      meta.prefill_seq_lens, scale, plan=meta.plan)
+
+
+def batch_invariant_backend() -> Backend:
+    """The torch ops whose per-row results do not depend on the batch (kernels/batch_invariant.py)."""
+    from kernels import batch_invariant as bi
+    fns = {f: getattr(get_backend("torch"), f) for f in _OPS}
+    return BatchInvariantBackend(name="batch_invariant", **fns | dict(
+        prefill_attention=bi.attention_invariant, rmsnorm=bi.rmsnorm_invariant,
+        silu_and_mul=bi.silu_and_mul_invariant))
 
 
 def _flash_prefill_or(fallback: Callable) -> Callable:

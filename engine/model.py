@@ -10,6 +10,7 @@ from torch import nn
 
 from engine.attention import AttentionMetadata, Backend
 from engine.config import ModelConfig
+from kernels.batch_invariant import linear_invariant
 
 
 class RMSNorm(nn.Module):
@@ -101,3 +102,23 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
+
+
+class RowTiledLinear(nn.Module):
+    """An nn.Linear's weights computed in fixed-size row tiles, so a row's output does not depend on
+    how many rows are batched with it (kernels/batch_invariant.py)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias  # shared, not copied (tied embeddings stay tied)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear_invariant(x, self.weight, self.bias)
+
+
+def tile_linears(model: nn.Module) -> None:
+    """Swap every nn.Linear of model (lm_head included) for a RowTiledLinear over the same weights."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(module, name, RowTiledLinear(child))

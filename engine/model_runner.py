@@ -2,6 +2,12 @@
 
 Host work per step is O(batch): each sequence owns a row of a persistent block-table buffer that
 is extended by the blocks it gained since the last step, never rebuilt from the whole sequence.
+
+batch_invariant=True: a token's logits are the same bits whatever else is in the batch and however
+the token is computed (decode, chunked prefill, recompute after preemption or resume). The linear
+layers run in fixed-size row tiles, the ops are kernels/batch_invariant.py's, and decodes are handed
+to attention as one-token prefill chunks, so one attention computation serves every query (no
+cascade, no CUDA graphs).
 """
 from __future__ import annotations
 
@@ -9,11 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import AttentionMetadata, get_backend
+from engine.attention import AttentionMetadata, batch_invariant_backend, get_backend
 from engine.config import ModelConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.kv_cache import allocate_kv_cache, copy_blocks
 from engine.loader import load_model
+from engine.model import tile_linears
 from engine.scheduler import ScheduledBatch
 from engine.sequence import Sequence, Status
 
@@ -41,13 +48,19 @@ class CascadePolicy:
 
 class ModelRunner:
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, block_size: int,
-                 max_num_seqs: int, max_model_len: int, backend: str, cascade: CascadePolicy):
+                 max_num_seqs: int, max_model_len: int, backend: str, cascade: CascadePolicy,
+                 batch_invariant: bool = False):
         self.cfg, self.dtype, self.device, self.block_size = cfg, dtype, device, block_size
         self.model = load_model(cfg, dtype, device)
         self.kv_cache: torch.Tensor | None = None
         self.cos_sin = cfg.rope_cos_sin(max_model_len).to(device)
         self.ops = get_backend(backend)
         self.cascade = cascade
+        self.batch_invariant = batch_invariant
+        if batch_invariant:
+            self.ops = batch_invariant_backend()
+            self.cascade = CascadePolicy(enabled=False)
+            tile_linears(self.model)
         self.max_blocks = -(-max_model_len // block_size)
         self.tables = torch.zeros(max_num_seqs, self.max_blocks, dtype=torch.int32)
         self.synced = [0] * max_num_seqs  # entries of each row already written
@@ -61,7 +74,7 @@ class ModelRunner:
         cfg = self.cfg
         self.kv_cache = allocate_kv_cache(cfg.num_layers, num_blocks, self.block_size, cfg.num_kv_heads,
                                           cfg.head_dim, self.dtype, self.device)
-        if cuda_graphs and self.device.type == "cuda" and self.ops.name == "triton":
+        if cuda_graphs and self.device.type == "cuda" and self.ops.name == "triton":  # never batch_invariant
             self.graphs = DecodeGraphs(self, self.max_num_seqs, cascade=self.cascade.enabled is not False)
 
     # -- rows of the persistent block-table buffer -------------------------------------------
@@ -175,6 +188,8 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
         """Forward one scheduled batch; returns fp32 logits for the sequences to sample, in order."""
+        if self.batch_invariant and batch.decodes:
+            batch = ScheduledBatch(prefills=[*batch.prefills, *((s, 1) for s in batch.decodes)])
         ids, positions, meta, sample_idx, sample_seqs = self.prepare(batch)
         if self.graphs is not None and not batch.prefills and self.graphs.can_run(len(batch.decodes)):
             hidden = self.graphs.run(ids, positions, meta)  # decode rows are the sampled rows

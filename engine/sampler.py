@@ -43,24 +43,36 @@ class Sampler:
         if all(p.greedy for p in params):
             return logits.argmax(dim=-1).tolist()
         dev = logits.device
-        temps = torch.tensor([p.temperature or 1.0 for p in params], device=dev)
-        probs = torch.softmax(logits / temps[:, None], dim=-1)
-        if any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params):
-            probs = self._filter(probs, params)
-        # Inverse CDF: one uniform per row instead of one per vocabulary entry. The CDF is summed in
-        # float64 so that no token's share is absorbed into the running total.
+        # Inverse CDF: one uniform per row instead of one per vocabulary entry.
+        cdf = self.cdf(logits, params)
         u = torch.rand(len(seqs), dtype=torch.float64, device=dev, generator=self.generator)
         seeded = [(i, stream_uniform(s.stream, s.num_generated)) for i, s in enumerate(seqs) if s.stream is not None]
         if seeded:
             rows, draws = zip(*seeded)
             u[list(rows)] = torch.tensor(draws, dtype=torch.float64, device=dev)
-        cdf = probs.to(torch.float64).cumsum_(dim=-1)
         sampled = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
-        sampled = sampled.clamp_(max=probs.shape[1] - 1)
+        sampled = sampled.clamp_(max=cdf.shape[1] - 1)
         greedy = torch.tensor([p.greedy for p in params], device=dev)
         if greedy.any():
             sampled = torch.where(greedy, logits.argmax(dim=-1), sampled)
         return sampled.tolist()
+
+    @classmethod
+    def cdf(cls, logits: torch.Tensor, params: list) -> torch.Tensor:
+        """float64 [N, V]: each row's unnormalised CDF after temperature and filters; a row's values
+        depend on its own logits and params only (every op is per row), not on the other rows."""
+        temps = torch.tensor([p.temperature or 1.0 for p in params], device=logits.device)
+        probs = torch.softmax(logits / temps[:, None], dim=-1)
+        filtered = [i for i, p in enumerate(params) if p.top_k > 0 or p.top_p < 1 or p.min_p > 0]
+        # Only the rows that ask for it: an unfiltered row passed through _filter could lose its
+        # tail (the float32 mass before it reaching 1), so it would depend on its batch-mates.
+        if len(filtered) == len(params):
+            probs = cls._filter(probs, params)
+        elif filtered:
+            rows = torch.tensor(filtered, device=logits.device)
+            probs[rows] = cls._filter(probs[rows], [params[i] for i in filtered])
+        # float64, so that no token's share is absorbed into the running total.
+        return probs.to(torch.float64).cumsum_(dim=-1)
 
     @staticmethod
     def _filter(probs: torch.Tensor, params) -> torch.Tensor:

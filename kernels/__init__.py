@@ -16,6 +16,9 @@ Triton kernel notes:
 - prefill_attention_flash (only when flash_attn imports) falls back to the Triton kernel where FA2
   cannot run the layout (block_size % 256 != 0, fp32, CPU).
 - fp32 inputs use exact fp32 dots (input_precision="ieee"), not TF32.
+
+batch_invariant.py holds the torch ops of LLM(batch_invariant=True) (no Triton twins): linear layers
+in fixed row tiles and an attention whose result for a query does not depend on its batch.
 """
 from .activation import silu_and_mul_ref
 from .cascade_decode import cascade_decode_ref
