@@ -49,6 +49,8 @@ class LLM:
     group size * prefix length >= cascade_min_shared_tokens.
     enable_fork=False turns a request with n=K into K independent prompts (an ablation).
     enforce_eager=True skips CUDA graphs (on CUDA, decode steps replay captured graphs by default).
+    batch_invariant=True: a token's logits, hence seeded draws, do not depend on the batch, chunking,
+    fork, preemption or resume (fixed-shape torch ops, engine/model_runner.py; slower, no cascade/graphs).
     max_model_len / rope_scaling override the checkpoint's context and RoPE parameters (vLLM's
     ``--max-model-len`` / ``--rope-scaling``), e.g. rope_scaling={"rope_type": "yarn", "factor": 2.0,
     "original_max_position_embeddings": 32768}; keys not given keep the checkpoint's values.
@@ -64,7 +66,8 @@ class LLM:
                  attention_backend: str | None = None,
                  device: str | torch.device | None = None, seed: int = 0,
                  gpu_memory_utilization: float = 0.9, enforce_eager: bool = False,
-                 record_steps: bool = False, rope_scaling: dict | None = None):
+                 record_steps: bool = False, rope_scaling: dict | None = None,
+                 batch_invariant: bool = False):
         from transformers import AutoTokenizer
         if block_size < 1 or max_num_seqs < 1 or max_num_batched_tokens < 1:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")
@@ -80,7 +83,7 @@ class LLM:
             cfg, self.dtype, self.device, block_size=block_size, max_num_seqs=max_num_seqs,
             max_model_len=self.max_model_len, backend=attention_backend or default_backend(self.device),
             cascade=CascadePolicy(cascade_attention, cascade_min_group, cascade_min_prefix,
-                                  cascade_min_shared_tokens))
+                                  cascade_min_shared_tokens), batch_invariant=batch_invariant)
         per_block = bytes_per_block(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype)
         num_blocks = num_kv_blocks or self._auto_blocks(per_block, kv_cache_memory, gpu_memory_utilization)
         self.runner.allocate_kv_cache(num_blocks, cuda_graphs=not enforce_eager)
