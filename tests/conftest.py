@@ -5,6 +5,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+# Before any test module imports triton (engine/model.py pulls in kernels, hence triton): on a CPU
+# host the Triton interpreter must be chosen before triton's own @jit functions are created.
+import _triton_env  # noqa: E402,F401
+
 from tiny_models import make_tiny_model  # noqa: E402
 
 
