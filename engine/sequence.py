@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
-from engine.sampler import mix64
+from engine.rng import mix64
 from engine.sampling_params import SamplingParams
 
 _seq_ids = itertools.count()
@@ -75,7 +75,6 @@ class Request:
     params: SamplingParams
     seqs: list[Sequence] = field(default_factory=list)
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
-    shared_prefix_blocks: int = -1  # cached cascade prefix; -1 = recompute
 
     @property
     def is_finished(self) -> bool:
@@ -108,4 +107,3 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     num_cached_tokens: int
     metrics: RequestMetrics
-    finished: bool = True

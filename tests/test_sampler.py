@@ -59,7 +59,7 @@ def test_a_seeded_draw_depends_on_position_not_on_the_batch():
 
 
 def test_stream_uniforms_are_uniform_and_distinct():
-    from engine.sampler import stream_uniform
+    from engine.rng import stream_uniform
 
     u = torch.tensor([stream_uniform(s, k) for s in (1, 2, 3) for k in range(4000)], dtype=torch.float64)
     assert 0 <= float(u.min()) and float(u.max()) < 1
