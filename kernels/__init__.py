@@ -13,8 +13,8 @@ Triton kernel notes:
   the engine always does.
   Optional num_splits / suffix_splits override the split-KV heuristics.
 - rmsnorm_triton returns new tensors (like the ref); rope_* rotate q and k in place.
-- prefill_attention_flash (only when flash_attn imports) falls back to the Triton kernel where FA2
-  cannot run the layout (block_size % 256 != 0, fp32, CPU).
+- No flash-attn path: its paged varlen kernel needs 256-token blocks (the engine uses 16), so
+  prefill always runs prefill_attention_triton on CUDA.
 - fp32 inputs use exact fp32 dots (input_precision="ieee"), not TF32.
 
 batch_invariant.py holds the torch ops of LLM(batch_invariant=True) (no Triton twins): linear layers
@@ -46,10 +46,3 @@ if HAS_TRITON:
 
     __all__ += ["store_kvcache_triton", "paged_decode_triton", "cascade_decode_triton", "prefill_attention_triton",
                 "rmsnorm_triton", "rope_triton", "silu_and_mul_triton"]
-
-    try:
-        from .prefill_attention import prefill_attention_flash  # only when flash_attn imports
-
-        __all__ += ["prefill_attention_flash"]
-    except ImportError:
-        pass

@@ -141,30 +141,3 @@ def prefill_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
 
 if not HAS_TRITON:  # only the reference is offered where triton does not import
     del prefill_attention_triton
-
-
-try:  # optional fast path: flash-attn's varlen kernel reads the same paged layout
-    from flash_attn import flash_attn_varlen_func as _fa_varlen
-except Exception:
-    _fa_varlen = None
-
-if _fa_varlen is not None and HAS_TRITON:
-    def prefill_attention_flash(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
-                                sm_scale: float, max_seqlen_q: int | None = None,
-                                max_seqlen_k: int | None = None) -> torch.Tensor:
-        """flash-attn varlen with block_table, falling back to prefill_attention_triton where flash-attn
-        cannot run this layout: FA2's paged KV needs block_size % 256 == 0 and fp16/bf16 on CUDA. Causal
-        masking there is bottom-right aligned, which is exactly this contract's chunked-prefill positions."""
-        _check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens)
-        if k_cache.shape[1] % 256 != 0 or q.dtype not in (torch.float16, torch.bfloat16) or not q.is_cuda:
-            return prefill_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, sm_scale)
-        i32 = torch.int32
-        cu_k = torch.zeros(seq_lens.shape[0] + 1, dtype=i32, device=q.device)
-        cu_k[1:] = torch.cumsum(seq_lens, 0)
-        if max_seqlen_q is None:
-            max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max().item())
-        if max_seqlen_k is None:
-            max_seqlen_k = int(seq_lens.max().item())
-        return _fa_varlen(q, k_cache, v_cache, cu_seqlens_q.to(i32), cu_k, max_seqlen_q, max_seqlen_k,
-                          softmax_scale=sm_scale, causal=True, block_table=block_tables.to(i32))
