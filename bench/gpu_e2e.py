@@ -17,26 +17,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from engine.testing import write_char_tokenizer
+
 QWEN3_0_6B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                   num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
                   rms_norm_eps=1e-6, tie_word_embeddings=True,
                   rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0))
 TINY = dict(QWEN3_0_6B, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096)
-
-
-def write_char_tokenizer(folder: Path, vocab_size: int) -> None:
-    # One token per character for the first 256 ids (so synthetic text prompts work), "<i>" beyond.
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    vocab = {(chr(i) if 32 <= i < 127 else f"<{i}>"): i for i in range(vocab_size)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<0>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<1>", unk_token="<0>", pad_token="<0>")
-    fast.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-                          "{% if add_generation_prompt %}<assistant>{% endif %}")
-    fast.save_pretrained(folder)
 
 
 def write_random_model(folder: str | Path, shape: dict = QWEN3_0_6B, dtype: str = "bfloat16", seed: int = 0) -> Path:

@@ -93,8 +93,8 @@ class EngineSystem:
 
     def run(self, res: RoundResult, prompts: list[list[int]], gen: int, seed: int, label: str) -> list[list[str]]:
         from engine import SamplingParams
-        llm, bm = self.llm, self.llm.block_manager
-        bm.peak_used = bm.num_used  # peak of this round only (the counter is cumulative)
+        llm = self.llm
+        llm.reset_peak_stats()  # the peak of this round only
         n0 = len(llm.step_log)
         sp = SamplingParams(n=res.k, temperature=1.0, max_tokens=gen, ignore_eos=True, seed=seed)
         t0 = time.perf_counter()
@@ -104,7 +104,7 @@ class EngineSystem:
         steps = [dict(s.to_dict(), label=label) for s in llm.step_log[n0:]]
         self.timeline += steps
         res.gen_tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
-        res.kv_peak_bytes = bm.peak_used * llm.kv_bytes_per_block
+        res.kv_peak_bytes = llm.stats()["kv_blocks_peak"] * llm.kv_bytes_per_block
         # Recorded after each step: a block taken and freed within the last step is not seen.
         res.kv_logical_peak_bytes = max(s["kv_blocks_logical"] for s in steps) * llm.kv_bytes_per_block
         return [[c.text for c in o.outputs] for o in outs]
@@ -241,7 +241,7 @@ def run(args) -> dict:
             if r + 1 < len(schedule):
                 prompts = round_prompts(tok, texts, previous, G)
     if args.profile:  # a separate pass on a fresh engine: the profiler must not slow the measured runs
-        from bench.profile_run import ProfileSession
+        from engine.profiler import ProfileSession
         eng = EngineSystem("engine", model, dtype, device, need, max(256, P * max(schedule)))
         eng.run(RoundResult("engine", 0, 2, -1), [tok.encode("warm up", add_special_tokens=False)], 4, 0, "warmup")
         with ProfileSession(eng.llm, args.profile) as session:

@@ -5,6 +5,8 @@ import json
 import statistics
 from pathlib import Path
 
+from engine.profiler import plot_kv_timeline
+
 _METRICS = ("gen_tok_s", "prefill_tok_s", "wall_s", "kv_peak_bytes", "kv_per_problem_bytes", "kv_logical_peak_bytes")
 
 
@@ -150,37 +152,6 @@ def plot_throughput(rows: list[dict], path: str | Path, title: str = "") -> None
         axes[0].set_title("systems that could not run (n/a) are left empty", fontsize=8)
     if title:
         fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def plot_kv_timeline(records: list[dict], bytes_per_block: int, path: str | Path, title: str = "") -> None:
-    """KV held per step: physical blocks (split shared / unique) vs the no-sharing (logical) count.
-    Round / label boundaries are marked."""
-    plt = _pyplot()
-    steps = list(range(len(records)))
-    mib = bytes_per_block / 2**20
-    used = [r["kv_blocks_used"] * mib for r in records]
-    shared = [r["kv_blocks_shared"] * mib for r in records]
-    logical = [r["kv_blocks_logical"] * mib for r in records]
-    fig, ax = plt.subplots(figsize=(10, 4))
-    ax.fill_between(steps, 0, shared, step="post", alpha=0.5, label="held: shared blocks (ref count > 1)")
-    ax.fill_between(steps, shared, used, step="post", alpha=0.5, label="held: unique blocks")
-    ax.plot(steps, logical, drawstyle="steps-post", color="black", lw=1.2, label="without sharing (logical)")
-    prev = None
-    for i, r in enumerate(records):
-        label = r.get("label")
-        if label != prev:
-            ax.axvline(i, color="grey", ls=":", lw=0.8)
-            ax.text(i, max(logical + [1e-9]) * 0.98, f" {label}", fontsize=7, va="top")
-            prev = label
-    ax.set_xlabel("engine step")
-    ax.set_ylabel("KV cache (MiB)")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0, 0.9))
-    ax.grid(alpha=0.3)
-    if title:
-        ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

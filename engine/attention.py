@@ -4,6 +4,7 @@ The layout of the cache and the meaning of every field below is in engine/kv_cac
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 from typing import Callable
@@ -81,9 +82,20 @@ def get_backend(name: str) -> Backend:
             raise RuntimeError(f"kernels.{_MODULES[op]} has no {op + suffix}; "
                                f"use attention_backend='torch'")
         fns[op] = fn
-    if name == "triton":
-        fns["prefill_attention"] = _flash_prefill_or(fns["prefill_attention"])
     return Backend(name=name, **fns)
+
+
+def with_ranges(ops: Backend) -> Backend:
+    """The same ops, each inside a torch.profiler range (attention.* / op.*), for profiling."""
+    from torch.profiler import record_function
+
+    def ranged(name: str, fn: Callable) -> Callable:
+        def wrapped(*args, **kwargs):
+            with record_function(name):
+                return fn(*args, **kwargs)
+        return wrapped
+    return dataclasses.replace(ops, **{op: ranged(f"attention.{op}" if "attention" in op or "decode" in op
+                                                  else f"op.{op}", getattr(ops, op)) for op in _OPS})
 
 
 @dataclass(slots=True, frozen=True)
@@ -111,22 +123,6 @@ def batch_invariant_backend() -> Backend:
     return BatchInvariantBackend(name="batch_invariant", **fns | dict(
         prefill_attention=bi.attention_invariant, rmsnorm=bi.rmsnorm_invariant,
         silu_and_mul=bi.silu_and_mul_invariant))
-
-
-def _flash_prefill_or(fallback: Callable) -> Callable:
-    """flash-attn's varlen kernel with a block table is the fastest prefill when installed."""
-    try:
-        module = importlib.import_module("kernels.prefill_attention")
-        flash = getattr(module, "prefill_attention_flash", None)
-        importlib.import_module("flash_attn")
-    except ImportError:
-        return fallback
-    if flash is None:
-        return fallback
-
-    def prefill(q, *args):
-        return flash(q, *args) if q.is_cuda else fallback(q, *args)
-    return prefill
 
 
 def default_backend(device: torch.device) -> str:

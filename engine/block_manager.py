@@ -58,6 +58,10 @@ class BlockManager:
         """Blocks that sharing saves now: logical (per-sequence) blocks minus physical ones."""
         return self.num_logical - self.num_used
 
+    def reset_peak(self) -> None:
+        """Start the peak counters afresh from what is held now (like torch.cuda.reset_peak_memory_stats)."""
+        self.peak_used, self.peak_saved = self.num_used, max(0, self.num_saved)
+
     def _track_peak(self) -> None:
         self.peak_used = max(self.peak_used, self.num_used)
         self.peak_saved = max(self.peak_saved, self.num_saved)
@@ -152,14 +156,18 @@ class BlockManager:
         for i in range(len(seq.block_hashes), min(len(seq.block_table), num_tokens // self.block_size)):
             self._register(seq, i)
 
-    def fork(self, parent: Sequence, child: Sequence) -> tuple[int, int] | None:
+    def fork(self, parent: Sequence, child: Sequence, num_computed: int | None = None) -> tuple[int, int] | None:
         """Share parent's full blocks with child; copy only a partial last block.
 
+        num_computed: the parent's tokens with KV once the copy is made (default: its num_computed;
+        the scheduler forks before the forward that completes the prompt and copies after it).
         Returns (src, dst) of the block whose KV the caller must copy, or None.
         Raises NoFreeBlocks (sharing nothing) when the copy has no room.
         """
         bs = self.block_size
-        full = parent.num_computed // bs
+        if num_computed is None:
+            num_computed = parent.num_computed
+        full = num_computed // bs
         partial = len(parent.block_table) > full
         if partial and not self.free:
             raise NoFreeBlocks("no block for the fork's partial last block")
@@ -172,7 +180,7 @@ class BlockManager:
             dst = self._new_block()
             child.block_table.append(dst)
             copy = (parent.block_table[full], dst)
-        child.num_computed = parent.num_computed
+        child.num_computed = num_computed
         self.num_logical += len(child.block_table)
         self._track_peak()
         return copy

@@ -136,3 +136,59 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; use one of {list(DTYPES)} or 'auto'")
     return DTYPES[dtype]
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """The options of ``LLM(model, **options)``, checked in one place.
+
+    num_kv_blocks / kv_cache_memory: size the paged cache by blocks or bytes (default: 90% of free
+    GPU memory after weights on CUDA, 2 GiB on CPU).
+    max_model_len / rope_scaling: override the checkpoint's context and RoPE parameters (vLLM's
+    ``--max-model-len`` / ``--rope-scaling``); rope_scaling keys are laid over the checkpoint's.
+    cascade_attention: True/False forces prefix-shared decode attention on/off; None decides per step
+    and group: >= cascade_min_group sequences sharing >= cascade_min_prefix tokens, with group size *
+    prefix length >= cascade_min_shared_tokens.
+    enable_fork=False turns a request with n=K into K independent prompts (an ablation).
+    enforce_eager=True skips CUDA graphs (on CUDA, decode steps replay captured graphs by default).
+    batch_invariant=True: a token's logits, hence seeded draws, do not depend on the batch, chunking,
+    fork, preemption or resume (engine/model_runner.py; slower, no cascade or graphs).
+    tokenizer: a folder to load the tokenizer from (default: the model's); skip_tokenizer_init=True
+    loads none (token ids in and out, no text).
+    record_steps=True keeps a StepRecord per step in ``LLM.step_log``.
+    """
+    model: str | None = None
+    dtype: str | torch.dtype | None = None
+    device: str | torch.device | None = None
+    tokenizer: str | None = None
+    skip_tokenizer_init: bool = False
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory: int | None = None
+    gpu_memory_utilization: float = 0.9
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    rope_scaling: dict | None = None
+    enable_prefix_caching: bool = True
+    enable_fork: bool = True
+    cascade_attention: bool | None = None
+    cascade_min_group: int = 2
+    cascade_min_prefix: int = 64
+    cascade_min_shared_tokens: int = 1024
+    attention_backend: str | None = None
+    enforce_eager: bool = False
+    batch_invariant: bool = False
+    record_steps: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "kv_cache_memory",
+                     "max_model_len"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.attention_backend not in (None, "torch", "triton"):
+            raise ValueError(f"attention_backend must be 'torch', 'triton' or None, got {self.attention_backend!r}")

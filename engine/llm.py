@@ -1,25 +1,31 @@
-"""LLM: the public engine. Requests in, a continuous-batching step loop, RequestOutputs out."""
+"""LLM: the public engine. Requests in, a continuous-batching step loop, RequestOutputs out.
+
+A step is glue between three parts: the Scheduler plans it (and owns every sequence's life), the
+ModelRunner turns the plan into tensors and runs the model, the Sampler picks the tokens, and the
+Scheduler's postprocess appends them and finishes what stopped.
+"""
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import numbers
 import time
+from contextlib import nullcontext
 
 import torch
 from tqdm.auto import tqdm
 
-from engine.attention import default_backend
-from engine.block_manager import BlockManager, NoFreeBlocks
-from engine.config import ModelConfig, resolve_dtype
+from engine.attention import default_backend, with_ranges
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig, ModelConfig, resolve_dtype
 from engine.default_model import resolve_model
 from engine.kv_cache import bytes_per_block
-from engine.metrics import StepRecord
-from engine.model_runner import CascadePolicy, ModelRunner
+from engine.metrics import StepObserver, StepRecord
+from engine.model_runner import ModelRunner
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledBatch, Scheduler
-from engine.sequence import CompletionOutput, Partial, Request, RequestOutput, Sequence, Status
+from engine.scheduler import CascadePolicy, Scheduler, StepPlan
+from engine.sequence import CompletionOutput, Partial, Request, RequestOutput
 from engine.stopping import StopChecker
 
 _CPU_KV_BYTES = 2 << 30
@@ -42,68 +48,55 @@ class LLM:
     """Generate from a local Hugging Face folder (Llama, Qwen2, Qwen3) or the embedded default.
 
     model: a folder, or None / "smollm2-135m" for the embedded SmolLM2-135M-Instruct.
-    num_kv_blocks / kv_cache_memory: size the paged cache by blocks or bytes (default: 90% of
-    free GPU memory after weights on CUDA, 2 GiB on CPU).
-    cascade_attention: True/False forces prefix-shared decode attention on/off; None decides per
-    step and group: >= cascade_min_group sequences sharing >= cascade_min_prefix tokens, with
-    group size * prefix length >= cascade_min_shared_tokens.
-    enable_fork=False turns a request with n=K into K independent prompts (an ablation).
-    enforce_eager=True skips CUDA graphs (on CUDA, decode steps replay captured graphs by default).
-    batch_invariant=True: a token's logits, hence seeded draws, do not depend on the batch, chunking,
-    fork, preemption or resume (fixed-shape torch ops, engine/model_runner.py; slower, no cascade/graphs).
-    max_model_len / rope_scaling override the checkpoint's context and RoPE parameters (vLLM's
-    ``--max-model-len`` / ``--rope-scaling``), e.g. rope_scaling={"rope_type": "yarn", "factor": 2.0,
-    "original_max_position_embeddings": 32768}; keys not given keep the checkpoint's values.
+    options: the fields of EngineConfig (engine/config.py), which documents each one, e.g.
+    max_model_len, rope_scaling, num_kv_blocks, max_num_seqs, cascade_attention, batch_invariant,
+    tokenizer / skip_tokenizer_init.
     """
 
-    def __init__(self, model: str | None = None, dtype: str | torch.dtype | None = None,
-                 block_size: int = 16, num_kv_blocks: int | None = None,
-                 kv_cache_memory: int | None = None, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
-                 enable_prefix_caching: bool = True, enable_fork: bool = True,
-                 cascade_attention: bool | None = None, cascade_min_group: int = 2,
-                 cascade_min_prefix: int = 64, cascade_min_shared_tokens: int = 1024,
-                 attention_backend: str | None = None,
-                 device: str | torch.device | None = None, seed: int = 0,
-                 gpu_memory_utilization: float = 0.9, enforce_eager: bool = False,
-                 record_steps: bool = False, rope_scaling: dict | None = None,
-                 batch_invariant: bool = False):
-        from transformers import AutoTokenizer
-        if block_size < 1 or max_num_seqs < 1 or max_num_batched_tokens < 1:
-            raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1")
+    def __init__(self, model: str | None = None, **options):
+        unknown = sorted(set(options) - {f.name for f in dataclasses.fields(EngineConfig)})
+        if unknown:
+            raise TypeError(f"unknown LLM option(s) {unknown}; the options are the fields of EngineConfig: "
+                            f"{[f.name for f in dataclasses.fields(EngineConfig) if f.name != 'model']}")
+        self.options = opts = EngineConfig(model=model, **options)
         path = resolve_model(model)
-        self.config = cfg = ModelConfig.from_pretrained(path, rope_scaling=rope_scaling)
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.dtype = resolve_dtype(dtype, self.device)
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.max_model_len = max_model_len or cfg.max_position_embeddings
-        self.block_size = block_size
-        self.enable_fork = enable_fork
+        self.config = cfg = ModelConfig.from_pretrained(path, rope_scaling=opts.rope_scaling)
+        self.device = torch.device(opts.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = resolve_dtype(opts.dtype, self.device)
+        self.tokenizer = None if opts.skip_tokenizer_init else _load_tokenizer(opts.tokenizer or path)
+        self.max_model_len = opts.max_model_len or cfg.max_position_embeddings
+        self.block_size = opts.block_size
+        cascade = CascadePolicy(False if opts.batch_invariant else opts.cascade_attention, opts.cascade_min_group,
+                                opts.cascade_min_prefix, opts.cascade_min_shared_tokens)
         self.runner = ModelRunner(
-            cfg, self.dtype, self.device, block_size=block_size, max_num_seqs=max_num_seqs,
-            max_model_len=self.max_model_len, backend=attention_backend or default_backend(self.device),
-            cascade=CascadePolicy(cascade_attention, cascade_min_group, cascade_min_prefix,
-                                  cascade_min_shared_tokens), batch_invariant=batch_invariant)
-        per_block = bytes_per_block(cfg.num_layers, block_size, cfg.num_kv_heads, cfg.head_dim, self.dtype)
-        num_blocks = num_kv_blocks or self._auto_blocks(per_block, kv_cache_memory, gpu_memory_utilization)
-        self.runner.allocate_kv_cache(num_blocks, cuda_graphs=not enforce_eager)
-        self.kv_bytes_per_block = per_block
-        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens,
-                                   on_release=self.runner.release)
-        self.sampler = Sampler(self.device, seed)
+            cfg, self.dtype, self.device, block_size=opts.block_size, max_num_seqs=opts.max_num_seqs,
+            max_model_len=self.max_model_len, backend=opts.attention_backend or default_backend(self.device),
+            cascade=cascade.enabled is not False, batch_invariant=opts.batch_invariant)
+        self.kv_bytes_per_block = bytes_per_block(cfg.num_layers, opts.block_size, cfg.num_kv_heads, cfg.head_dim,
+                                                  self.dtype)
+        num_blocks = opts.num_kv_blocks or self._auto_blocks(opts)
+        self.runner.allocate_kv_cache(num_blocks, cuda_graphs=not opts.enforce_eager)
+        self.block_manager = BlockManager(num_blocks, opts.block_size, opts.enable_prefix_caching)
         self.stop_checker = StopChecker(self.tokenizer, cfg.eos_token_ids, self.max_model_len)
+        self.scheduler = Scheduler(self.block_manager, self.stop_checker, opts.max_num_seqs,
+                                   opts.max_num_batched_tokens, cascade, enable_fork=opts.enable_fork,
+                                   on_release=self.runner.release)
+        self.sampler = Sampler(self.device, opts.seed)
         self.requests: dict[str, Request] = {}
         self._outbox: list[RequestOutput] = []  # finished, not yet returned by step()
         self._ids = itertools.count()
-        self._counters = dict(prefill_tokens=0, decode_tokens=0, steps=0)
-        self.record_steps = record_steps
+        self._steps = 0
+        self._cascade_steps = 0
+        self.observers: list[StepObserver] = []
+        self._ops, self._ranges = self.runner.ops, False
+        self.record_steps = opts.record_steps
         self.step_log: list[StepRecord] = []  # filled when record_steps is on
 
-    def _auto_blocks(self, per_block: int, kv_bytes: int | None, utilization: float) -> int:
+    def _auto_blocks(self, opts: EngineConfig) -> int:
+        per_block, kv_bytes = self.kv_bytes_per_block, opts.kv_cache_memory
         if kv_bytes is None and self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)  # weights are already loaded
-            kv_bytes = int(free - total * (1 - utilization))
+            kv_bytes = int(free - total * (1 - opts.gpu_memory_utilization))
         if kv_bytes is None:
             return min(_MAX_CPU_BLOCKS, _CPU_KV_BYTES // per_block)
         blocks = int(kv_bytes // per_block)
@@ -123,6 +116,8 @@ class LLM:
         """
         params = params or SamplingParams()
         params.validate()
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer: use stop_token_ids, or load one (tokenizer=...)")
         text, ids = self._tokens(prompt)
         if params.max_tokens is None:  # fill the context, as vLLM does
             params = dataclasses.replace(params, max_tokens=max(1, self.max_model_len - len(ids)))
@@ -148,19 +143,15 @@ class LLM:
         req = Request(request_id, text, ids, params)
         req.metrics.num_prompt_tokens = len(ids)
         if resume is not None:
-            self._resume(req, resume)
-            return request_id
-        copies = 1 if self.enable_fork else params.n
-        for i in range(copies):
-            seq = Sequence(req, i, list(ids), len(ids), stream=req.stream(i),
-                           fork_pending=self.enable_fork and params.n > 1)
-            req.seqs.append(seq)
-            self.scheduler.add(seq)
+            self._check_resume(params, resume)
+        self.scheduler.add_request(req, resume)
         self.requests[request_id] = req
         return request_id
 
     def _tokens(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("a text prompt needs a tokenizer (skip_tokenizer_init=True): pass token ids")
             try:
                 prompt.encode("utf-8")
             except UnicodeEncodeError as e:
@@ -181,8 +172,7 @@ class LLM:
         if any(t < 0 or t >= self.config.vocab_size for t in ids):
             raise ValueError(f"{what} has token ids outside the vocabulary [0, {self.config.vocab_size})")
 
-    def _resume(self, req: Request, resume: list[Partial]) -> None:
-        p = req.params
+    def _check_resume(self, p: SamplingParams, resume: list[Partial]) -> None:
         if len(resume) != p.n:
             raise ValueError(f"resume has {len(resume)} children but the request has n={p.n}")
         for i, (tokens, reason) in enumerate(resume):
@@ -193,16 +183,6 @@ class LLM:
             self._check_vocab(f"resume[{i}]", tokens)
         if all(reason is not None for _, reason in resume):
             raise ValueError("resume: every child is already finished; there is nothing to run")
-        for i, (tokens, reason) in enumerate(resume):
-            # Like a preempted sequence: recomputed from the prefix cache, the prompt's blocks shared.
-            seq = Sequence(req, i, req.prompt_token_ids + [int(t) for t in tokens], len(req.prompt_token_ids),
-                           stream=req.stream(i))
-            req.seqs.append(seq)
-            if reason is None:
-                self.scheduler.add(seq)
-            else:
-                seq.status, seq.finish_reason = Status.FINISHED, reason
-        self.requests[req.request_id] = req
 
     def partial_outputs(self, request_id: str) -> list[Partial]:
         """Per child of a request in flight: (tokens generated so far, finish reason or None).
@@ -220,8 +200,28 @@ class LLM:
     def abort_request(self, request_id: str) -> None:
         """Drop a request in flight and free its KV blocks (unknown ids are ignored)."""
         req = self.requests.pop(str(request_id), None)
-        for seq in req.seqs if req else []:
-            self.scheduler.finish(seq)
+        if req is not None:
+            self.scheduler.abort(req)
+
+    # -- observers ---------------------------------------------------------------------------
+    def add_observer(self, observer: StepObserver) -> None:
+        """Call ``observer`` at fixed points of every step (engine/metrics.py: StepObserver)."""
+        self.observers.append(observer)
+        self._mark_ranges()
+
+    def remove_observer(self, observer: StepObserver) -> None:
+        self.observers.remove(observer)
+        self._mark_ranges()
+
+    def _mark_ranges(self) -> None:
+        self._ranges = any(o.ranges for o in self.observers)
+        self.runner.ops = with_ranges(self._ops) if self._ranges else self._ops
+
+    def _phase(self, name: str):
+        if not self.observers or not self._ranges:
+            return nullcontext()
+        from torch.profiler import record_function
+        return record_function(name)
 
     # -- the step loop -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -231,115 +231,61 @@ class LLM:
         If the step fails, the requests it was running are aborted, their KV blocks freed, and
         StepError reports them with their tokens so far; every other request carries on.
         """
+        for o in self.observers:
+            o.step_started()
         t0 = time.perf_counter()
-        batch = self.scheduler.schedule()
-        if not batch:
+        with self._phase("engine.schedule"):
+            plan = self.scheduler.schedule()
+        if not plan:
             if self.scheduler.has_work():
                 raise RuntimeError("scheduler made no progress with work queued (engine bug)")
             return self._take_outbox()
+        for o in self.observers:
+            o.step_planned(plan)
         t1 = time.perf_counter()
-        cascade_before = self.runner.cascade_steps
         try:
-            logits, sample_seqs = self.runner.run(batch)
-            if self.record_steps and self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+            with self._phase("engine.model"):
+                logits = self.runner.run(plan)
+                if self.device.type == "cuda" and (self.record_steps or self.observers):
+                    torch.cuda.synchronize(self.device)
             t2 = time.perf_counter()
-            self._advance(batch)
-            self._sample_and_update(logits, sample_seqs)
+            with self._phase("engine.sample"):
+                tokens = self.sampler(logits, plan.sample_seqs) if plan.sample_seqs else []
+                finished = self.scheduler.postprocess(plan, tokens)
         except Exception as e:
-            raise self._fail_step(batch, e) from e
-        done = self._take_outbox()
-        if self.record_steps:
+            raise self._fail_step(plan, e) from e
+        now = time.perf_counter()
+        for seq in plan.sample_seqs:
+            if seq.request.metrics.first_token_time is None:
+                seq.request.metrics.first_token_time = now
+        self._outbox.extend(self._finish_request(req, now) for req in finished)
+        self._steps += 1
+        self._cascade_steps += plan.cascade
+        if self.record_steps or self.observers:
             bm = self.block_manager
-            kind = "mixed" if batch.prefills and batch.decodes else ("decode" if batch.decodes else "prefill")
-            self.step_log.append(StepRecord(
-                self._counters["steps"], kind, len(batch.prefills), len(batch.decodes), batch.num_tokens,
-                self.runner.cascade_steps > cascade_before, t1 - t0, t2 - t1, time.perf_counter() - t2,
-                bm.num_used, bm.num_shared, bm.num_logical))
-        return done
+            record = StepRecord(self._steps - 1, plan.kind, len(plan.prefills), len(plan.decodes), plan.num_tokens,
+                                plan.cascade, t1 - t0, t2 - t1, time.perf_counter() - t2, bm.num_used,
+                                bm.num_shared, bm.num_logical)
+            if self.record_steps:
+                self.step_log.append(record)
+            for o in self.observers:
+                o.step_finished(record)
+        return self._take_outbox()
 
     def _take_outbox(self) -> list[RequestOutput]:
         done, self._outbox = self._outbox, []
         return done
 
-    def _fail_step(self, batch: ScheduledBatch, error: Exception) -> StepError:
+    def _fail_step(self, plan: StepPlan, error: Exception) -> StepError:
         # The step's KV writes may be half done: its requests cannot continue, and blocks they
         # filled must not be found by the prefix cache.
-        ids = {seq.request.request_id for seq, _ in batch.prefills} | {s.request.request_id for s in batch.decodes}
+        ids = {seq.request.request_id for seq, _ in plan.prefills} | {s.request.request_id for s in plan.decodes}
         partial = {}
         for rid in sorted(ids):
             if rid in self.requests:
                 partial[rid] = self.partial_outputs(rid)
-                for seq in self.requests.pop(rid).seqs:
-                    self.scheduler.finish(seq, keep_cached=False)
+                self.scheduler.abort(self.requests.pop(rid), keep_cached=False)
         return StepError(partial, error)
-
-    def _advance(self, batch: ScheduledBatch) -> None:
-        for seq, chunk in batch.prefills:
-            seq.num_computed += chunk
-            self._counters["prefill_tokens"] += chunk
-        for seq in batch.decodes:
-            seq.num_computed += 1
-            self.block_manager.publish(seq, seq.num_computed)
-        self._counters["decode_tokens"] += len(batch.decodes)
-        self._counters["steps"] += 1
-
-    def _sample_and_update(self, logits: torch.Tensor, sample_seqs: list[Sequence]) -> None:
-        rows, owners = [], []
-        for i, seq in enumerate(sample_seqs):
-            group = self._fork(seq) if seq.fork_pending else [seq]
-            rows.extend([i] * len(group))
-            owners.extend(group)
-        if not owners:
-            return
-        if len(rows) != len(sample_seqs):
-            logits = logits[torch.tensor(rows, device=logits.device)]
-        tokens = self.sampler(logits, owners)
-        now = time.perf_counter()
-        for seq, token in zip(owners, tokens):
-            req = seq.request
-            if req.metrics.first_token_time is None:
-                req.metrics.first_token_time = now
-            seq.token_ids.append(token)
-            reason = self.stop_checker.check(seq)
-            if reason is None:
-                continue
-            seq.finish_reason = reason
-            self.scheduler.finish(seq)
-            if req.is_finished:
-                self._outbox.append(self._finish_request(req, now))
-
-    def _fork(self, parent: Sequence) -> list[Sequence]:
-        """Prompt prefilled once: share its blocks with n-1 new sequences (copy a partial block).
-
-        Returns the sequences to sample now; children with no slot or block wait and are
-        recomputed from the prefix cache later, so sampling memory follows the batch, not n."""
-        parent.fork_pending = False
-        req = parent.request
-        children = [Sequence(req, i, list(parent.token_ids), parent.num_prompt_tokens,
-                             stream=req.stream(i))
-                    for i in range(1, req.params.n)]
-        req.seqs.extend(children)
-        copies = []
-        for child in children:
-            try:
-                if len(self.scheduler.running) >= self.scheduler.max_num_seqs:
-                    self.scheduler.add(child)  # no slot now: recomputed later from the prefix cache
-                    continue
-                pair = self.block_manager.fork(parent, child)
-            except NoFreeBlocks:
-                self.scheduler.add(child)  # no block for its copy: likewise
-                continue
-            if pair:
-                copies.append(pair)
-            child.status = Status.RUNNING
-            self.scheduler.running.append(child)
-        self.runner.copy_blocks(copies)
-        full = parent.num_computed // self.block_size
-        running = [c for c in children if c.status is Status.RUNNING]
-        req.metrics.kv_blocks_saved_by_sharing = full * len(running)
-        req.shared_prefix_blocks = -1
-        return [parent, *running]
 
     def _finish_request(self, req: Request, now: float) -> RequestOutput:
         del self.requests[req.request_id]
@@ -388,19 +334,36 @@ class LLM:
             self._outbox[:0] = others  # someone else's requests: the next step() returns them
         return [results[i] for i in ids]
 
+    def reset_peak_stats(self) -> None:
+        """Restart stats()'s KV peaks (kv_blocks_peak, kv_blocks_peak_saved) from the present, e.g.
+        to measure one round's peak."""
+        self.block_manager.reset_peak()
+
     def stats(self) -> dict:
-        """Counters since start: tokens computed, prefix-cache hits, KV blocks, preemptions."""
-        bm = self.block_manager
+        """Counters since start: tokens computed, prefix-cache hits, KV blocks, preemptions.
+
+        kv_blocks_peak_saved is the engine-wide peak of blocks that sharing saved at one time (the
+        per-request figure is RequestOutput.metrics.kv_blocks_saved_by_sharing)."""
+        bm, sch = self.block_manager, self.scheduler
         return dict(
-            prefill_tokens=self._counters["prefill_tokens"],
-            decode_tokens=self._counters["decode_tokens"],
-            steps=self._counters["steps"],
-            prefix_cache_hit_tokens=self.scheduler.prefix_hit_tokens,
+            prefill_tokens=sch.prefill_tokens,
+            decode_tokens=sch.decode_tokens,
+            steps=self._steps,
+            prefix_cache_hit_tokens=sch.prefix_hit_tokens,
             kv_blocks_total=bm.num_blocks,
             kv_blocks_used=bm.num_used,
             kv_blocks_peak=bm.peak_used,
-            kv_blocks_saved_by_sharing=bm.peak_saved,
+            kv_blocks_peak_saved=bm.peak_saved,
             kv_bytes_per_block=self.kv_bytes_per_block,
-            preemptions=self.scheduler.num_preemptions,
-            cascade_decode_steps=self.runner.cascade_steps,
+            preemptions=sch.num_preemptions,
+            cascade_decode_steps=self._cascade_steps,
         )
+
+
+def _load_tokenizer(path):
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"no tokenizer could be loaded from {path} ({e}); pass tokenizer=FOLDER with "
+                         "tokenizer files, or skip_tokenizer_init=True to work with token ids only") from None

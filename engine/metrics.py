@@ -21,3 +21,20 @@ class StepRecord:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+class StepObserver:
+    """Called by ``LLM.step`` at fixed points of every step (``LLM.add_observer``); override what
+    you need. ``ranges = True`` asks the engine to mark its phases (engine.schedule, engine.model,
+    engine.sample) and kernel ops with torch.profiler ranges while the observer is attached."""
+
+    ranges = False
+
+    def step_started(self) -> None:
+        """Before the scheduler plans the step."""
+
+    def step_planned(self, plan) -> None:
+        """The StepPlan about to run (sequences not advanced yet)."""
+
+    def step_finished(self, record: StepRecord) -> None:
+        """After sampling and finishing: the step's timings and KV occupancy."""

@@ -1,4 +1,4 @@
-"""ModelRunner: turns a scheduled batch into tensors, runs the model, returns logits to sample.
+"""ModelRunner: turns a StepPlan into tensors, runs the model, returns logits to sample.
 
 Host work per step is O(batch): each sequence owns a row of a persistent block-table buffer that
 is extended by the blocks it gained since the last step, never rebuilt from the whole sequence.
@@ -11,7 +11,7 @@ cascade, no CUDA graphs).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 
 import torch
 
@@ -21,51 +21,28 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.kv_cache import allocate_kv_cache, copy_blocks
 from engine.loader import load_model
 from engine.model import tile_linears
-from engine.scheduler import ScheduledBatch
-from engine.sequence import Sequence, Status
-
-
-@dataclass(slots=True)
-class CascadePolicy:
-    """When prefix-shared decode attention pays: forced on/off, or by thresholds.
-
-    The plain path reads a group's prefix once per member, cascade once per group plus a merge;
-    on CPU cascade breaks even near members * prefix_len = 1024 tokens (bench/bench_decode.py).
-    """
-    enabled: bool | None = None
-    min_group: int = 2
-    min_prefix: int = 64
-    min_shared_tokens: int = 1024  # group size * prefix length
-
-    def prefix_for(self, group_size: int, prefix_len: int) -> int:
-        if self.enabled is False or group_size < 2 or prefix_len == 0:
-            return 0
-        if self.enabled is None and (group_size < self.min_group or prefix_len < self.min_prefix
-                                     or group_size * prefix_len < self.min_shared_tokens):
-            return 0
-        return prefix_len
+from engine.scheduler import StepPlan
+from engine.sequence import Sequence
 
 
 class ModelRunner:
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, block_size: int,
-                 max_num_seqs: int, max_model_len: int, backend: str, cascade: CascadePolicy,
+                 max_num_seqs: int, max_model_len: int, backend: str, cascade: bool = True,
                  batch_invariant: bool = False):
         self.cfg, self.dtype, self.device, self.block_size = cfg, dtype, device, block_size
         self.model = load_model(cfg, dtype, device)
         self.kv_cache: torch.Tensor | None = None
         self.cos_sin = cfg.rope_cos_sin(max_model_len).to(device)
         self.ops = get_backend(backend)
-        self.cascade = cascade
+        self.cascade = cascade and not batch_invariant  # whether plans may carry cascade groups
         self.batch_invariant = batch_invariant
         if batch_invariant:
             self.ops = batch_invariant_backend()
-            self.cascade = CascadePolicy(enabled=False)
             tile_linears(self.model)
         self.max_blocks = -(-max_model_len // block_size)
         self.tables = torch.zeros(max_num_seqs, self.max_blocks, dtype=torch.int32)
         self.synced = [0] * max_num_seqs  # entries of each row already written
         self.free_rows = list(range(max_num_seqs - 1, -1, -1))
-        self.cascade_steps = 0
         self.max_num_seqs = max_num_seqs
         self.graphs: DecodeGraphs | None = None
 
@@ -75,7 +52,7 @@ class ModelRunner:
         self.kv_cache = allocate_kv_cache(cfg.num_layers, num_blocks, self.block_size, cfg.num_kv_heads,
                                           cfg.head_dim, self.dtype, self.device)
         if cuda_graphs and self.device.type == "cuda" and self.ops.name == "triton":  # never batch_invariant
-            self.graphs = DecodeGraphs(self, self.max_num_seqs, cascade=self.cascade.enabled is not False)
+            self.graphs = DecodeGraphs(self, self.max_num_seqs, cascade=self.cascade)
 
     # -- rows of the persistent block-table buffer -------------------------------------------
     def release(self, seq: Sequence) -> None:
@@ -100,53 +77,16 @@ class ModelRunner:
         return self.tables[rows, :width]
 
     # -- batch preparation -------------------------------------------------------------------
-    def _group_decodes(self, decodes: list[Sequence]) -> tuple[list[int], list[int], int] | None:
-        """Order decodes so each request's rows are contiguous; CSR starts and prefix lengths."""
-        if self.cascade.enabled is False:
-            return None
-        decodes.sort(key=lambda s: s.request.seqs[0].seq_id)
-        starts, prefix_lens, any_shared, largest = [0], [], False, 0
-        i = 0
-        while i < len(decodes):
-            req = decodes[i].request
-            j = i
-            while j < len(decodes) and decodes[j].request is req:
-                j += 1
-            prefix = self.cascade.prefix_for(j - i, self._shared_prefix_blocks(req) * self.block_size)
-            any_shared |= prefix > 0
-            largest = max(largest, j - i)
-            starts.append(j)
-            prefix_lens.append(prefix)
-            i = j
-        return (starts, prefix_lens, largest) if any_shared else None
-
-    def _shared_prefix_blocks(self, req) -> int:
-        """Leading blocks common to all the request's running sequences (cached until one joins)."""
-        if req.shared_prefix_blocks < 0:
-            members = [s for s in req.seqs if s.status is Status.RUNNING and s.block_table]
-            n = 0
-            if len(members) > 1:
-                first = members[0].block_table
-                n = min(s.num_computed for s in members) // self.block_size
-                for s in members[1:]:
-                    k = 0
-                    while k < n and s.block_table[k] == first[k]:
-                        k += 1
-                    n = k
-            req.shared_prefix_blocks = n
-        return req.shared_prefix_blocks
-
-    def prepare(self, batch: ScheduledBatch):
+    def prepare(self, plan: StepPlan):
         bs = self.block_size
         ids: list[int] = []
         pos: list[torch.Tensor] = []
         slots: list[torch.Tensor] = []
-        sample_idx: list[int] = []
-        sample_seqs: list[Sequence] = []
+        sample_idx: list[int] = []  # hidden rows that get logits: completed prefills, then decodes
         meta = AttentionMetadata(slot_mapping=None, num_prefill_tokens=0)
-        if batch.prefills:
+        if plan.prefills:
             cu, lens = [0], []
-            for seq, chunk in batch.prefills:
+            for seq, chunk in plan.prefills:
                 start, end = seq.num_computed, seq.num_computed + chunk
                 ids.extend(seq.token_ids[start:end])
                 p = torch.arange(start, end)
@@ -158,40 +98,36 @@ class ModelRunner:
                 lens.append(end)
                 if end == seq.num_tokens:
                     sample_idx.append(cu[-1] - 1)
-                    sample_seqs.append(seq)
             meta.num_prefill_tokens = cu[-1]
             meta.prefill_cu_seqlens_q = torch.tensor(cu, dtype=torch.int32)
             meta.prefill_seq_lens = torch.tensor(lens, dtype=torch.int32)
-            meta.prefill_block_tables = self._block_tables([s for s, _ in batch.prefills], lens)
-        if batch.decodes:
-            groups = self._group_decodes(batch.decodes)
-            dpos = [s.num_computed for s in batch.decodes]
-            ids.extend(s.token_ids[-1] for s in batch.decodes)
+            meta.prefill_block_tables = self._block_tables([s for s, _ in plan.prefills], lens)
+        if plan.decodes:
+            dpos = [s.num_computed for s in plan.decodes]
+            ids.extend(s.token_ids[-1] for s in plan.decodes)
             pos.append(torch.tensor(dpos))
             slots.append(torch.tensor([s.block_table[p // bs] * bs + p % bs
-                                       for s, p in zip(batch.decodes, dpos)]))
+                                       for s, p in zip(plan.decodes, dpos)]))
             lens = [p + 1 for p in dpos]
             meta.decode_seq_lens = torch.tensor(lens, dtype=torch.int32)
-            meta.decode_block_tables = self._block_tables(batch.decodes, lens)
-            if groups is not None:
-                meta.group_starts = torch.tensor(groups[0], dtype=torch.int32)
-                meta.group_prefix_lens = torch.tensor(groups[1], dtype=torch.int32)
-                meta.max_group_size = groups[2]
-                self.cascade_steps += 1
+            meta.decode_block_tables = self._block_tables(plan.decodes, lens)
+            if plan.cascade:
+                meta.group_starts = torch.tensor(plan.group_starts, dtype=torch.int32)
+                meta.group_prefix_lens = torch.tensor(plan.group_prefix_lens, dtype=torch.int32)
+                meta.max_group_size = plan.max_group_size
             first = meta.num_prefill_tokens
-            sample_idx.extend(range(first, first + len(batch.decodes)))
-            sample_seqs.extend(batch.decodes)
+            sample_idx.extend(range(first, first + len(plan.decodes)))
         meta.slot_mapping = torch.cat(slots)
-        return (torch.tensor(ids), torch.cat(pos), meta, torch.tensor(sample_idx, dtype=torch.long),
-                sample_seqs)
+        return torch.tensor(ids), torch.cat(pos), meta, torch.tensor(sample_idx, dtype=torch.long)
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
-        """Forward one scheduled batch; returns fp32 logits for the sequences to sample, in order."""
-        if self.batch_invariant and batch.decodes:
-            batch = ScheduledBatch(prefills=[*batch.prefills, *((s, 1) for s in batch.decodes)])
-        ids, positions, meta, sample_idx, sample_seqs = self.prepare(batch)
-        if self.graphs is not None and not batch.prefills and self.graphs.can_run(len(batch.decodes)):
+    def run(self, plan: StepPlan) -> torch.Tensor:
+        """Forward one plan, then make its block copies; returns fp32 logits, one row per
+        ``plan.sample_seqs`` entry."""
+        if self.batch_invariant and plan.decodes:
+            plan = dataclasses.replace(plan, prefills=[*plan.prefills, *((s, 1) for s in plan.decodes)], decodes=[])
+        ids, positions, meta, sample_idx = self.prepare(plan)
+        if self.graphs is not None and not plan.prefills and self.graphs.can_run(len(plan.decodes)):
             hidden = self.graphs.run(ids, positions, meta)  # decode rows are the sampled rows
         else:
             if self.device.type != "cpu":
@@ -202,9 +138,13 @@ class ModelRunner:
                     if isinstance(v, torch.Tensor):
                         setattr(meta, f, v.to(self.device, non_blocking=True))
             hidden = self.model(ids, positions, meta, self.kv_cache, self.ops, self.cos_sin)[sample_idx]
-        if not sample_seqs:
-            return hidden.new_empty(0, self.cfg.vocab_size, dtype=torch.float32), []
-        return self.model.compute_logits(hidden), sample_seqs
+        self.copy_blocks(plan.copies)  # a fork's partial prompt block, now that the forward wrote it
+        if not plan.sample_seqs:
+            return hidden.new_empty(0, self.cfg.vocab_size, dtype=torch.float32)
+        logits = self.model.compute_logits(hidden)
+        if len(plan.sample_rows) != logits.shape[0]:  # a forked prompt's row, once per trajectory
+            logits = logits[torch.tensor(plan.sample_rows, device=logits.device)]
+        return logits
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         if pairs:

@@ -1,10 +1,15 @@
-"""Continuous batching: which sequences run this step, with how many tokens each.
+"""Scheduler: the one owner of a sequence's life, from admission to finish.
 
-Running sequences go first (one token for a decode, the next chunk for a prefill in progress),
-then waiting ones are admitted while the token budget, the sequence limit and free blocks allow.
-When a running sequence needs a block and none is free, the newest running sequences are
-preempted: their blocks are freed and they are recomputed later (generated tokens are kept, and
-the prefix cache usually gives their prompt back for free).
+Each step, ``schedule()`` returns a StepPlan: running sequences first (one token for a decode, the
+next chunk for a prefill in progress), then waiting ones admitted while the token budget, the
+sequence limit and free blocks allow. When a running sequence needs a block and none is free, the
+newest running sequences are preempted: their blocks are freed and they are recomputed later
+(generated tokens are kept; the prefix cache usually gives their prompt back for free).
+A request with n > 1 is forked when the plan completes its prompt: the children share the prompt's
+full blocks and get a copy of its partial last block (copied after the forward writes it), and
+every sequence that can run samples from the parent's logits row. Decode rows are grouped by
+request, with the prefix each group shares, for cascade attention. ``postprocess(plan, tokens)``
+then advances the sequences, appends the sampled tokens, and finishes those that stop.
 """
 from __future__ import annotations
 
@@ -12,56 +17,153 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine.block_manager import BlockManager
-from engine.sequence import Sequence, Status
+from engine.block_manager import BlockManager, NoFreeBlocks
+from engine.sequence import Partial, Request, Sequence, Status
+from engine.stopping import StopChecker
 
 
 @dataclass(slots=True)
-class ScheduledBatch:
+class CascadePolicy:
+    """When prefix-shared decode attention pays: forced on/off, or by thresholds.
+
+    The plain path reads a group's prefix once per member, cascade once per group plus a merge;
+    on CPU cascade breaks even near members * prefix_len = 1024 tokens (bench/bench_decode.py).
+    """
+    enabled: bool | None = None
+    min_group: int = 2
+    min_prefix: int = 64
+    min_shared_tokens: int = 1024  # group size * prefix length
+
+    def prefix_for(self, group_size: int, prefix_len: int) -> int:
+        if self.enabled is False or group_size < 2 or prefix_len == 0:
+            return 0
+        if self.enabled is None and (group_size < self.min_group or prefix_len < self.min_prefix
+                                     or group_size * prefix_len < self.min_shared_tokens):
+            return 0
+        return prefix_len
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """What one step computes; the model runner turns it into tensors."""
     prefills: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, chunk length)
-    decodes: list[Sequence] = field(default_factory=list)
+    decodes: list[Sequence] = field(default_factory=list)  # each request's rows contiguous
+    # Cascade groups over `decodes` (CSR starts, shared prefix tokens, largest group); empty: none.
+    group_starts: list[int] = field(default_factory=list)
+    group_prefix_lens: list[int] = field(default_factory=list)
+    max_group_size: int = 0
+    copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) blocks, after the forward
+    # Per sequence to sample, the row of the runner's logits (completed prefills, then decodes) it
+    # samples from: a forked prompt's row serves the parent and its children.
+    sample_seqs: list[Sequence] = field(default_factory=list)
+    sample_rows: list[int] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
         return sum(n for _, n in self.prefills) + len(self.decodes)
+
+    @property
+    def cascade(self) -> bool:
+        return bool(self.group_starts)
+
+    @property
+    def kind(self) -> str:
+        return "mixed" if self.prefills and self.decodes else ("decode" if self.decodes else "prefill")
 
     def __bool__(self) -> bool:
         return bool(self.prefills or self.decodes)
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+    def __init__(self, block_manager: BlockManager, stop_checker: StopChecker, max_num_seqs: int,
+                 max_num_batched_tokens: int, cascade: CascadePolicy, enable_fork: bool = True,
                  on_release: Callable[[Sequence], None] = lambda seq: None):
         self.bm = block_manager
+        self.stop_checker = stop_checker
+        self.cascade = cascade
+        self.enable_fork = enable_fork
         self.on_release = on_release  # the model runner frees the sequence's block-table row
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order: the last is preempted first
+        self._shared_blocks: dict[str, int] = {}  # request id -> leading blocks its running seqs share
         self.num_preemptions = 0
         self.prefix_hit_tokens = 0
+        self.prefill_tokens = 0
+        self.decode_tokens = 0
 
-    def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+    # -- requests in and out -----------------------------------------------------------------
+    def add_request(self, req: Request, resume: list[Partial] | None = None) -> None:
+        """Queue a request's sequences: one that forks after its prompt, n copies without fork,
+        or (resume) one per child continuing after its tokens, recomputed like a preempted one."""
+        ids = req.prompt_token_ids
+        if resume is not None:
+            for i, (tokens, reason) in enumerate(resume):
+                seq = Sequence(req, i, ids + [int(t) for t in tokens], len(ids), stream=req.stream(i))
+                req.seqs.append(seq)
+                if reason is None:
+                    self.waiting.append(seq)
+                else:
+                    seq.status, seq.finish_reason = Status.FINISHED, reason
+            return
+        fork = self.enable_fork and req.params.n > 1
+        for i in range(1 if self.enable_fork else req.params.n):
+            seq = Sequence(req, i, list(ids), len(ids), stream=req.stream(i), fork_pending=fork)
+            req.seqs.append(seq)
+            self.waiting.append(seq)
+
+    def abort(self, req: Request, keep_cached: bool = True) -> None:
+        for seq in req.seqs:
+            self.finish(seq, keep_cached)
+        self._shared_blocks.pop(req.request_id, None)
+
+    def finish(self, seq: Sequence, keep_cached: bool = True) -> None:
+        """Take seq out of the queues for good and free its blocks (finished or aborted).
+
+        keep_cached=False also drops the blocks it alone held from the prefix cache (a failed step
+        may have left their KV half written)."""
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+            self._release(seq, keep_cached)
+        elif seq.status is Status.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = Status.FINISHED
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _slots(self, seq: Sequence) -> int:
-        # A prompt about to fork reserves room for all its trajectories.
-        return min(seq.params.n, self.max_num_seqs) if seq.fork_pending else 1
+    # -- the step ----------------------------------------------------------------------------
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        budget = self._schedule_running(plan, self.max_num_batched_tokens)
+        self._admit(plan, budget)
+        self._group_decodes(plan)
+        self._plan_samples(plan)
+        return plan
 
-    def _preempt(self, seq: Sequence) -> None:
-        self.running.remove(seq)
-        self.bm.free_seq(seq)
-        self.on_release(seq)
-        seq.status = Status.WAITING
-        self.waiting.appendleft(seq)
-        self.num_preemptions += 1
+    def postprocess(self, plan: StepPlan, tokens: list[int]) -> list[Request]:
+        """Advance what the forward computed, append the sampled tokens; returns the requests that
+        finished in this step."""
+        for seq, chunk in plan.prefills:
+            seq.num_computed += chunk
+            self.prefill_tokens += chunk
+        for seq in plan.decodes:
+            seq.num_computed += 1
+            self.bm.publish(seq, seq.num_computed)
+        self.decode_tokens += len(plan.decodes)
+        finished = []
+        for seq, token in zip(plan.sample_seqs, tokens):
+            seq.token_ids.append(token)
+            reason = self.stop_checker.check(seq)
+            if reason is not None:
+                seq.finish_reason = reason
+                self.finish(seq)
+                if seq.request.is_finished:
+                    finished.append(seq.request)
+        return finished
 
-    def schedule(self) -> ScheduledBatch:
-        batch = ScheduledBatch()
-        budget = self.max_num_batched_tokens
+    def _schedule_running(self, plan: StepPlan, budget: int) -> int:
         scheduled: set[int] = set()
         for seq in list(self.running):
             if seq.status is not Status.RUNNING:
@@ -82,10 +184,12 @@ class Scheduler:
             scheduled.add(seq.seq_id)
             budget = max(0, budget - chunk)
             if is_decode:
-                batch.decodes.append(seq)
+                plan.decodes.append(seq)
             else:
-                batch.prefills.append((seq, chunk))
+                plan.prefills.append((seq, chunk))
+        return budget
 
+    def _admit(self, plan: StepPlan, budget: int) -> None:
         slots = sum(self._slots(s) for s in self.running)
         while self.waiting and budget > 0:
             seq = self.waiting[0]
@@ -102,23 +206,104 @@ class Scheduler:
             self.prefix_hit_tokens += cached
             if seq.num_generated == 0 and seq.index == 0:
                 seq.request.metrics.num_cached_tokens = cached
-            seq.status = Status.RUNNING
-            seq.request.shared_prefix_blocks = -1
-            self.running.append(seq)
+            self._run(seq)
             slots += self._slots(seq)
             budget -= chunk
-            batch.prefills.append((seq, chunk))
-        return batch
+            plan.prefills.append((seq, chunk))
 
-    def finish(self, seq: Sequence, keep_cached: bool = True) -> None:
-        """Take seq out of the queues for good and free its blocks (finished or aborted).
+    def _slots(self, seq: Sequence) -> int:
+        # A prompt about to fork reserves room for all its trajectories.
+        return min(seq.params.n, self.max_num_seqs) if seq.fork_pending else 1
 
-        keep_cached=False also drops the blocks it alone held from the prefix cache (a failed step
-        may have left their KV half written)."""
-        if seq.status is Status.RUNNING:
-            self.running.remove(seq)
-            self.bm.free_seq(seq, keep_cached)
-            self.on_release(seq)
-        elif seq.status is Status.WAITING and seq in self.waiting:
-            self.waiting.remove(seq)
-        seq.status = Status.FINISHED
+    def _run(self, seq: Sequence) -> None:
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+        self._shared_blocks.pop(seq.request.request_id, None)
+
+    def _release(self, seq: Sequence, keep_cached: bool = True) -> None:
+        self.bm.free_seq(seq, keep_cached)
+        self.on_release(seq)
+        self._shared_blocks.pop(seq.request.request_id, None)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self._release(seq)
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _plan_samples(self, plan: StepPlan) -> None:
+        row = 0
+        for seq, chunk in plan.prefills:
+            if seq.num_computed + chunk == seq.num_tokens:  # its prompt (or recompute) ends here
+                group = self._fork(seq, plan) if seq.fork_pending else [seq]
+                plan.sample_seqs.extend(group)
+                plan.sample_rows.extend([row] * len(group))
+                row += 1
+        plan.sample_seqs.extend(plan.decodes)
+        plan.sample_rows.extend(range(row, row + len(plan.decodes)))
+
+    def _fork(self, parent: Sequence, plan: StepPlan) -> list[Sequence]:
+        """Share the prompt's blocks with n-1 new sequences (copy a partial block). Children with no
+        slot or block wait and are recomputed from the prefix cache later, so this step samples
+        only those that run: sampling memory follows the batch, not n."""
+        parent.fork_pending = False
+        req = parent.request
+        computed = parent.num_tokens  # after this step's forward
+        running = []
+        for i in range(1, req.params.n):
+            child = Sequence(req, i, list(parent.token_ids), parent.num_prompt_tokens, stream=req.stream(i))
+            req.seqs.append(child)
+            if len(self.running) >= self.max_num_seqs:
+                self.waiting.append(child)  # no slot now
+                continue
+            try:
+                copy = self.bm.fork(parent, child, computed)
+            except NoFreeBlocks:
+                self.waiting.append(child)  # no block for its copy
+                continue
+            if copy:
+                plan.copies.append(copy)
+            self._run(child)
+            running.append(child)
+        req.metrics.kv_blocks_saved_by_sharing = computed // self.bm.block_size * len(running)
+        return [parent, *running]
+
+    # -- cascade groups ----------------------------------------------------------------------
+    def _group_decodes(self, plan: StepPlan) -> None:
+        """Order decodes so each request's rows are contiguous, with the prefix each group shares."""
+        if self.cascade.enabled is False or len(plan.decodes) < 2:
+            return
+        decodes = plan.decodes
+        decodes.sort(key=lambda s: s.request.seqs[0].seq_id)
+        starts, prefix_lens, largest = [0], [], 0
+        i = 0
+        while i < len(decodes):
+            req = decodes[i].request
+            j = i
+            while j < len(decodes) and decodes[j].request is req:
+                j += 1
+            prefix_lens.append(self.cascade.prefix_for(j - i, self._shared_prefix_blocks(req) * self.bm.block_size))
+            largest = max(largest, j - i)
+            starts.append(j)
+            i = j
+        if any(prefix_lens):
+            plan.group_starts, plan.group_prefix_lens, plan.max_group_size = starts, prefix_lens, largest
+
+    def _shared_prefix_blocks(self, req: Request) -> int:
+        """Leading blocks common to all the request's running sequences (cached until one joins or
+        leaves: _run and _release drop the entry)."""
+        n = self._shared_blocks.get(req.request_id)
+        if n is None:
+            members = [s for s in req.seqs if s.status is Status.RUNNING and s.block_table]
+            n = 0
+            if len(members) > 1:
+                first = members[0].block_table
+                n = min(s.num_computed for s in members) // self.bm.block_size
+                for s in members[1:]:
+                    k = 0
+                    while k < n and s.block_table[k] == first[k]:
+                        k += 1
+                    n = k
+            self._shared_blocks[req.request_id] = n
+        return n

@@ -30,6 +30,8 @@ class StopChecker:
         return None
 
     def final_text(self, seq: Sequence) -> str:
+        if self.tokenizer is None:  # skip_tokenizer_init: token ids only
+            return ""
         ids = seq.generated
         if seq.finish_reason == "stop" and ids and self._stopped_by_token(seq):
             ids = ids[:-1]

@@ -64,7 +64,7 @@ class RunConfig:
     pool: int | None = None
     grade: bool = True
     show_progress: bool = True
-    # Where `pacore run --profile` writes the step timeline and traces (bench.profile_run).
+    # Where `pacore run --profile` writes the step timeline and traces (engine/profiler.py).
     profile_dir: str | None = None
     # Seconds between snapshots of the rounds in flight (pacore/partial.py); <= 0: only when stopped.
     checkpoint_every_s: float = 300.0

@@ -21,10 +21,6 @@ class Problem:
     def key(self) -> str:
         return problem_key(self.id)
 
-    @property
-    def original_prompt(self) -> str:
-        return next(m["content"] for m in reversed(self.messages) if m["role"] == "user")
-
 
 @dataclass(slots=True)
 class BadLine:

@@ -369,10 +369,10 @@ def pending_work(cfg: RunConfig) -> tuple[list[Problem | BadLine], dict[str, Pri
 
 
 def profiled(llm, profile_dir: str | None):
-    """A step-timeline and trace recorder around a run when profile_dir is set (bench.profile_run)."""
+    """A step-timeline and trace recorder around a run when profile_dir is set (engine/profiler.py)."""
     if not profile_dir:
         return nullcontext()
-    from bench.profile_run import ProfileSession
+    from engine.profiler import ProfileSession
 
     return ProfileSession(llm, profile_dir)
 

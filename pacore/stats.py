@@ -142,7 +142,8 @@ def summarize(records: list[dict], schedule: list[int]) -> dict:
         "effective_compute_tokens_mean": _mean(compute),
         "generated_tokens_total": generated,
         "pool_generated_tokens": sum(p["generated_tokens"] for p in pools.values()),
-        "kv_blocks_saved_by_sharing": saved,
+        # per request: the prompt blocks its fork shared instead of copying; summed, not a peak
+        "kv_blocks_saved_by_sharing_sum": saved,
         "error_samples": [{"request_id": r.get("request_id"), "run": r.get("run"), "error": r["error"]}
                           for r in errors[:10]],
     }
@@ -187,7 +188,8 @@ def format_summary(summary: dict) -> str:
         f"generated: {summary.get('generated_tokens_total', summary['effective_compute_tokens_total'])} tokens"
         + (f" (pools: {summary['pool_generated_tokens']}, once per problem)" if summary.get("pool_generated_tokens")
            else "")
-        + f"; KV blocks saved by sharing: {summary['kv_blocks_saved_by_sharing']}"
+        + f"; KV blocks forks shared instead of copying (sum over requests): "
+          f"{summary['kv_blocks_saved_by_sharing_sum']}"
     )
     run = summary.get("run")
     if run:

@@ -58,7 +58,7 @@ class FakeLLM:
         self._active: dict[str, _Req] = {}
         self._counter = 0
         self._stats = {"prefill_tokens": 0, "decode_tokens": 0, "prefix_cache_hit_tokens": 0,
-                       "kv_blocks_total": 1000, "kv_blocks_peak": 0, "kv_blocks_saved_by_sharing": 0,
+                       "kv_blocks_total": 1000, "kv_blocks_peak": 0, "kv_blocks_peak_saved": 0,
                        "preemptions": 0, "cascade_decode_steps": 0}
 
     def add_request(self, prompt, params, request_id=None, resume=None):
@@ -111,7 +111,7 @@ class FakeLLM:
                     reason = "length" if len(t) > req.params.max_tokens else "stop"
                     outs.append(CompletionOutput(i, text, self.tokenizer.encode(text), reason))
                 shared = (len(req.prompt) // self.block_size) * (req.params.n - 1)
-                self._stats["kv_blocks_saved_by_sharing"] += shared
+                self._stats["kv_blocks_peak_saved"] = max(self._stats["kv_blocks_peak_saved"], shared)
                 metrics = RequestMetrics(req.arrival, req.first, time.perf_counter(), len(req.prompt),
                                          sum(len(o.token_ids) for o in outs), 0, shared)
                 finished.append(RequestOutput(rid, None, req.prompt, outs, 0, metrics))

@@ -3,8 +3,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench.roofline import (Machine, ModelShape, StepShape, analyze, distinct_kv_tokens, floor_bytes, floor_flops,
-                            floor_seconds, shape_of_batch)
+from bench.roofline import Machine, analyze, floor_bytes, floor_flops, floor_seconds
+from engine.step_shape import ModelShape, StepShape, distinct_kv_tokens, shape_of_plan
 
 # 2 layers, hidden 8, MLP 16, 2 query heads and 1 KV head of dim 4, vocabulary 10, fp32.
 M = ModelShape(num_layers=2, hidden_size=8, intermediate_size=16, num_heads=2, num_kv_heads=1, head_dim=4,
@@ -41,7 +41,7 @@ def test_decode_floor_by_hand():
 def test_prefill_floor_by_hand():
     # One chunk of 8 tokens at positions 16..23 that completes its 24-token prompt.
     seq = SimpleNamespace(num_computed=16, num_tokens=24, block_table=[0, 1])
-    s = shape_of_batch(SimpleNamespace(prefills=[(seq, 8)], decodes=[]), 16)
+    s = shape_of_plan(SimpleNamespace(prefills=[(seq, 8)], decodes=[]), 16)
     assert (s.new_tokens, s.num_sampled, s.prefill_ctx_read) == (8, 1, 16)
     assert s.prefill_attn_pairs == 8 * 16 + (1 + 2 + 3 + 4 + 5 + 6 + 7 + 8) == 164
     assert floor_bytes(M, s) == 5088 + (16 + 8) * 64 == 6624
@@ -51,7 +51,7 @@ def test_prefill_floor_by_hand():
 def test_shape_of_decode_batch():
     a = SimpleNamespace(num_computed=39, num_tokens=40, block_table=[0, 1, 2])
     b = SimpleNamespace(num_computed=36, num_tokens=37, block_table=[0, 1, 3])
-    s = shape_of_batch(SimpleNamespace(prefills=[], decodes=[a, b]), 16)
+    s = shape_of_plan(SimpleNamespace(prefills=[], decodes=[a, b]), 16)
     assert s == StepShape(new_tokens=2, num_sampled=2, decode_rows=2, kv_tokens_unique=45, kv_tokens_logical=77)
 
 

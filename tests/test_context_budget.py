@@ -79,10 +79,10 @@ def _last_logits(llm, prompt):
     """The logits the engine's forward produced for the prompt's last position."""
     captured, run = [], llm.runner.run
 
-    def spy(batch):
-        logits, seqs = run(batch)
+    def spy(plan):
+        logits = run(plan)
         captured.append(logits[-1].detach().float().clone())
-        return logits, seqs
+        return logits
     llm.runner.run = spy
     try:
         llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)

@@ -39,12 +39,19 @@ def test_last_position_logits_match(kind, engines, tiny_model_dir):
     prompt = _prompt(45, seed=7)
     _, expected = hf_greedy(tiny_model_dir(kind), prompt, 1)
     llm = engines(kind)
-    llm.add_request(prompt, SamplingParams(temperature=0, max_tokens=1))
-    batch = llm.scheduler.schedule()  # 45 tokens fit the 64-token budget: one prefill step
-    assert [c for _, c in batch.prefills] == [len(prompt)]
-    logits, seqs = llm.runner.run(batch)
-    llm._advance(batch)
-    llm._sample_and_update(logits, seqs)  # finishes the request, leaving the engine clean
+    steps, run = [], llm.runner.run
+
+    def spy(plan):
+        logits = run(plan)
+        steps.append(([c for _, c in plan.prefills], logits))
+        return logits
+    llm.runner.run = spy
+    try:
+        llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
+    finally:
+        del llm.runner.run
+    [(chunks, logits)] = steps  # 45 tokens fit the 64-token budget: one prefill step
+    assert chunks == [len(prompt)]
     torch.testing.assert_close(logits[0], expected, rtol=1e-4, atol=1e-4)
 
 

@@ -102,7 +102,7 @@ class _StoppedLLM(engine.LLM):
     stop_after = 8
 
     def step(self):
-        if self._counters["steps"] >= self.stop_after:
+        if self.stats()["steps"] >= self.stop_after:
             raise KeyboardInterrupt
         return super().step()
 

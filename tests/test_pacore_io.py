@@ -29,7 +29,7 @@ def test_read_problems_reports_malformed_lines(tmp_path):
     first = items[0]
     assert isinstance(first, Problem) and first.id == "a" and first.line_no == 1
     assert first.extra == {"ground_truth": {"answer": "1"}, "cat": "x"}
-    assert first.original_prompt == "q"
+    assert first.messages[-1]["content"] == "q"
     errors = {x.line_no: x.error for x in items if isinstance(x, BadLine)}
     assert "line 2: invalid JSON" in errors[2]
     assert "messages" in errors[3] and items[2].id == "b"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import torch
 
-from bench.gpu_e2e import write_char_tokenizer
+from engine.testing import write_char_tokenizer
 
 VOCAB = 256
 

@@ -1,0 +1,87 @@
+"""The shapes a roofline needs: the model's (bytes, FLOPs per token) and each step's (tokens, KV read).
+
+Recorded by the profiler (engine/profiler.py) into each step of a timeline, read by bench/roofline.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, frozen=True)
+class ModelShape:
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    dtype_bytes: int
+    qk_norm: bool = False
+
+    @classmethod
+    def from_config(cls, cfg, dtype_bytes: int) -> "ModelShape":
+        return cls(cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
+                   cfg.head_dim, cfg.vocab_size, dtype_bytes, cfg.qk_norm)
+
+    @property
+    def layer_linear_params(self) -> int:
+        h, q, kv = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        return h * q + 2 * h * kv + q * h + 3 * h * self.intermediate_size  # q, k, v, o, gate, up, down
+
+    @property
+    def weight_bytes(self) -> int:
+        """Weights one forward reads: every layer, the final norm and the LM head (the embedding table
+        is only gathered row by row, and is the LM head itself when tied: counted once either way)."""
+        norms = 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
+        params = self.num_layers * (self.layer_linear_params + norms) + self.hidden_size
+        return self.dtype_bytes * (params + self.vocab_size * self.hidden_size)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def attn_flops_per_pair(self) -> int:
+        """QK^T and PV for one (query, key) pair over all layers and query heads."""
+        return 4 * self.num_layers * self.num_heads * self.head_dim
+
+
+@dataclass(slots=True)
+class StepShape:
+    """What one step computes, captured from its plan (see engine/profiler.py)."""
+    new_tokens: int = 0          # query tokens (prefill chunks + one per decode row)
+    num_sampled: int = 0         # rows that go through the LM head
+    decode_rows: int = 0
+    kv_tokens_unique: int = 0    # distinct KV tokens the decode rows read (shared blocks once)
+    kv_tokens_logical: int = 0   # KV tokens they read when every row reads its whole sequence
+    prefill_ctx_read: int = 0    # cached tokens the prefill chunks attend to (before the chunk)
+    prefill_attn_pairs: int = 0  # causal (query, key) pairs of the prefill chunks
+
+
+def distinct_kv_tokens(rows: list[tuple[list[int], int]], block_size: int) -> int:
+    """rows = (block table, tokens in cache); each physical block counted once, at its fullest."""
+    filled: dict[int, int] = {}
+    for table, n in rows:
+        for j in range(-(-n // block_size)):
+            b = table[j]
+            filled[b] = max(filled.get(b, 0), min(block_size, n - j * block_size))
+    return sum(filled.values())
+
+
+def shape_of_plan(plan, block_size: int) -> StepShape:
+    """StepShape of a StepPlan, before it runs (num_computed not yet advanced)."""
+    s = StepShape()
+    for seq, n in plan.prefills:
+        start = seq.num_computed
+        s.new_tokens += n
+        s.num_sampled += start + n == seq.num_tokens
+        s.prefill_ctx_read += start
+        s.prefill_attn_pairs += n * start + n * (n + 1) // 2
+    rows = [(seq.block_table, seq.num_computed + 1) for seq in plan.decodes]
+    s.decode_rows = len(rows)
+    s.new_tokens += len(rows)
+    s.num_sampled += len(rows)
+    s.kv_tokens_logical = sum(n for _, n in rows)
+    s.kv_tokens_unique = distinct_kv_tokens(rows, block_size)
+    return s
