@@ -131,6 +131,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--data-parallel", type=_positive, default=1, metavar="N",
                    help="N engine replicas, one per GPU (in CUDA_VISIBLE_DEVICES order), the problems dealt "
                         "round-robin between them; on a CPU host N processes that split the cores (default 1)")
+    g.add_argument("--batch-invariant", action="store_true",
+                   help="a token's logits do not depend on what else is batched, preemption or a restart, so a "
+                        "resumed or re-batched run draws exactly the same tokens (slower; see README Guarantees)")
     g.add_argument("--profile", default=None, metavar="DIR",
                    help="write a per-step timeline (timeline.jsonl), torch.profiler traces and a KV-sharing "
                         "plot (kv_blocks.png) of the run to DIR")
@@ -233,6 +236,7 @@ def _config(args, data_path: str, out_path: str, resume: bool) -> RunConfig:
         "max_num_seqs": args.max_num_seqs,
         "num_kv_blocks": args.num_kv_blocks,
         "rope_scaling": args.rope_scaling,
+        "batch_invariant": args.batch_invariant or None,
     }
     max_tokens = args.max_tokens
     if max_tokens is None:  # the paper's budget for a real model; the embedded one keeps a small one

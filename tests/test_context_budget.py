@@ -4,7 +4,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.config import merged_rope_parameters
-from tiny_models import hf_greedy
+from tiny_models import hf_greedy, runner_spy
 
 YARN = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 128}
 
@@ -77,15 +77,7 @@ def test_yarn_override_matches_transformers_beyond_the_original_context(tiny_mod
 
 def _last_logits(llm, prompt):
     """The logits the engine's forward produced for the prompt's last position."""
-    captured, run = [], llm.runner.run
-
-    def spy(plan):
-        logits = run(plan)
-        captured.append(logits[-1].detach().float().clone())
-        return logits
-    llm.runner.run = spy
-    try:
+    captured = []
+    with runner_spy(llm, lambda plan, logits: captured.append(logits[-1].detach().float().clone())):
         llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
-    finally:
-        del llm.runner.run
     return captured[-1]

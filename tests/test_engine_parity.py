@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from tiny_models import hf_greedy
+from tiny_models import hf_greedy, runner_spy
 
 KINDS = ["llama", "qwen2", "qwen3"]  # GQA 2:1 / 4:1, tied and untied, llama3 and YaRN RoPE
 PROMPT_LENS = [5, 16, 37, 150]       # below, at and off the block size; longer than the chunk budget
@@ -39,17 +39,9 @@ def test_last_position_logits_match(kind, engines, tiny_model_dir):
     prompt = _prompt(45, seed=7)
     _, expected = hf_greedy(tiny_model_dir(kind), prompt, 1)
     llm = engines(kind)
-    steps, run = [], llm.runner.run
-
-    def spy(plan):
-        logits = run(plan)
-        steps.append(([c for _, c in plan.prefills], logits))
-        return logits
-    llm.runner.run = spy
-    try:
+    steps = []
+    with runner_spy(llm, lambda plan, logits: steps.append(([c for _, c in plan.prefills], logits))):
         llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
-    finally:
-        del llm.runner.run
     [(chunks, logits)] = steps  # 45 tokens fit the 64-token budget: one prefill step
     assert chunks == [len(prompt)]
     torch.testing.assert_close(logits[0], expected, rtol=1e-4, atol=1e-4)

@@ -34,6 +34,11 @@ def test_rope_scaling_json_becomes_an_engine_option():
     assert "rope_scaling" not in _cfg().engine_options
 
 
+def test_batch_invariant_flag_becomes_an_engine_option():
+    assert _cfg("--batch-invariant").engine_options == {"batch_invariant": True}
+    assert "batch_invariant" not in _cfg().engine_options
+
+
 @pytest.mark.parametrize("bad,why", [("{rope_type: yarn}", "not valid JSON"), ("[1, 2]", "non-empty JSON object"),
                                      ("{}", "non-empty JSON object"), ('"yarn"', "non-empty JSON object")])
 def test_rope_scaling_must_be_a_json_object(bad, why, capsys):

@@ -1,6 +1,7 @@
 """Tiny random-initialised checkpoints written by transformers itself, for parity tests."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -58,3 +59,19 @@ def hf_greedy(folder: Path, prompt_ids: list[int], max_new_tokens: int, **config
         out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False,
                              attention_mask=torch.ones_like(ids), pad_token_id=0)
     return out[0, len(prompt_ids):].tolist(), logits
+
+
+@contextmanager
+def runner_spy(llm, on_run):
+    """Call on_run(plan, logits) after every forward of llm's model runner, within the block."""
+    run = llm.runner.run
+
+    def spy(plan):
+        logits = run(plan)
+        on_run(plan, logits)
+        return logits
+    llm.runner.run = spy
+    try:
+        yield
+    finally:
+        del llm.runner.run
