@@ -4,5 +4,6 @@
     python -m bench.roofline --quick               # decode/prefill steps against the byte/FLOP floors
     python -m bench.profile_run --out runs/prof    # step timeline + torch.profiler traces of a run
     python -m bench.gpu_e2e [--tiny]               # decode tokens/s with and without cascade (CUDA)
+    python -m bench.batch_invariant_cost           # LLM(batch_invariant=True) vs default, prefill/decode tok/s
     python -m pytest bench/bench_decode.py bench/bench_host.py --benchmark-only   # microbenchmarks
 """
