@@ -218,7 +218,7 @@ class LLM:
         self.runner.ops = with_ranges(self._ops) if self._ranges else self._ops
 
     def _phase(self, name: str):
-        if not self.observers or not self._ranges:
+        if not self._ranges:
             return nullcontext()
         from torch.profiler import record_function
         return record_function(name)

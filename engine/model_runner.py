@@ -34,7 +34,7 @@ class ModelRunner:
         self.kv_cache: torch.Tensor | None = None
         self.cos_sin = cfg.rope_cos_sin(max_model_len).to(device)
         self.ops = get_backend(backend)
-        self.cascade = cascade and not batch_invariant  # whether plans may carry cascade groups
+        self.cascade = cascade  # whether plans may carry cascade groups (never with batch_invariant)
         self.batch_invariant = batch_invariant
         if batch_invariant:
             self.ops = batch_invariant_backend()

@@ -144,7 +144,7 @@ def _add_method_options(p: argparse.ArgumentParser, *, max_tokens: int | None, p
     g = p.add_argument_group("PaCoRe")
     rounds = g.add_mutually_exclusive_group()
     rounds.add_argument("--preset", choices=sorted(PRESETS), default=None,
-                        help=f"round schedule preset: " + ", ".join(f"{k}={list(v)}" for k, v in PRESETS.items())
+                        help="round schedule preset: " + ", ".join(f"{k}={list(v)}" for k, v in PRESETS.items())
                         + f" (default: {preset}); a final K=1 round is always appended")
     rounds.add_argument("--rounds", type=_rounds, default=None, metavar="K1,K2,...",
                         help="trajectories per round, e.g. 32,4; a final K=1 round is always appended")

@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from .problems import BadLine, Problem, problem_key, run_key
+from .problems import BadLine, Problem, run_key
 
 
 class OutputExistsError(RuntimeError):
@@ -141,22 +141,6 @@ def _cut_torn_line(path: str) -> None:
         end = data.rfind(b"\n") + 1
         if end < len(data):
             f.truncate(end)
-
-
-def read_round_checkpoints(out_path: str) -> dict[str, list[dict]]:
-    """Problem key -> its checkpointed rounds 1..r, in order (a gap ends the usable run of rounds)."""
-    by_key: dict[str, dict[int, dict]] = {}
-    for rec in read_results(rounds_path(out_path)):
-        if "request_id" in rec and isinstance(rec.get("round"), int):
-            by_key.setdefault(problem_key(rec["request_id"]), {})[rec["round"]] = rec
-    out: dict[str, list[dict]] = {}
-    for key, rounds in by_key.items():
-        run = []
-        while len(run) + 1 in rounds:
-            run.append(rounds[len(run) + 1])
-        if run:
-            out[key] = run
-    return out
 
 
 def read_results(path: str) -> list[dict]:

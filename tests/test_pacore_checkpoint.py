@@ -4,13 +4,21 @@ import os
 
 import pytest
 
-from pacore.io import (OutputExistsError, partial_dir, prepare_output, read_results, read_round_checkpoints,
-                       rounds_path)
+from pacore.config import RunConfig
+from pacore.io import OutputExistsError, PriorResults, partial_dir, prepare_output, read_results, rounds_path
 from pacore.parallel import ReplicaError, run_data_parallel
 from pacore.partial import PartialStore
+from pacore.problems import Problem, read_problems
 from pacore.runner import PaCoReRunner
+from pacore.runs import read_prior_work
 from pacore_fakes import FakeLLM
 from test_pacore_runner import _cfg, default_script
+
+
+def checkpointed_rounds(cfg) -> dict[str, list[dict]]:
+    """Problem key -> run 0's checkpointed rounds 1..r, as --resume reads them."""
+    todo = [p for p in read_problems(cfg.data_path) if isinstance(p, Problem)]
+    return {k: w.rounds[0] for k, w in read_prior_work(cfg, todo, PriorResults()).items() if 0 in w.rounds}
 
 
 def _interrupted(tmp_path, step, **kw):
@@ -37,7 +45,7 @@ def _comparable(path):
 def test_resume_continues_at_the_next_round_with_the_same_results(tmp_path):
     (tmp_path / "a").mkdir()
     cfg = _interrupted(tmp_path / "a", step=40)
-    saved = read_round_checkpoints(cfg.out_path)
+    saved = checkpointed_rounds(cfg)
     assert saved and not read_results(cfg.out_path)  # rounds finished, no problem yet
     llm = FakeLLM(default_script)
     PaCoReRunner(llm, cfg).run()
@@ -55,7 +63,7 @@ def test_resume_continues_at_the_next_round_with_the_same_results(tmp_path):
 
 def test_checkpoints_of_another_seed_are_not_used(tmp_path, capsys):
     cfg = _interrupted(tmp_path, step=40)
-    assert read_round_checkpoints(cfg.out_path)
+    assert checkpointed_rounds(cfg)
     cfg.seed = 1
     llm = FakeLLM(default_script)
     PaCoReRunner(llm, cfg).run()
@@ -76,7 +84,10 @@ def test_only_contiguous_rounds_count(tmp_path):
     out = str(tmp_path / "r.jsonl")
     with open(rounds_path(out), "w") as f:
         f.write('{"request_id": 7, "round": 1}\n{"request_id": "7", "round": 3}\n{"request_id": "b", "round": 2}\n')
-    assert {k: [r["round"] for r in v] for k, v in read_round_checkpoints(out).items()} == {"7": [1]}
+    data = tmp_path / "in.jsonl"
+    data.write_text("".join(f'{{"id": {i}, "messages": [{{"role": "user", "content": "q"}}]}}\n' for i in ('7', '"b"')))
+    cfg = RunConfig(str(data), out, rounds=(3, 2))
+    assert {k: [r["round"] for r in v] for k, v in checkpointed_rounds(cfg).items()} == {"7": [1]}
 
 
 # -- snapshots of the rounds in flight (pacore/partial.py) --------------------------------------------

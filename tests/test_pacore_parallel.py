@@ -8,11 +8,12 @@ import pytest
 
 from pacore.cli import main
 from pacore.config import RunConfig
-from pacore.io import read_results, read_round_checkpoints
+from pacore.io import read_results
 from pacore.parallel import ReplicaError, replica_devices, run_data_parallel
 from pacore.runner import PaCoReRunner
 from pacore.stats import summary_path
 from pacore_fakes import FakeLLM
+from test_pacore_checkpoint import checkpointed_rounds
 
 
 def _problems(path, n):
@@ -150,7 +151,7 @@ def test_replicas_continue_from_round_checkpoints(tmp_path):
     cfg = _cfg(tmp_path, rounds=(3, 2))
     with pytest.raises(KeyboardInterrupt):
         PaCoReRunner(FakeLLM(_script, interrupt_at_step=30), cfg).run()
-    saved = read_round_checkpoints(cfg.out_path)
+    saved = checkpointed_rounds(cfg)
     assert saved
     cfg.resume = True
     run_data_parallel(cfg, 2, fake_llm)
