@@ -156,6 +156,9 @@ class EngineConfig:
     tokenizer: a folder to load the tokenizer from (default: the model's); skip_tokenizer_init=True
     loads none (token ids in and out, no text).
     record_steps=True keeps a StepRecord per step in ``LLM.step_log``.
+    tensor_parallel_size=N splits the model over N ranks (Megatron-style, engine/distributed.py):
+    N GPUs from ``device`` on, or N processes on a CPU that share its cores (torch.set_num_threads).
+    Rank 0 is this process; the others are worker processes the LLM starts and stops (``shutdown()``).
     """
     model: str | None = None
     dtype: str | torch.dtype | None = None
@@ -181,10 +184,11 @@ class EngineConfig:
     batch_invariant: bool = False
     record_steps: bool = False
     seed: int = 0
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "kv_cache_memory",
-                     "max_model_len"):
+                     "max_model_len", "tensor_parallel_size"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 import numbers
 import time
+import weakref
 from contextlib import nullcontext
 
 import torch
@@ -19,7 +20,6 @@ from engine.attention import default_backend, with_ranges
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig, resolve_dtype
 from engine.default_model import resolve_model
-from engine.kv_cache import bytes_per_block
 from engine.metrics import StepObserver, StepRecord
 from engine.model_runner import ModelRunner
 from engine.sampler import Sampler
@@ -27,6 +27,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import CascadePolicy, Scheduler, StepPlan
 from engine.sequence import CompletionOutput, Partial, Request, RequestOutput
 from engine.stopping import StopChecker
+from engine.tp_workers import start_ranks
 
 _CPU_KV_BYTES = 2 << 30
 _MAX_CPU_BLOCKS = 1 << 16
@@ -68,14 +69,21 @@ class LLM:
         self.block_size = opts.block_size
         cascade = CascadePolicy(False if opts.batch_invariant else opts.cascade_attention, opts.cascade_min_group,
                                 opts.cascade_min_prefix, opts.cascade_min_shared_tokens)
-        self.runner = ModelRunner(
-            cfg, self.dtype, self.device, block_size=opts.block_size, max_num_seqs=opts.max_num_seqs,
+        runner_kwargs = dict(
+            cfg=cfg, dtype=self.dtype, block_size=opts.block_size, max_num_seqs=opts.max_num_seqs,
             max_model_len=self.max_model_len, backend=opts.attention_backend or default_backend(self.device),
             cascade=cascade.enabled is not False, batch_invariant=opts.batch_invariant)
-        self.kv_bytes_per_block = bytes_per_block(cfg.num_layers, opts.block_size, cfg.num_kv_heads, cfg.head_dim,
-                                                  self.dtype)
-        num_blocks = opts.num_kv_blocks or self._auto_blocks(opts)
-        self.runner.allocate_kv_cache(num_blocks, cuda_graphs=not opts.enforce_eager)
+        self.runner = start_ranks(runner_kwargs, opts.tensor_parallel_size, self.device)
+        if self.runner.workers is not None:
+            self._finalizer = weakref.finalize(self, self.runner.workers.shutdown)
+        try:
+            # kv_bytes_per_block counts every rank's share of a block: the memory one block costs.
+            self.kv_bytes_per_block = self.runner.kv_bytes_per_block * opts.tensor_parallel_size
+            num_blocks = opts.num_kv_blocks or self._auto_blocks(opts)
+            self.runner.allocate_kv_cache(num_blocks, cuda_graphs=not opts.enforce_eager)
+        except BaseException:
+            self.shutdown()
+            raise
         self.block_manager = BlockManager(num_blocks, opts.block_size, opts.enable_prefix_caching)
         self.stop_checker = StopChecker(self.tokenizer, cfg.eos_token_ids, self.max_model_len)
         self.scheduler = Scheduler(self.block_manager, self.stop_checker, opts.max_num_seqs,
@@ -92,13 +100,27 @@ class LLM:
         self.record_steps = opts.record_steps
         self.step_log: list[StepRecord] = []  # filled when record_steps is on
 
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker processes (idempotent; also done when the LLM is collected)."""
+        if self.runner.workers is not None:
+            self.runner.workers.shutdown()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
     def _auto_blocks(self, opts: EngineConfig) -> int:
-        per_block, kv_bytes = self.kv_bytes_per_block, opts.kv_cache_memory
-        if kv_bytes is None and self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)  # weights are already loaded
-            kv_bytes = int(free - total * (1 - opts.gpu_memory_utilization))
+        per_block, kv_bytes = self.runner.kv_bytes_per_block, opts.kv_cache_memory
+        if kv_bytes is not None:
+            kv_bytes //= opts.tensor_parallel_size  # the budget is for all ranks together
+        elif self.device.type == "cuda":  # weights are already loaded; the smallest rank's room decides
+            kv_bytes = self.runner.free_kv_bytes(opts.gpu_memory_utilization)
+            if self.runner.workers is not None:
+                kv_bytes = min([kv_bytes, *self.runner.workers.call("free_kv_bytes", opts.gpu_memory_utilization)])
         if kv_bytes is None:
-            return min(_MAX_CPU_BLOCKS, _CPU_KV_BYTES // per_block)
+            return min(_MAX_CPU_BLOCKS, _CPU_KV_BYTES // self.kv_bytes_per_block)
         blocks = int(kv_bytes // per_block)
         if blocks < 1:
             raise ValueError(f"kv_cache_memory={kv_bytes} bytes holds no {self.block_size}-token block "
@@ -114,6 +136,8 @@ class LLM:
         resume: what ``partial_outputs`` returned for this request in an earlier session; each
         unfinished child continues after its tokens (a seeded child draws exactly what it would have).
         """
+        if self.runner.workers is not None:
+            self.runner.workers.check()  # a dead rank: say so now, not at the next step
         params = params or SamplingParams()
         params.validate()
         if params.stop and self.tokenizer is None:
@@ -280,6 +304,8 @@ class LLM:
         # The step's KV writes may be half done: its requests cannot continue, and blocks they
         # filled must not be found by the prefix cache.
         ids = {seq.request.request_id for seq, _ in plan.prefills} | {s.request.request_id for s in plan.decodes}
+        if self.runner.workers is not None and self.runner.workers.dead:
+            ids = set(self.requests)  # no request can run another step: hand every one back
         partial = {}
         for rid in sorted(ids):
             if rid in self.requests:

@@ -1,4 +1,4 @@
-"""Load Hugging Face safetensors (single file or sharded) into the fused decoder."""
+"""Load Hugging Face safetensors (single file or sharded) into the fused decoder, or one rank's slice of it."""
 from __future__ import annotations
 
 import json
@@ -7,6 +7,7 @@ import re
 import torch
 from safetensors import safe_open
 
+from engine.distributed import Shard, TPGroup
 from engine.model import CausalLM
 
 # HF name -> (our parameter, shard index into a fused parameter or None)
@@ -30,12 +31,39 @@ def _checkpoint_files(path) -> list:
     return files
 
 
+def _part(shard: Shard, cfg, module: str, shape: tuple) -> tuple[int, int, int] | None:
+    """(dim, start, end) of this rank's slice of a checkpoint tensor; None for the whole tensor."""
+    if shard.size == 1:
+        return None
+    d = cfg.head_dim
+    if module == "q_proj":
+        return 0, shard.heads[0] * d, shard.heads[1] * d
+    if module in ("k_proj", "v_proj"):
+        return 0, shard.kv_heads[0] * d, shard.kv_heads[1] * d
+    if module in ("gate_proj", "up_proj"):
+        return 0, *shard.ffn
+    if module in ("o_proj", "down_proj") and len(shape) == 2:  # row-parallel weight: input columns
+        cols = shard.heads if module == "o_proj" else shard.ffn
+        unit = d if module == "o_proj" else 1
+        return 1, cols[0] * unit, cols[1] * unit
+    if module in ("embed_tokens", "lm_head"):
+        return 0, min(shard.vocab[0], shape[0]), min(shard.vocab[1], shape[0])  # the padding is not stored
+    return None
+
+
+def _read(f, hf_name: str, part) -> torch.Tensor:
+    if part is None:
+        return f.get_tensor(hf_name)
+    dim, a, b = part
+    view = f.get_slice(hf_name)  # reads only this rank's rows or columns from disk
+    return view[a:b] if dim == 0 else view[:, a:b]
+
+
 def load_weights(model: CausalLM, path) -> None:
-    cfg = model.cfg
+    cfg, shard = model.cfg, model.shard
     params = dict(model.named_parameters(remove_duplicate=False))
-    fused_sizes = {"qkv_proj": [cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim,
-                                cfg.num_kv_heads * cfg.head_dim],
-                   "gate_up_proj": [cfg.intermediate_size, cfg.intermediate_size]}
+    q, kv, ffn = shard.num_heads * cfg.head_dim, shard.num_kv_heads * cfg.head_dim, shard.ffn_size
+    fused_sizes = {"qkv_proj": [q, kv, kv], "gate_up_proj": [ffn, ffn]}
     loaded: set[str] = set()
     for file in _checkpoint_files(path):
         with safe_open(str(file), framework="pt") as f:
@@ -43,29 +71,37 @@ def load_weights(model: CausalLM, path) -> None:
                 if _IGNORED.match(hf_name):
                     continue
                 name = hf_name.removeprefix("model.")
-                tensor = f.get_tensor(hf_name)
                 parts = name.split(".")
-                shard = None
-                if len(parts) >= 2 and parts[-2] in _FUSED:
-                    fused, shard = _FUSED[parts[-2]]
+                module = parts[-2] if len(parts) >= 2 else ""
+                shard_idx = None
+                if module in _FUSED:
+                    fused, shard_idx = _FUSED[module]
                     name = ".".join(parts[:-2] + [fused, parts[-1]])
                 if name not in params:
                     if name == "lm_head.weight" and cfg.tie_word_embeddings:
                         continue  # some tied checkpoints still store the head
                     raise ValueError(f"{file.name}: unexpected tensor {hf_name!r} for {cfg.architecture}; "
                                      "the checkpoint does not match its config.json")
-                param = params[name]
-                target = param.data
-                if shard is not None:
+                target = params[name].data
+                if shard_idx is not None:
                     sizes = fused_sizes[name.split(".")[-2]]
-                    start = sum(sizes[:shard])
-                    target = target.narrow(0, start, sizes[shard])
-                    loaded.add(f"{name}#{shard}")
+                    target = target.narrow(0, sum(sizes[:shard_idx]), sizes[shard_idx])
+                    loaded.add(f"{name}#{shard_idx}")
                 else:
                     loaded.add(name)
+                if module in ("o_proj", "down_proj") and parts[-1] == "bias" and shard.rank > 0:
+                    target.zero_()  # a row-parallel bias is added once: by rank 0, before the all-reduce
+                    continue
+                full_shape = tuple(f.get_slice(hf_name).get_shape())
+                if module in ("embed_tokens", "lm_head"):
+                    if full_shape != (cfg.vocab_size, cfg.hidden_size):
+                        _bad_shape(file, hf_name, full_shape, (cfg.vocab_size, cfg.hidden_size))
+                    rows = max(0, min(shard.vocab[1], cfg.vocab_size) - shard.vocab[0])
+                    target[rows:].zero_()  # the last rank's vocabulary padding
+                    target = target[:rows]
+                tensor = _read(f, hf_name, _part(shard, cfg, module, full_shape))
                 if target.shape != tensor.shape:
-                    raise ValueError(f"{file.name}: {hf_name!r} has shape {tuple(tensor.shape)}, "
-                                     f"config.json implies {tuple(target.shape)}")
+                    _bad_shape(file, hf_name, full_shape, tuple(target.shape), shard.size)
                 target.copy_(tensor.to(target.dtype))
     expected = set()
     for name in params:
@@ -81,10 +117,17 @@ def load_weights(model: CausalLM, path) -> None:
         raise ValueError(f"checkpoint in {path} lacks {len(missing)} tensors, e.g. {missing[:4]}")
 
 
+def _bad_shape(file, hf_name: str, shape: tuple, implied: tuple, ranks: int = 1):
+    per_rank = f" for each of {ranks} tensor-parallel ranks" if ranks > 1 else ""
+    raise ValueError(f"{file.name}: {hf_name!r} has shape {shape}, config.json implies {implied}{per_rank}")
+
+
 @torch.no_grad()
-def load_model(cfg, dtype: torch.dtype, device: torch.device) -> CausalLM:
+def load_model(cfg, dtype: torch.dtype, device: torch.device, shard: Shard | None = None,
+               tp: TPGroup | None = None) -> CausalLM:
+    """Build the model (this rank's shard of it under tensor parallelism) and load its weights."""
     with torch.device("meta"):
-        model = CausalLM(cfg)
+        model = CausalLM(cfg, shard, tp)
     model = model.to_empty(device=device).to(dtype)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight

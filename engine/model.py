@@ -2,6 +2,9 @@
 
 Inputs are flat: all scheduled tokens of all sequences, prefill chunks first, then one token per
 decoding sequence. Projections are fused at load time (q|k|v and gate|up) so each is one matmul.
+
+Under tensor parallelism (engine/distributed.py) each rank builds the same modules with its Shard's
+sizes; o_proj, down_proj and the embedding end in an all-reduce, the LM head in a gather.
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from torch import nn
 
 from engine.attention import AttentionMetadata, Backend
 from engine.config import ModelConfig
+from engine.distributed import Shard, TPGroup, whole
 from kernels.batch_invariant import linear_invariant
 
 
@@ -21,11 +25,12 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, shard: Shard, tp: TPGroup):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_size = cfg.num_heads * cfg.head_dim
-        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = shard.num_heads, shard.num_kv_heads, cfg.head_dim
+        self.q_size = self.num_heads * cfg.head_dim
+        self.kv_size = self.num_kv_heads * cfg.head_dim
+        self.tp = tp
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
         self.qk_norm = cfg.qk_norm
@@ -47,24 +52,25 @@ class Attention(nn.Module):
             q, k = q.contiguous(), k.contiguous()
         q, k = ops.rope(positions, q, k, cos_sin)
         out = ops.attention(q, k, v.contiguous(), kv[0], kv[1], meta, self.scale)
-        return self.o_proj(out.reshape(-1, self.q_size))
+        return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, shard: Shard, tp: TPGroup):
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * shard.ffn_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(shard.ffn_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.tp = tp
 
     def forward(self, x: torch.Tensor, ops: Backend) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+        return self.tp.all_reduce(self.down_proj(ops.silu_and_mul(self.gate_up_proj(x))))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, shard: Shard, tp: TPGroup):
         super().__init__()
-        self.self_attn = Attention(cfg)
-        self.mlp = MLP(cfg)
+        self.self_attn = Attention(cfg, shard, tp)
+        self.mlp = MLP(cfg, shard, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -80,13 +86,14 @@ class DecoderLayer(nn.Module):
 
 
 class CausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, shard: Shard | None = None, tp: TPGroup | None = None):
         super().__init__()
-        self.cfg = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.cfg, self.shard, self.tp = cfg, shard or whole(cfg), tp or TPGroup()
+        shard, tp = self.shard, self.tp
+        self.embed_tokens = nn.Embedding(shard.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, shard, tp) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.hidden_size, shard.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         for p in self.parameters():
@@ -94,14 +101,23 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 kv_cache: torch.Tensor, ops: Backend, cos_sin: torch.Tensor) -> torch.Tensor:
-        x, residual = self.embed_tokens(input_ids), None
+        x, residual = self.embed(input_ids), None
         for i, layer in enumerate(self.layers):
             x, residual = layer(x, residual, positions, meta, kv_cache[i], ops, cos_sin)
         x, _ = ops.rmsnorm(x, self.norm.weight, self.norm.eps, residual)
         return x
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return self.embed_tokens(input_ids)
+        # Each rank looks up the ids in its vocabulary slice and zeroes the rest; the sum is the lookup.
+        start, end = self.shard.vocab
+        mine = (input_ids >= start) & (input_ids < end)
+        x = self.embed_tokens(torch.where(mine, input_ids - start, 0)).masked_fill_(~mine.unsqueeze(-1), 0)
+        return self.tp.all_reduce(x)
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        return self.tp.all_gather_last(self.lm_head(hidden))[:, :self.cfg.vocab_size].float()
 
 
 class RowTiledLinear(nn.Module):

@@ -8,6 +8,10 @@ the token is computed (decode, chunked prefill, recompute after preemption or re
 layers run in fixed-size row tiles, the ops are kernels/batch_invariant.py's, and decodes are handed
 to attention as one-token prefill chunks, so one attention computation serves every query (no
 cascade, no CUDA graphs).
+
+Tensor parallelism: rank 0's runner prepares each step's inputs once and sends them to the worker
+ranks (engine/tp_workers.py); every rank then runs ``execute`` on its shard of the model in lock
+step, and rank 0 alone gets the logits.
 """
 from __future__ import annotations
 
@@ -18,19 +22,34 @@ import torch
 from engine.attention import AttentionMetadata, batch_invariant_backend, get_backend
 from engine.config import ModelConfig
 from engine.cuda_graphs import DecodeGraphs
-from engine.kv_cache import allocate_kv_cache, copy_blocks
+from engine.distributed import Shard, TPGroup
+from engine.kv_cache import allocate_kv_cache, bytes_per_block, copy_blocks
 from engine.loader import load_model
 from engine.model import tile_linears
 from engine.scheduler import StepPlan
 from engine.sequence import Sequence
 
 
+@dataclasses.dataclass(slots=True)
+class StepInputs:
+    """One step's host tensors: what every tensor-parallel rank needs to run its shard."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    sample_idx: torch.Tensor  # hidden rows that get logits
+    copies: list[tuple[int, int]]  # a fork's block copies, made after the forward
+    graph: bool  # replay a captured decode graph
+
+
 class ModelRunner:
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, block_size: int,
                  max_num_seqs: int, max_model_len: int, backend: str, cascade: bool = True,
-                 batch_invariant: bool = False):
+                 batch_invariant: bool = False, shard: Shard | None = None, tp: TPGroup | None = None,
+                 workers=None):
         self.cfg, self.dtype, self.device, self.block_size = cfg, dtype, device, block_size
-        self.model = load_model(cfg, dtype, device)
+        self.model = load_model(cfg, dtype, device, shard, tp)
+        self.workers = workers  # TPWorkers on rank 0 of a tensor-parallel group
         self.kv_cache: torch.Tensor | None = None
         self.cos_sin = cfg.rope_cos_sin(max_model_len).to(device)
         self.ops = get_backend(backend)
@@ -46,11 +65,25 @@ class ModelRunner:
         self.max_num_seqs = max_num_seqs
         self.graphs: DecodeGraphs | None = None
 
+    @property
+    def kv_bytes_per_block(self) -> int:
+        """This rank's bytes per block (its KV heads only)."""
+        cfg = self.cfg
+        return bytes_per_block(cfg.num_layers, self.block_size, self.model.shard.num_kv_heads, cfg.head_dim,
+                               self.dtype)
+
+    def free_kv_bytes(self, gpu_memory_utilization: float) -> int:
+        """Bytes this rank's GPU can give the cache, its weights loaded."""
+        free, total = torch.cuda.mem_get_info(self.device)
+        return int(free - total * (1 - gpu_memory_utilization))
+
     def allocate_kv_cache(self, num_blocks: int, cuda_graphs: bool) -> None:
         """Allocate the cache; then capture decode graphs (they bake in the cache's address)."""
+        if self.workers is not None:
+            self.workers.call("allocate_kv_cache", num_blocks, cuda_graphs, wait=False)  # captures in lock step
         cfg = self.cfg
-        self.kv_cache = allocate_kv_cache(cfg.num_layers, num_blocks, self.block_size, cfg.num_kv_heads,
-                                          cfg.head_dim, self.dtype, self.device)
+        self.kv_cache = allocate_kv_cache(cfg.num_layers, num_blocks, self.block_size,
+                                          self.model.shard.num_kv_heads, cfg.head_dim, self.dtype, self.device)
         if cuda_graphs and self.device.type == "cuda" and self.ops.name == "triton":  # never batch_invariant
             self.graphs = DecodeGraphs(self, self.max_num_seqs, cascade=self.cascade)
 
@@ -127,7 +160,26 @@ class ModelRunner:
         if self.batch_invariant and plan.decodes:
             plan = dataclasses.replace(plan, prefills=[*plan.prefills, *((s, 1) for s in plan.decodes)], decodes=[])
         ids, positions, meta, sample_idx = self.prepare(plan)
-        if self.graphs is not None and not plan.prefills and self.graphs.can_run(len(plan.decodes)):
+        graph = self.graphs is not None and not plan.prefills and self.graphs.can_run(len(plan.decodes))
+        inputs = StepInputs(ids, positions, meta, sample_idx, plan.copies, graph)
+        if self.workers is None:
+            logits = self.execute(inputs)
+        else:
+            self.workers.call("execute", inputs, wait=False)
+            try:
+                logits = self.execute(inputs)
+            except Exception as e:
+                raise self.workers.explain(e) from e
+        if logits is not None and len(plan.sample_rows) != logits.shape[0]:  # a forked prompt's row, per trajectory
+            logits = logits[torch.tensor(plan.sample_rows, device=logits.device)]
+        return logits
+
+    @torch.inference_mode()
+    def execute(self, inputs: StepInputs) -> torch.Tensor | None:
+        """Run this rank's shard on one step's inputs; fp32 logits of the sampled rows (None when
+        no row is sampled: a step of prompt chunks only)."""
+        ids, positions, meta, sample_idx = inputs.ids, inputs.positions, inputs.meta, inputs.sample_idx
+        if inputs.graph:
             hidden = self.graphs.run(ids, positions, meta)  # decode rows are the sampled rows
         else:
             if self.device.type != "cpu":
@@ -138,13 +190,10 @@ class ModelRunner:
                     if isinstance(v, torch.Tensor):
                         setattr(meta, f, v.to(self.device, non_blocking=True))
             hidden = self.model(ids, positions, meta, self.kv_cache, self.ops, self.cos_sin)[sample_idx]
-        self.copy_blocks(plan.copies)  # a fork's partial prompt block, now that the forward wrote it
-        if not plan.sample_seqs:
-            return hidden.new_empty(0, self.cfg.vocab_size, dtype=torch.float32)
-        logits = self.model.compute_logits(hidden)
-        if len(plan.sample_rows) != logits.shape[0]:  # a forked prompt's row, once per trajectory
-            logits = logits[torch.tensor(plan.sample_rows, device=logits.device)]
-        return logits
+        self.copy_blocks(inputs.copies)  # a fork's partial prompt block, now that the forward wrote it
+        if len(sample_idx) == 0:
+            return None
+        return self.model.compute_logits(hidden)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         if pairs:

@@ -28,12 +28,12 @@ CONFIGS = {
 }
 
 
-def make_tiny_model(folder: Path, kind: str, seed: int = 0, dtype=torch.float32) -> Path:
+def make_tiny_model(folder: Path, kind: str, seed: int = 0, dtype=torch.float32, vocab: int = VOCAB) -> Path:
     """Write a random 2-layer model of `kind` (llama | qwen2 | qwen3) to folder via transformers."""
     import transformers
     spec = CONFIGS[kind]
     cfg = getattr(transformers, spec["cls"])(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, max_position_embeddings=1024, rms_norm_eps=1e-6,
         bos_token_id=2, eos_token_id=1, pad_token_id=0, **spec["kw"])
     cfg.architectures = [spec["arch"]]
@@ -44,7 +44,7 @@ def make_tiny_model(folder: Path, kind: str, seed: int = 0, dtype=torch.float32)
             if p.dim() > 1:
                 p.normal_(0, 0.08)
     model.save_pretrained(folder, safe_serialization=True)
-    write_char_tokenizer(folder, VOCAB)  # one token per character, so text prompts work
+    write_char_tokenizer(folder, vocab)  # one token per character, so text prompts work
     return folder
 
 
