@@ -80,12 +80,19 @@ class ModelRunner:
     def allocate_kv_cache(self, num_blocks: int, cuda_graphs: bool) -> None:
         """Allocate the cache; then capture decode graphs (they bake in the cache's address)."""
         if self.workers is not None:
-            self.workers.call("allocate_kv_cache", num_blocks, cuda_graphs, wait=False)  # captures in lock step
+            self.workers.call("allocate_kv_cache", num_blocks, False, wait=False)
         cfg = self.cfg
         self.kv_cache = allocate_kv_cache(cfg.num_layers, num_blocks, self.block_size,
                                           self.model.shard.num_kv_heads, cfg.head_dim, self.dtype, self.device)
         if cuda_graphs and self.device.type == "cuda" and self.ops.name == "triton":  # never batch_invariant
-            self.graphs = DecodeGraphs(self, self.max_num_seqs, cascade=self.cascade)
+            self.capture_decode_graphs(self.max_num_seqs)
+
+    def capture_decode_graphs(self, max_batch: int, emulate: bool = False) -> None:
+        """Capture decode graphs on every rank, in the same order: their all-reduces pair up at replay.
+        emulate=True drives the graphs' static buffers eagerly (for CPU tests)."""
+        if self.workers is not None:
+            self.workers.call("capture_decode_graphs", max_batch, emulate, wait=False)
+        self.graphs = DecodeGraphs(self, max_batch, cascade=self.cascade, emulate=emulate)
 
     # -- rows of the persistent block-table buffer -------------------------------------------
     def release(self, seq: Sequence) -> None:
