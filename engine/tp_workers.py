@@ -37,8 +37,8 @@ def start_ranks(runner_kwargs: dict, size: int, device: torch.device) -> ModelRu
             raise ValueError(f"tensor_parallel_size={size} from {device} needs GPUs {first}..{first + size - 1} but "
                              f"{torch.cuda.device_count()} are visible; lower it or set CUDA_VISIBLE_DEVICES")
         devices = [torch.device("cuda", first + r) for r in range(size)]
-    else:  # ranks on one CPU split its cores rather than each oversubscribing all of them
-        threads = max(1, (os.cpu_count() or 1) // size)
+    else:  # ranks on one CPU split this process's threads rather than each oversubscribing the cores
+        threads = max(1, torch.get_num_threads() // size)
         torch.set_num_threads(threads)
     port = free_port()
     workers = TPWorkers(size, port, runner_kwargs, devices, threads)
