@@ -222,8 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
     # A 135M model rambles at temperature 1.0; a cooler default makes the demo's answers readable.
     _add_method_options(demo, max_tokens=64, preset="low", temperature=0.7)
     _add_engine_options(demo)
+    from .serve.options import add_serve_parser  # here: it reuses this module's flag checks
+    serve = add_serve_parser(sub)
     # `pacore --help` documents every option, not just the subcommand names.
-    parser.epilog = "\n\n".join(sp.format_help() for sp in (run, demo))
+    parser.epilog = "\n\n".join(sp.format_help() for sp in (run, demo, serve))
     return parser
 
 
@@ -274,6 +276,10 @@ def build_llm(cfg: RunConfig):
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``pacore`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        from .serve.options import main as serve
+
+        return serve(args)
     if args.command == "run":
         refused = _refused_paths(args)
         if refused:

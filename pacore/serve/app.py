@@ -1,0 +1,264 @@
+"""The routes: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics."""
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from . import protocol as api
+from .engine_loop import ChoiceEnd, EngineLoop, EngineUnavailable, Failed, Job, JobDone, TextDelta
+from .metrics import ServerMetrics
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's and vLLM's for /v1/completions; chat fills the context
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+    def body(self) -> dict:
+        # code = the HTTP status, as vLLM sends it: clients reading an error inside a stream (the
+        # reference PaCoRe client) take it for the status.
+        return api.error_body(self.message, _ERROR_TYPES[self.status], self.param, self.status)
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class _Server:
+    """What the routes share: the engine thread, the metrics and the limits."""
+
+    def __init__(self, llm, model_name: str, api_key: str | None, max_queue: int):
+        self.engine = EngineLoop(llm)
+        self.metrics = ServerMetrics(self.engine)
+        self.model_name, self.api_key, self.max_queue = model_name, api_key, max_queue
+        self.max_model_len = llm.max_model_len
+        self.created = int(time.time())
+        self.in_flight = 0  # generation requests being served; only the event loop touches it
+
+    def authorize(self, credentials: HTTPAuthorizationCredentials | None) -> None:
+        if self.api_key is None:
+            return
+        given = credentials.credentials if credentials else ""
+        if not secrets.compare_digest(given.encode(), self.api_key.encode()):
+            raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer KEY'")
+
+    async def generate(self, request: Request, body: api._Generate, endpoint: str, prompts: list):
+        try:
+            job = self._submit(body, endpoint, prompts)
+        except APIError:
+            self.metrics.requests.labels(endpoint, "error").inc()
+            raise
+        self.in_flight += 1
+        self.metrics.in_flight.inc()
+        if body.stream:
+            chunks = self._stream(job, body, endpoint)
+            await anext(chunks)  # until the engine accepts: a refused request is an HTTP error, not a stream
+            return StreamingResponse(chunks, media_type="text/event-stream")
+        outcome = "aborted"
+        try:
+            reply = await _unless_disconnected(request, self._collect(job, endpoint))
+            outcome = "ok"
+            return reply
+        except APIError:
+            outcome = "error"
+            raise
+        except _ClientGone:
+            return Response(status_code=499)  # nobody reads it: the connection is closed
+        finally:
+            self._close(job, endpoint, outcome)
+
+    def _submit(self, body: api._Generate, endpoint: str, prompts: list) -> Job:
+        if body.model != self.model_name:
+            raise APIError(404, f"The model `{body.model}` does not exist; this server serves "
+                                f"`{self.model_name}`.", param="model")
+        if not prompts:
+            raise APIError(400, "prompt is empty", param="prompt")
+        chat = endpoint == "chat"
+        try:
+            params = body.sampling_params(None if chat else DEFAULT_COMPLETION_MAX_TOKENS)
+        except ValueError as e:
+            field = str(e).partition(" ")[0].removeprefix("SamplingParams.")
+            raise APIError(400, str(e), param=field if field in type(body).model_fields else None) from None
+        if self.in_flight >= self.max_queue:
+            raise APIError(429, f"the server holds its limit of {self.max_queue} requests (--max-queue); retry later")
+        job = Job(prompts, params, chat, body.stream, asyncio.get_running_loop())
+        try:
+            self.engine.submit(job)
+        except EngineUnavailable as e:
+            raise APIError(503, str(e)) from None
+        return job
+
+    def _close(self, job: Job, endpoint: str, outcome: str) -> None:
+        self.in_flight -= 1
+        self.metrics.in_flight.dec()
+        self.metrics.requests.labels(endpoint, outcome).inc()
+        if outcome == "aborted":  # the client went away: free its blocks
+            try:
+                self.engine.abort(job)
+            except EngineUnavailable:
+                pass
+
+    async def _collect(self, job: Job, endpoint: str):
+        ends: dict[int, ChoiceEnd] = {}
+        while True:
+            event = await job.events.get()
+            if isinstance(event, Failed):
+                raise APIError(event.status, event.message, event.param)
+            if isinstance(event, ChoiceEnd):
+                ends[event.index] = event
+            elif isinstance(event, JobDone):
+                break
+        usage = self._count(event, ends.values())
+        rid = api.new_id("chatcmpl" if endpoint == "chat" else "cmpl")
+        if endpoint == "chat":
+            choices = [api.ChatChoice(index=i, message=api.AssistantMessage(content=e.text),
+                                      finish_reason=e.finish_reason) for i, e in sorted(ends.items())]
+            return api.ChatCompletion(id=rid, model=self.model_name, choices=choices, usage=usage)
+        choices = [api.CompletionChoice(index=i, text=e.text, finish_reason=e.finish_reason)
+                   for i, e in sorted(ends.items())]
+        return api.Completion(id=rid, model=self.model_name, choices=choices, usage=usage)
+
+    def _count(self, done: JobDone, ends) -> api.Usage:
+        completion = sum(e.num_tokens for e in ends)
+        self.metrics.prompt_tokens.inc(done.prompt_tokens)
+        self.metrics.completion_tokens.inc(completion)
+        return api.usage(done.prompt_tokens, completion)
+
+    async def _stream(self, job: Job, body: api._Generate, endpoint: str):
+        """Server-sent events: one chunk stream per choice index, usage if asked, then [DONE]."""
+        outcome, chat = "aborted", endpoint == "chat"
+        rid = api.new_id("chatcmpl" if chat else "cmpl")
+
+        def chunk(index: int, text: str | None, finish: str | None = None, role: bool = False) -> str:
+            if chat:
+                delta = api.Delta(role="assistant" if role else None, content=text)
+                c = api.ChatCompletionChunk(id=rid, model=self.model_name, choices=[
+                    api.ChatChunkChoice(index=index, delta=delta, finish_reason=finish)])
+            else:
+                c = api.Completion(id=rid, model=self.model_name, choices=[
+                    api.CompletionChoice(index=index, text=text, finish_reason=finish)])
+            return f"data: {c.model_dump_json()}\n\n"
+        try:
+            event = await job.events.get()
+            if isinstance(event, Failed):
+                raise APIError(event.status, event.message, event.param)
+            yield ""  # accepted: generate() returns the stream from here
+            if chat:
+                for index in range(len(job.prompts) * job.params.n):
+                    yield chunk(index, "", role=True)
+            ends = []
+            while True:
+                event = await job.events.get()
+                if isinstance(event, TextDelta):
+                    yield chunk(event.index, event.text)
+                elif isinstance(event, ChoiceEnd):
+                    ends.append(event)
+                    yield chunk(event.index, event.text, event.finish_reason)
+                elif isinstance(event, Failed):  # after the 200: report it inside the stream, as vLLM
+                    outcome = "error"
+                    yield f"data: {json.dumps(APIError(event.status, event.message).body())}\n\n"
+                    break
+                elif isinstance(event, JobDone):
+                    usage = self._count(event, ends)
+                    if body.include_usage:
+                        cls = api.ChatCompletionChunk if chat else api.Completion
+                        yield f"data: {cls(id=rid, model=self.model_name, choices=[], usage=usage).model_dump_json()}\n\n"
+                    outcome = "ok"
+                    break
+            yield "data: [DONE]\n\n"
+        except APIError:
+            outcome = "error"
+            raise
+        finally:  # also when the client disconnects: the stream is cancelled here
+            self._close(job, endpoint, outcome)
+
+
+async def _unless_disconnected(request: Request, work):
+    """Await ``work`` unless the client disconnects first (then cancel it and raise _ClientGone)."""
+    async def gone():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(gone())
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        raise _ClientGone()
+    return task.result()
+
+
+def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int = 1024) -> FastAPI:
+    """An OpenAI-compatible app serving ``llm`` as ``model_name``; the engine thread runs while the
+    app does (its lifespan). ``api_key``: /v1 routes need ``Authorization: Bearer KEY``.
+    ``max_queue``: generation requests held at once; more get 429."""
+    server = _Server(llm, model_name, api_key, max_queue)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        server.engine.start()
+        yield
+        await asyncio.to_thread(server.engine.close)
+
+    app = FastAPI(title="PaCoRe Engine (OpenAI-compatible)", lifespan=lifespan)
+    app.state.server = server
+    bearer = HTTPBearer(auto_error=False)
+
+    def authorized(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        server.authorize(credentials)
+    v1 = [Depends(authorized)]
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError):
+        return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, e: RequestValidationError):
+        errors = e.errors()
+        if any(err["type"] == "json_invalid" for err in errors):  # not JSON at all: a bad request
+            detail = errors[0].get("ctx", {}).get("error", "")
+            return JSONResponse(APIError(400, f"malformed JSON body: {detail}").body(), status_code=400)
+        fields = [".".join(str(x) for x in err["loc"] if x != "body") for err in errors]
+        message = "; ".join(f"{f or 'body'}: {err['msg']}" for f, err in zip(fields, errors))
+        return JSONResponse(APIError(422, message, fields[0] or None).body(), status_code=422)
+
+    @app.post("/v1/chat/completions", dependencies=v1)
+    async def chat_completions(body: api.ChatCompletionRequest, request: Request):
+        messages = [m.for_template() for m in body.messages]
+        return await server.generate(request, body, "chat", [messages])
+
+    @app.post("/v1/completions", dependencies=v1)
+    async def completions(body: api.CompletionRequest, request: Request):
+        return await server.generate(request, body, "completions", body.prompts())
+
+    @app.get("/v1/models", dependencies=v1)
+    async def models():
+        return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": server.created,
+                                            "owned_by": "pacore", "max_model_len": server.max_model_len}]}
+
+    @app.get("/health")
+    async def health():
+        if not server.engine.alive:
+            raise APIError(503, "the engine is not running")
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(server.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

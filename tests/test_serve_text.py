@@ -1,0 +1,49 @@
+"""Streamed text (pacore/serve/text.py): what is released is always the start of the final text."""
+import random
+
+import pytest
+
+from pacore.serve.text import IncrementalText
+
+
+def _final(tokenizer, ids, stops):
+    """The engine's final text: the decoded tokens cut before the first stop string."""
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    cuts = [text.find(s) for s in stops if s in text]
+    return text[:min(cuts)] if cuts else text
+
+
+def _check_stream(tokenizer, ids, stops):
+    inc, sent = IncrementalText(tokenizer, stops), ""
+    final = _final(tokenizer, ids, stops)
+    for i in range(1, len(ids) + 1):
+        sent += inc.feed(ids[:i])
+        assert final.startswith(sent), (sent, final)
+    assert sent + inc.rest(final) == final
+    return sent
+
+
+def test_a_tail_that_may_become_a_stop_string_is_held_until_decided(tiny_model_dir):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir("llama"))  # one token per character
+    inc = IncrementalText(tok, ["STOP"])
+    ids = tok.encode("abcSTO")
+    assert inc.feed(ids) == "abc"  # "STO" may be the start of "STOP"
+    assert inc.feed(ids + tok.encode("X")) == "STOX"
+    assert inc.feed(ids + tok.encode("XSTOP")) == ""  # "STOP" itself is never released
+
+
+@pytest.mark.slow
+def test_byte_level_text_is_released_only_in_whole_characters():
+    from transformers import AutoTokenizer
+
+    from engine.default_model import resolve_model
+    tok = AutoTokenizer.from_pretrained(resolve_model(None))  # SmolLM2: byte-level BPE
+    text = "Héllo wörld 😀 你好, the answer is \\boxed{42}. Done 🎉🎉"
+    ids = tok.encode(text, add_special_tokens=False)
+    for stops in ([], ["answer"], ["\\boxed", "zz"], ["😀"], ["🎉"]):
+        sent = _check_stream(tok, ids, stops)
+        assert "\ufffd" not in sent
+    rng = random.Random(0)
+    for _ in range(100):  # any tokens, including ones that are not valid UTF-8 on their own
+        _check_stream(tok, [rng.randrange(len(tok)) for _ in range(40)], rng.choice([[], ["e"], ["th", "in"]]))
