@@ -218,6 +218,16 @@ class LLM:
         return [(list(seqs[i].generated), seqs[i].finish_reason) if i in seqs else ([], None)
                 for i in range(req.params.n)]
 
+    def new_tokens(self, request_id: str, seen: list[int]) -> list[Partial]:
+        """Per child: (its generated tokens after the first ``seen[i]``, finish reason or None).
+
+        What a stream has not sent yet, at a cost that follows the new tokens rather than the whole
+        trajectory (``partial_outputs`` copies everything). KeyError for an id not in flight."""
+        req = self.requests[str(request_id)]
+        seqs = {s.index: s for s in req.seqs}
+        return [(seqs[i].token_ids[seqs[i].num_prompt_tokens + seen[i]:], seqs[i].finish_reason) if i in seqs
+                else ([], None) for i in range(req.params.n)]
+
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 

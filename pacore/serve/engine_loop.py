@@ -265,10 +265,11 @@ class EngineLoop:
         for i, rid in enumerate(job.request_ids):
             if rid not in self._owner:
                 continue  # finished
-            for child, (tokens, reason) in enumerate(self.llm.partial_outputs(rid)):
+            texts = [job.texts[i * n + child] for child in range(n)]
+            for child, (tokens, reason) in enumerate(self.llm.new_tokens(rid, [t.seen for t in texts])):
                 # A finished child's last token may be its stop token: its rest comes with the final text.
                 if reason is None and tokens:
-                    delta = job.texts[i * n + child].feed(tokens)
+                    delta = texts[child].feed(tokens)
                     if delta:
                         job.emit(TextDelta(i * n + child, delta))
 

@@ -3,45 +3,52 @@ from __future__ import annotations
 
 
 class IncrementalText:
-    """Turns one trajectory's tokens into text deltas for a stream.
+    """Turns one trajectory's new tokens into text deltas for a stream.
 
-    Decoding is incremental (vLLM's offsets: each step decodes only the tokens since the last
+    Decoding is incremental (vLLM's offsets: each call decodes only the tokens since the last
     release, with the tokens before them as context), so a step costs O(new tokens), not O(text).
     Two things are held back until decided: text ending in an incomplete UTF-8 character ("\\ufffd",
     a byte-level token that needs the next one) and a tail that could be the start of a stop
     string. A stop string itself is never released: the engine cuts the final text before it.
+    Since a held tail is the longest one that could start a stop string, no stop string can begin in
+    released text, so only the unreleased text is searched.
     """
 
     def __init__(self, tokenizer, stop: list[str]):
         self.tokenizer = tokenizer
         self.stop = stop
-        self.text = ""     # decoded so far, settled characters only
-        self.sent = 0      # characters of `text` released
-        self._prefix = 0   # first token of the context window of the next decode
-        self._read = 0     # tokens whose text is in `text`
+        self.seen = 0        # tokens fed so far
+        self.sent = 0        # characters released so far
+        self._pending = ""   # decoded, not released yet
+        self._ids: list[int] = []  # tokens from the decode window's start on
+        self._read = 0       # of _ids, those whose text is decoded
 
-    def feed(self, ids: list[int]) -> str:
-        """ids: the trajectory's whole token list so far. Returns the text newly safe to send."""
-        if len(ids) > self._read:
+    def feed(self, new_ids: list[int]) -> str:
+        """new_ids: the trajectory's tokens since the last call. Returns the text newly safe to send."""
+        self.seen += len(new_ids)
+        self._ids.extend(new_ids)
+        if len(self._ids) > self._read:
             decode = self.tokenizer.decode
-            before = decode(ids[self._prefix:self._read], skip_special_tokens=True)
-            after = decode(ids[self._prefix:], skip_special_tokens=True)
+            before = decode(self._ids[:self._read], skip_special_tokens=True)
+            after = decode(self._ids, skip_special_tokens=True)
             if len(after) > len(before) and not after.endswith("\ufffd"):
-                self.text += after[len(before):]
-                self._prefix, self._read = self._read, len(ids)
-        end = len(self.text)
+                self._pending += after[len(before):]
+                # The tokens just decoded are the next window's context.
+                self._ids = self._ids[self._read:]
+                self._read = len(self._ids)
+        text = self._pending
+        end = len(text)
         for s in self.stop:
-            found = self.text.find(s, max(0, self.sent - len(s) + 1))
+            found = text.find(s)
             if found != -1:
                 end = min(end, found)
                 continue
-            for k in range(min(len(s) - 1, len(self.text) - self.sent), 0, -1):
-                if self.text.endswith(s[:k]):  # may become a stop string with the next tokens
-                    end = min(end, len(self.text) - k)
+            for k in range(min(len(s) - 1, len(text)), 0, -1):
+                if text.endswith(s[:k]):  # may become a stop string with the next tokens
+                    end = min(end, len(text) - k)
                     break
-        if end <= self.sent:
-            return ""
-        delta, self.sent = self.text[self.sent:end], end
+        delta, self._pending = text[:end], text[end:]
+        self.sent += len(delta)
         return delta
 
     def rest(self, final_text: str) -> str:
