@@ -332,7 +332,8 @@ def _refused_paths(args) -> str | None:
 def _run(args, cfg: RunConfig) -> int:
     if args.data_parallel > 1:
         return _run_data_parallel(cfg, args.data_parallel)
-    from .runner import profiled, run_pacore
+    from .runner import run_pacore
+    from .session import profiled
 
     llm = build_llm(cfg)
     try:

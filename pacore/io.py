@@ -162,8 +162,8 @@ def read_results(path: str) -> list[dict]:
 class ResultsWriter:
     """Appends one JSON line per problem and makes it durable before returning.
 
-    Safe with several writers on one file (the replicas of a data-parallel run): each line is one
-    ``write`` to an O_APPEND descriptor under an exclusive lock, so lines never interleave.
+    Safe with several writers on one file: each line is one ``write`` to an O_APPEND descriptor
+    under an exclusive lock, so lines never interleave.
     """
 
     def __init__(self, path: str):

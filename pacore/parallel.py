@@ -1,10 +1,10 @@
-"""Data parallelism: one engine replica per GPU, the problems dealt round-robin between them.
+"""Data parallelism on one machine: engine replicas in local processes, fed by the driver.
 
-PaCoRe problems are independent and a PaCoRe-8B replica fits one GPU, so a node scales by
-replicas, not by splitting the model. Every replica appends to the same results file (one locked
-write per problem), so ``--resume`` works unchanged, and a replica that fails loses only the
-problems it had in flight; the parent holds the results file's run lock (pacore/lock.py) for
-the whole run and writes the summary once all replicas are done.
+PaCoRe problems are independent, so a node scales by replicas: ``--data-parallel D`` runs D
+engines, each on ``--tensor-parallel T`` GPUs of its own. The parent process is the driver
+(pacore/dispatch.py): it hands problems to whichever replica has room and alone writes the results
+file, the round checkpoints and the snapshots, under the run lock it holds (pacore/lock.py), so
+``--resume`` works unchanged. Each replica talks to it over one pipe (pacore/replica.py).
 """
 from __future__ import annotations
 
@@ -14,148 +14,183 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
 
 from .config import RunConfig
-from .problems import BadLine, Problem
+from .dispatch import Replicas, ReplicaError, run_replicated  # noqa: F401  (ReplicaError: the CLI's and tests')
 from .lock import results_lock
-from .runner import INTERRUPTED, PaCoReRunner, pending_work, profiled
-from .stats import write_summary
+from .replica import CTRL_C, Reply, ReplicaWorker, Work
 
 
-class ReplicaError(RuntimeError):
-    """One or more replicas failed; the problems they finished are saved."""
-
-
-def replica_devices(replicas: int) -> list[str | None]:
-    """The CUDA_VISIBLE_DEVICES value of each replica: one GPU each, or None each on a CPU host."""
+def replica_devices(replicas: int, tensor_parallel: int = 1) -> list[str | None]:
+    """The CUDA_VISIBLE_DEVICES value of each replica: GPUs [r*T, (r+1)*T) of those visible, or None
+    each on a CPU host."""
     import torch
 
     count = torch.cuda.device_count()
     if count == 0:
         return [None] * replicas
-    if replicas > count:
-        raise ValueError(f"--data-parallel {replicas} needs {replicas} GPUs but {count} are visible; "
-                         f"use --data-parallel {count} or set CUDA_VISIBLE_DEVICES")
+    need = replicas * tensor_parallel
+    if need > count:
+        flags = f"--data-parallel {replicas}" + (f" --tensor-parallel {tensor_parallel}" if tensor_parallel > 1 else "")
+        raise ValueError(f"{flags} needs {need} GPUs but {count} are visible; use fewer replicas "
+                         f"(--data-parallel {max(1, count // tensor_parallel)}) or set CUDA_VISIBLE_DEVICES")
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     ids = [x.strip() for x in visible.split(",") if x.strip()] if visible else [str(i) for i in range(count)]
-    return ids[:replicas]
+    return [",".join(ids[r * tensor_parallel:(r + 1) * tensor_parallel]) for r in range(replicas)]
 
 
-def run_data_parallel(cfg: RunConfig, replicas: int, build_llm) -> dict:
-    """Run ``cfg`` on ``replicas`` engines (``build_llm(cfg)`` in each); returns the run summary.
+def run_data_parallel(cfg: RunConfig, replicas: int, build_llm, on_reply=None) -> dict:
+    """Run ``cfg`` on ``replicas`` engines (``build_llm(cfg)`` in each process); returns the run summary.
 
-    Raises ReplicaError after writing the summary when a replica failed, so the caller can exit
-    non-zero while everything the others finished stays in the results file, and ResultsLocked
-    (before starting anything) when another run holds the results file.
+    Each replica takes ``cfg.engine_options["tensor_parallel_size"]`` GPUs. Raises ReplicaError (after
+    writing the summary) when every replica was lost with problems left, ValueError when the GPUs are
+    too few, and ResultsLocked (before starting anything) when another run holds the results file.
     """
     if replicas < 1:
         raise ValueError(f"--data-parallel must be at least 1, got {replicas}")
+    devices = replica_devices(replicas, int(cfg.engine_options.get("tensor_parallel_size", 1)))
     with results_lock(cfg.out_path):  # a no-op when the CLI already holds it
-        return _run(cfg, replicas, build_llm)
+        return run_replicated(cfg, lambda: ProcessReplicas(cfg, build_llm, devices), on_reply)
 
 
-def _run(cfg: RunConfig, replicas: int, build_llm) -> dict:
-    todo, checkpoints = pending_work(cfg)
-    devices = replica_devices(replicas)
-    # On a CPU host the replicas split the cores instead of each oversubscribing all of them.
-    threads = max(1, (os.cpu_count() or 1) // replicas) if devices[0] is None else 0
-    ctx = mp.get_context("spawn")  # a fresh interpreter per replica: CUDA cannot survive a fork
-    procs: dict[int, mp.Process] = {}
-    reports: dict[int, Connection] = {}
-    start = time.perf_counter()
-    try:
-        for rank in range(replicas):
-            shard = todo[rank::replicas]
-            if not shard:
-                continue
-            shard_checkpoints = {x.key: checkpoints[x.key] for x in shard
-                                 if isinstance(x, Problem) and x.key in checkpoints}
-            reports[rank], child_end = ctx.Pipe(duplex=False)
-            with _env("CUDA_VISIBLE_DEVICES", devices[rank]):
-                p = ctx.Process(target=_replica, name=f"pacore-replica-{rank}",
-                                args=(rank, cfg, shard, shard_checkpoints, threads, build_llm, child_end))
+class ProcessReplicas(Replicas):
+    """Replicas in spawned processes, one duplex pipe each; ``processes[rank]`` for whoever must kill one."""
+
+    def __init__(self, cfg: RunConfig, build_llm, devices: list[str | None]):
+        self.count = len(devices)
+        # On a CPU host the replicas split the cores instead of each oversubscribing all of them.
+        threads = max(1, (os.cpu_count() or 1) // self.count) if devices[0] is None else 0
+        ctx = mp.get_context("spawn")  # a fresh interpreter per replica: CUDA cannot survive a fork
+        self.processes: list[mp.Process] = []
+        self._conns: list[Connection] = []
+        self._calling: set[int] = set(range(self.count))  # each answers first once its engine is built
+        self._lost: list[tuple[int, str]] = []  # replicas found gone while handing them work
+        for rank, device in enumerate(devices):
+            conn, child = ctx.Pipe()
+            with _env("CUDA_VISIBLE_DEVICES", device):
+                # not daemonic: a tensor-parallel engine starts worker processes of its own
+                p = ctx.Process(target=_serve, name=f"pacore-replica-{rank}", daemon=False,
+                                args=(rank, cfg, build_llm, threads, child))
                 p.start()
-            procs[rank] = p
-            child_end.close()  # so the parent's end reads EOF once the replica is gone
-        sessions, failures = _collect(procs, reports)
-    except KeyboardInterrupt:
-        _stop(procs)
-        print(f"\n{INTERRUPTED.format(out=cfg.out_path)}", file=sys.stderr)
-        raise
-    finally:
-        for p in procs.values():
-            p.join()
-    wall = time.perf_counter() - start
-    if sessions:  # the replicas' decoding span, without process start-up and model loading
-        wall = max(s["finished_at"] for s in sessions.values()) - min(s["started_at"] for s in sessions.values())
-    summary = write_summary(cfg, wall, [sessions[r] for r in sorted(sessions)])
-    if failures:
-        detail = "\n".join(f"replica {r}: {msg.strip()}" for r, msg in sorted(failures.items()))
-        raise ReplicaError(f"{len(failures)} of {len(procs)} replicas failed; the problems they finished are "
-                           f"in {cfg.out_path}; run again with --resume to complete the rest.\n{detail}")
-    return summary
+            child.close()  # so the parent's end reads EOF once the replica is gone
+            self.processes.append(p)
+            self._conns.append(conn)
+
+    def call(self, rank: int, work: list[Work]) -> None:
+        try:
+            self._conns[rank].send(work)
+        except OSError:  # the pipe is broken: the replica is gone
+            self._lost.append((rank, self._why(rank)))
+            return
+        self._calling.add(rank)
+
+    def wait(self, timeout: float) -> tuple[int, Reply | str] | None:
+        if self._lost:
+            return self._lost.pop(0)
+        by_conn = {self._conns[r]: r for r in self._calling}
+        ready = wait(list(by_conn), timeout)
+        if not ready:
+            return None
+        rank = by_conn[ready[0]]
+        self._calling.discard(rank)
+        try:
+            answer = self._conns[rank].recv()
+        except (EOFError, OSError):
+            return rank, self._why(rank)
+        if answer.error is not None:
+            self.processes[rank].join(10)  # it exits after saying why
+        return rank, answer
+
+    def interrupt(self) -> Iterator[tuple[int, Reply | str]]:
+        for p in self.processes:  # a terminal's Ctrl-C reached them already; a second one is ignored
+            if p.is_alive():
+                try:
+                    os.kill(p.pid, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 60.0
+        for rank in range(self.count):  # all each sends until it exits: its last replies, its snapshots
+            conn = self._conns[rank]
+            while conn.poll(max(0.0, deadline - time.monotonic())):
+                try:
+                    yield rank, conn.recv()
+                except (EOFError, OSError):
+                    break
+
+    def close(self) -> None:
+        for rank, p in enumerate(self.processes):
+            if rank in self._calling:  # still loading its engine: nothing to save
+                p.kill()
+            elif p.is_alive():
+                try:
+                    self._conns[rank].send(None)  # stop: flush the profile and exit
+                except OSError:
+                    pass
+        deadline = time.monotonic() + 30.0
+        for p in self.processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():  # stuck
+                p.kill()
+                p.join()
+        for conn in self._conns:
+            conn.close()
+
+    def _why(self, rank: int) -> str:
+        p = self.processes[rank]
+        p.join(10)
+        if p.exitcode is None:
+            p.kill()
+            return "stopped answering"
+        if p.exitcode < 0:
+            return f"killed by signal {signal.Signals(-p.exitcode).name}"
+        return f"exited with code {p.exitcode} before reporting"
 
 
-def _collect(procs: dict[int, mp.Process], reports: dict[int, Connection]):
-    """One report per replica: (stats, None) or (None, traceback); EOF without one means it was killed."""
-    sessions: dict[int, dict] = {}
-    failures: dict[int, str] = {}
-    rank_of = {conn: rank for rank, conn in reports.items()}
-    pending = set(reports.values())
-    while pending:
-        for conn in wait(list(pending)):
-            pending.discard(conn)
-            rank = rank_of[conn]
-            try:
-                stats, error = conn.recv()
-            except EOFError:
-                procs[rank].join()
-                stats, error = None, f"exited with code {procs[rank].exitcode} before reporting"
-            if error is None:
-                sessions[rank] = stats
-            else:
-                failures[rank] = error
-    return sessions, failures
-
-
-def _stop(procs: dict[int, mp.Process], grace_s: float = 10.0) -> None:
-    """Interrupt the replicas (they unwind and exit cleanly), then kill any that linger."""
-    for p in procs.values():
-        if p.is_alive():
-            os.kill(p.pid, signal.SIGINT)
-    deadline = time.monotonic() + grace_s
-    for p in procs.values():
-        p.join(max(0.0, deadline - time.monotonic()))
-        if p.is_alive():
-            p.terminate()
-
-
-def _interrupt_once(signum, frame):
-    # A terminal's Ctrl-C reaches the replica and the parent forwards one too: unwind only once.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    raise KeyboardInterrupt
-
-
-def _replica(rank: int, cfg: RunConfig, items: list[Problem | BadLine], checkpoints: dict[str, list[dict]],
-             threads: int, build_llm, report: Connection) -> None:
+def _serve(rank: int, cfg: RunConfig, build_llm, threads: int, conn: Connection) -> None:
+    """A replica process: build the engine, then answer the driver's calls until told to stop."""
     signal.signal(signal.SIGINT, _interrupt_once)
+    worker = None
     try:
         import torch
 
         if threads:
             torch.set_num_threads(threads)
-        runner = PaCoReRunner(build_llm(cfg), cfg)
-        with profiled(runner.llm, cfg.profile_dir and os.path.join(cfg.profile_dir, f"replica{rank}")):
-            runner.process(items, checkpoints, f"replica {rank}", rank, interrupt_hint=False)
-        report.send((runner.session_stats(), None))
-    except KeyboardInterrupt:
-        report.send((None, "interrupted"))
+        profile = cfg.profile_dir and os.path.join(cfg.profile_dir, f"replica{rank}")
+        worker = ReplicaWorker(build_llm(cfg), cfg, profile)
+        work: list[Work] | None = []
+        while work is not None:
+            reply = worker.advance(work)
+            _send(conn, reply)
+            if reply.error is not None:
+                sys.exit(130 if reply.error == CTRL_C else 1)
+            work = conn.recv()
+        worker.close()
+    except KeyboardInterrupt:  # waiting for the driver, or still loading
+        _send(conn, worker.interrupt() if worker is not None else Reply([], None, CTRL_C))
         sys.exit(130)
-    except BaseException:
-        report.send((None, traceback.format_exc(limit=-3)))
+    except EOFError:  # the driver is gone: nobody to report to
         sys.exit(1)
+    except Exception:
+        _send(conn, Reply([], None, traceback.format_exc(limit=-3)))
+        sys.exit(1)
+
+
+def _send(conn: Connection, obj) -> None:
+    """Send a whole message: a Ctrl-C arriving meanwhile waits, so the pipe never holds half of one."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        conn.send(obj)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _interrupt_once(signum, frame):
+    # A terminal's Ctrl-C reaches the replica and the driver forwards one too: unwind only once.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 @contextmanager

@@ -3,16 +3,39 @@
 One file per (problem, round) in ``OUT.partial/``: each trajectory's tokens so far and whether it
 finished. It is rewritten atomically at every snapshot and deleted when the round ends; on
 ``--resume`` the round's request is re-added with it (``LLM.add_request(resume=...)``) and every
-trajectory continues where it stopped, drawing the same tokens as if it never had.
+trajectory continues where it stopped, drawing the same tokens as if it never had. A replica of a
+data-parallel run never writes these files: it sends the snapshot record to the driver
+(pacore/sink.py), which writes it here and ships it back with the problem when the problem moves.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+from array import array
 
 import torch
 
 from .io import partial_dir
+
+Partial = list[tuple[list[int], str | None]]  # per trajectory: its tokens so far, its finish reason
+
+
+def snapshot_record(key: str, round_no: int, k: int, seed: int, prompt: list[int], partial: Partial) -> dict:
+    """What a snapshot holds: the trajectories' tokens and what they must match to be continued.
+
+    Tokens are int32 arrays: compact, and plain to pickle between processes (a tensor sent through a
+    multiprocessing pipe travels as a shared-memory handle that dies with its sender).
+    """
+    return {"key": key, "round": round_no, "k": k, "seed": seed, "prompt": _digest(prompt),
+            "tokens": [array("i", t) for t, _ in partial], "finish_reasons": [reason for _, reason in partial]}
+
+
+def usable_snapshot(rec: dict | None, key: str, k: int, seed: int, prompt: list[int]) -> Partial | None:
+    """The trajectories of ``rec`` if it was taken with the same K, seed and prompt tokens, else None."""
+    if rec is None or (rec.get("key"), rec.get("k"), rec.get("seed"), rec.get("prompt")) != (key, k, seed,
+                                                                                           _digest(prompt)):
+        return None
+    return [(t.tolist(), reason) for t, reason in zip(rec["tokens"], rec["finish_reasons"])]
 
 
 class PartialStore:
@@ -22,32 +45,35 @@ class PartialStore:
     def _path(self, key: str, round_no: int) -> str:
         return os.path.join(self.dir, f"{hashlib.sha1(key.encode()).hexdigest()[:24]}.r{round_no}.pt")
 
-    def save(self, key: str, round_no: int, k: int, seed: int, prompt: list[int],
-             partial: list[tuple[list[int], str | None]]) -> None:
+    def save(self, key: str, round_no: int, k: int, seed: int, prompt: list[int], partial: Partial) -> None:
+        self.write(snapshot_record(key, round_no, k, seed, prompt, partial))
+
+    def write(self, record: dict) -> None:
         os.makedirs(self.dir, exist_ok=True)
-        record = {"key": key, "round": round_no, "k": k, "seed": seed, "prompt": _digest(prompt),
-                  "tokens": [torch.tensor(t, dtype=torch.int32) for t, _ in partial],
-                  "finish_reasons": [reason for _, reason in partial]}
-        path = self._path(key, round_no)
+        path = self._path(record["key"], record["round"])
+        # on disk as int32 tensors, which torch.load(weights_only=True) reads back
+        tensors = [torch.frombuffer(t, dtype=torch.int32).clone() if len(t) else torch.zeros(0, dtype=torch.int32)
+                   for t in record["tokens"]]
         with open(path + ".tmp", "wb") as f:
-            torch.save(record, f)
+            torch.save({**record, "tokens": tensors}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(path + ".tmp", path)
 
-    def load(self, key: str, round_no: int, k: int, seed: int,
-             prompt: list[int]) -> list[tuple[list[int], str | None]] | None:
-        """The snapshot of this round, if one was taken with the same K, seed and prompt tokens."""
+    def read(self, key: str, round_no: int) -> dict | None:
+        """The snapshot record of this round as saved, or None (none, or unreadable: the round starts over)."""
         path = self._path(key, round_no)
         if not os.path.exists(path):
             return None
         try:
             rec = torch.load(path, weights_only=True)
-        except Exception:  # unreadable: the round starts over
+            return {**rec, "tokens": [array("i", t.to(torch.int32).numpy().tobytes()) for t in rec["tokens"]]}
+        except Exception:
             return None
-        if (rec.get("key"), rec.get("k"), rec.get("seed"), rec.get("prompt")) != (key, k, seed, _digest(prompt)):
-            return None
-        return [(t.tolist(), reason) for t, reason in zip(rec["tokens"], rec["finish_reasons"])]
+
+    def load(self, key: str, round_no: int, k: int, seed: int, prompt: list[int]) -> Partial | None:
+        """The snapshot of this round, if one was taken with the same K, seed and prompt tokens."""
+        return usable_snapshot(self.read(key, round_no), key, k, seed, prompt)
 
     def drop(self, key: str, round_no: int) -> None:
         try:

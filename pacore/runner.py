@@ -4,8 +4,6 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
-from contextlib import nullcontext
-from dataclasses import dataclass, field
 
 from engine.llm import StepError
 from engine.sampling_params import SamplingParams
@@ -14,51 +12,29 @@ from .budget import PromptTooLong, check_max_tokens, fit_round_prompt
 from .compaction import Trajectory
 from .config import RunConfig
 from .grading import grade, ground_truth_answer
-from .io import ResultsWriter, prepare_output, rounds_path, select_pending
 from .lock import results_lock
-from .partial import PartialStore
-from .problems import BadLine, Problem, read_problems
+from .partial import snapshot_record, usable_snapshot
+from .problems import BadLine, Problem
 from .progress import Progress
 from .prompts import order_responses
 from .records import error_record, run_record
-from .runs import (POOL, PriorWork, draw, drawn_round, planned, pool_seed, read_prior_work, runs_left, sample_seed,
-                   shuffle_seed, unit_key, usable_pool, usable_rounds, validate_runs)
+from .runs import (POOL, PriorWork, Unit, draw, drawn_round, planned, pool_seed, runs_left, sample_seed,
+                   shuffle_seed, usable_pool, usable_rounds, validate_runs)
+from .session import INTERRUPTED, pending_work
+from .sink import FileSink
 from .stats import RoundStats, round_stats_from_output, show_summary, write_summary
-
-
-@dataclass(slots=True)
-class _Unit:
-    """What one engine request belongs to: a run of a problem, or (run == POOL) the problem's pool."""
-
-    problem: Problem
-    gold: str | None
-    run: int | str = 0
-    round_idx: int = 0  # the round in flight, 0-based
-    rounds: list[list[Trajectory]] = field(default_factory=list)  # each in its recorded (reference) order
-    stats: list[RoundStats] = field(default_factory=list)
-    pool: dict | None = None  # a run drawn from a pool: what it drew, for its record
-    waiting: list[int] = field(default_factory=list)  # a pool: the runs that draw from it
-    # the round in flight: its prompt, what it resumed, and bookkeeping for its stats
-    prompt: list[int] = field(default_factory=list)
-    resumed_tokens: int = 0
-    references: int = 0
-    dropped: int = 0
-    truncated: int = 0
-    truncated_tokens: int = 0
-
-    @property
-    def key(self) -> str:
-        return unit_key(self.problem.key, self.run)
 
 
 class PaCoReRunner:
     """Runs PaCoRe over a JSONL file on an engine with the ``LLM.add_request/step`` interface.
 
     Each round of each run of a problem is one engine request with ``n=K``; when it finishes, the
-    run's next round is submitted in the same loop iteration while the others keep decoding.
+    run's next round is submitted in the same loop iteration while the others keep decoding. Output
+    goes to ``sink`` (pacore/sink.py): the results files by default; a data-parallel replica's
+    events for the driver. A replica is driven with ``begin``, ``add`` and ``step`` instead of ``process``.
     """
 
-    def __init__(self, llm, cfg: RunConfig):
+    def __init__(self, llm, cfg: RunConfig, sink=None):
         if cfg.max_problems_in_flight < 1:
             raise ValueError("max_problems_in_flight must be at least 1")
         validate_runs(cfg)
@@ -68,10 +44,10 @@ class PaCoReRunner:
         self.max_model_len = int(llm.max_model_len)
         self.max_tokens = cfg.max_tokens
         check_max_tokens(self.max_tokens, self.max_model_len)
-        self._inflight: dict[str, _Unit] = {}
+        self._sink = sink
+        self._todo: deque[Problem | BadLine] = deque()
+        self._inflight: dict[str, Unit] = {}
         self._open: dict[str, int] = {}  # problem key -> its runs not yet recorded
-        self._writer: ResultsWriter | None = None
-        self._round_writer: ResultsWriter | None = None
         self._prior: dict[str, PriorWork] = {}
         self._started_at: float | None = None  # wall clock (time.time), comparable across replicas
         self._finished_at: float | None = None
@@ -87,39 +63,71 @@ class PaCoReRunner:
             self.process(todo, prior)
             return write_summary(self.cfg, time.perf_counter() - start, [self.session_stats()])
 
-    def process(self, items: list[Problem | BadLine], prior: dict[str, PriorWork] | None = None,
-                desc: str = "pacore", position: int = 0, interrupt_hint: bool = True) -> None:
+    def process(self, items: list[Problem | BadLine], prior: dict[str, PriorWork] | None = None) -> None:
         """Run ``items`` to completion, appending one record per run of a problem as it ends.
 
         ``prior`` (problem key -> what earlier sessions finished: done runs, checkpointed rounds, the
         pool) lets a problem skip its done runs and continue the others at their next round.
         """
-        self._prior = prior or {}
-        self._started_at, self._finished_at = time.time(), None
-        self._partials = PartialStore(self.cfg.out_path)
-        self._last_snapshot = time.monotonic()
+        prior = prior or {}
         trajectories = rounds = 0
         for item in items:
             if isinstance(item, Problem):
-                t, r = planned(self.cfg, len(runs_left(self.cfg, self._prior.get(item.key))))
+                t, r = planned(self.cfg, len(runs_left(self.cfg, prior.get(item.key))))
                 trajectories, rounds = trajectories + t, rounds + r
-        self._progress = Progress(self.llm, total_trajectories=trajectories, total_rounds=rounds,
-                                  enabled=self.cfg.show_progress, desc=desc, position=position)
+        own_sink = self._sink is None
+        if own_sink:
+            self._sink = FileSink(self.cfg.out_path)
+        self.begin(prior, trajectories, rounds)
+        self._todo.extend(items)
         try:
-            with ResultsWriter(self.cfg.out_path) as self._writer, \
-                    ResultsWriter(rounds_path(self.cfg.out_path)) as self._round_writer:
-                self._loop(deque(items))
+            while self.busy:
+                self.step()
         except BaseException as e:
-            try:
-                self._snapshot()  # Ctrl-C or a crash: the rounds in flight continue from here on --resume
-            except Exception as snap_error:  # never hide the original failure behind this one
-                print(f"pacore: could not snapshot the rounds in flight: {snap_error}", file=sys.stderr)
-            if interrupt_hint and isinstance(e, KeyboardInterrupt):
+            self.snapshot_safely()  # Ctrl-C or a crash: the rounds in flight continue from here on --resume
+            if isinstance(e, KeyboardInterrupt):
                 print(f"\n{INTERRUPTED.format(out=self.cfg.out_path)}", file=sys.stderr)
             raise
         finally:
-            self._progress.close()
-            self._finished_at = time.time()
+            self.end()
+            if own_sink:
+                self._sink.close()
+                self._sink = None
+
+    def begin(self, prior: dict[str, PriorWork] | None = None, trajectories: int = 0, rounds: int = 0) -> None:
+        """Start a session (its clock, progress bar and snapshot timer) before ``add`` and ``step``."""
+        self._prior = dict(prior or {})
+        self._started_at, self._finished_at = time.time(), None
+        self._last_snapshot = time.monotonic()
+        self._progress = Progress(self.llm, total_trajectories=trajectories, total_rounds=rounds,
+                                  enabled=self.cfg.show_progress)
+
+    def end(self) -> None:
+        self._progress.close()
+        self._finished_at = time.time()
+
+    def add(self, problem: Problem, prior: PriorWork | None = None) -> None:
+        """Queue a problem for this session, with what earlier sessions (or a lost replica) finished of it."""
+        if prior is not None:
+            self._prior[problem.key] = prior
+        self._todo.append(problem)
+
+    @property
+    def busy(self) -> bool:
+        """Whether a problem is queued or has a round in the engine."""
+        return bool(self._todo or self._inflight)
+
+    @property
+    def started(self) -> list[str]:
+        """The keys of the problems started and not yet closed (queued ones are not started)."""
+        return list(self._open)
+
+    def snapshot_safely(self) -> None:
+        """``snapshot``, reporting (never raising) a failure: it runs while another error unwinds."""
+        try:
+            self.snapshot()
+        except Exception as snap_error:
+            print(f"pacore: could not snapshot the rounds in flight: {snap_error}", file=sys.stderr)
 
     def session_stats(self) -> dict:
         """What this runner generated, with the engine's counters (one entry of the summary's run)."""
@@ -133,49 +141,50 @@ class PaCoReRunner:
         }
 
     # -- the loop ----------------------------------------------------------------------------
-    def _loop(self, todo: deque) -> None:
-        while todo or self._inflight:
-            while todo and len(self._open) < self.cfg.max_problems_in_flight:
-                item = todo.popleft()
-                if isinstance(item, BadLine):
-                    # keyed by its line, so it never counts as (or shadows) a problem of that id
-                    self._write(error_record(item.id, None, item.error, item.line_no, input_error=True), item.extra)
-                    print(f"pacore: skipped {item.error}", file=sys.stderr)
-                    continue
-                self._start(item)
-            if not self._inflight:
+    def step(self) -> None:
+        """Start queued problems while there is room, then run one engine step and handle what finished."""
+        while self._todo and len(self._open) < self.cfg.max_problems_in_flight:
+            item = self._todo.popleft()
+            if isinstance(item, BadLine):
+                # keyed by its line, so it never counts as (or shadows) a problem of that id
+                self._write(error_record(item.id, None, item.error, item.line_no, input_error=True), item.extra)
+                print(f"pacore: skipped {item.error}", file=sys.stderr)
                 continue
-            try:
-                finished = self.llm.step()
-            except StepError as e:
-                self._step_failed(e)
-                continue
-            if not finished and not self.llm.has_unfinished():
-                raise RuntimeError(
-                    f"the engine has no unfinished requests but {len(self._inflight)} rounds never "
-                    f"returned: {sorted(self._inflight)[:5]}"
-                )
-            for out in finished:
-                unit = self._inflight.pop(out.request_id, None)
-                if unit is not None:  # requests someone else added are not ours to handle
-                    self._round_finished(unit, out)
-            self._progress.tick()
-            every = self.cfg.checkpoint_every_s
-            if every > 0 and time.monotonic() - self._last_snapshot >= every:
-                self._snapshot()
+            self._start(item)
+        if not self._inflight:
+            return
+        try:
+            finished = self.llm.step()
+        except StepError as e:
+            self._step_failed(e)
+            return
+        if not finished and not self.llm.has_unfinished():
+            raise RuntimeError(
+                f"the engine has no unfinished requests but {len(self._inflight)} rounds never "
+                f"returned: {sorted(self._inflight)[:5]}"
+            )
+        for out in finished:
+            unit = self._inflight.pop(out.request_id, None)
+            if unit is not None:  # requests someone else added are not ours to handle
+                self._round_finished(unit, out)
+        self._progress.tick()
+        every = self.cfg.checkpoint_every_s
+        if every > 0 and time.monotonic() - self._last_snapshot >= every:
+            self.snapshot()
 
     def _start(self, problem: Problem) -> None:
         """Begin a problem's runs left: each at its next round, or all at once from its pool."""
         runs = runs_left(self.cfg, self._prior.get(problem.key))
         if not runs:
+            self._sink.closed(problem.key)
             return
         self._open[problem.key] = len(runs)
         gold = ground_truth_answer(problem.extra)
         if not self.cfg.pool:
             for run in runs:
-                self._advance(self._restore(_Unit(problem, gold, run)))
+                self._advance(self._restore(Unit(problem, gold, run)))
             return
-        pool = _Unit(problem, gold, POOL, waiting=runs)
+        pool = Unit(problem, gold, POOL, waiting=runs)
         rec = usable_pool(self.cfg, self._prior.get(problem.key))
         if rec is not None:
             self._progress.round_done(self.cfg.pool, 0)
@@ -184,7 +193,7 @@ class PaCoReRunner:
         else:
             self._submit(pool)
 
-    def _advance(self, unit: _Unit) -> None:
+    def _advance(self, unit: Unit) -> None:
         if unit.round_idx < len(self.schedule):
             self._submit(unit)
         else:  # the final round is done
@@ -197,11 +206,10 @@ class PaCoReRunner:
             unit = self._inflight.pop(request_id, None)
             if unit is None:
                 continue
-            if any(tokens for tokens, _ in partial):
-                self._partials.save(unit.key, unit.round_idx + 1, len(partial), self.cfg.seed, unit.prompt, partial)
+            self._save_partial(unit, partial)
             self._fail(unit, f"round {unit.round_idx + 1}: {error}")
 
-    def _snapshot(self) -> None:
+    def snapshot(self) -> None:
         """Save every round in flight (its trajectories' tokens so far) for --resume."""
         self._last_snapshot = time.monotonic()
         for request_id, unit in self._inflight.items():
@@ -209,10 +217,14 @@ class PaCoReRunner:
                 partial = self.llm.partial_outputs(request_id)
             except KeyError:  # finished in the engine, its output not handled yet (a stop mid-step)
                 continue
-            if any(tokens for tokens, _ in partial):
-                self._partials.save(unit.key, unit.round_idx + 1, len(partial), self.cfg.seed, unit.prompt, partial)
+            self._save_partial(unit, partial)
 
-    def _submit(self, unit: _Unit) -> None:
+    def _save_partial(self, unit: Unit, partial: list) -> None:
+        if any(tokens for tokens, _ in partial):
+            self._sink.snapshot(snapshot_record(unit.key, unit.round_idx + 1, len(partial), self.cfg.seed,
+                                                unit.prompt, partial))
+
+    def _submit(self, unit: Unit) -> None:
         """Build and add the engine request of ``unit``'s current round."""
         r = unit.round_idx
         problem = unit.problem
@@ -242,10 +254,11 @@ class PaCoReRunner:
         unit.truncated, unit.truncated_tokens = prompt.truncated_messages, prompt.truncated_tokens
         self._inflight[request_id] = unit
 
-    def _add_request(self, unit: _Unit, params: SamplingParams, request_id: str) -> int:
+    def _add_request(self, unit: Unit, params: SamplingParams, request_id: str) -> int:
         """Add the round's request, continuing its snapshot if there is one; returns the tokens resumed."""
         r = unit.round_idx
-        resume = self._partials.load(unit.key, r + 1, params.n, self.cfg.seed, unit.prompt)
+        resume = usable_snapshot(self._sink.load_snapshot(unit.key, r + 1), unit.key, params.n, self.cfg.seed,
+                                 unit.prompt)
         if resume is not None:
             try:
                 self.llm.add_request(unit.prompt, params, request_id=request_id, resume=resume)
@@ -256,7 +269,7 @@ class PaCoReRunner:
         self.llm.add_request(unit.prompt, params, request_id=request_id)
         return 0
 
-    def _round_finished(self, unit: _Unit, out) -> None:
+    def _round_finished(self, unit: Unit, out) -> None:
         r = unit.round_idx
         trajectories = [Trajectory(c.index, c.text, c.finish_reason, len(c.token_ids))
                         for c in sorted(out.outputs, key=lambda c: c.index)]
@@ -270,21 +283,21 @@ class PaCoReRunner:
             self._pool_done(unit, trajectories, stats.to_dict())
         else:
             self._complete_round(unit, trajectories, stats)
-        self._partials.drop(unit.key, r + 1)  # only once the round is safely on disk
+        self._sink.drop_snapshot(unit.key, r + 1)  # only once the round is safely on disk
 
-    def _pool_done(self, pool: _Unit, trajectories: list[Trajectory], pool_stats: dict) -> None:
+    def _pool_done(self, pool: Unit, trajectories: list[Trajectory], pool_stats: dict) -> None:
         """Start each waiting run at round 2 with its own draw of K1 pool trajectories as round 1."""
         problem, k1 = pool.problem, self.schedule[0]
         generated = sum(t.tokens for t in trajectories)
         for run in pool.waiting:
-            unit = _Unit(problem, pool.gold, run)
+            unit = Unit(problem, pool.gold, run)
             indices = draw(len(trajectories), k1, self.cfg.seed, problem.key, run)
             drawn, stats = drawn_round(trajectories, pool_stats, indices, k1)
             unit.pool = {"size": len(trajectories), "indices": indices, "generated_tokens": generated,
                          "stats": pool_stats}
             self._complete_round(unit, drawn, stats, checkpoint=False)  # the pool and the draw say it all
 
-    def _complete_round(self, unit: _Unit, trajectories: list[Trajectory], stats: RoundStats,
+    def _complete_round(self, unit: Unit, trajectories: list[Trajectory], stats: RoundStats,
                         checkpoint: bool = True) -> None:
         """Order a finished round as it is recorded and passed on, grade it, then go on to the next round."""
         r = unit.round_idx
@@ -305,13 +318,13 @@ class PaCoReRunner:
             self._restore(unit)
         self._advance(unit)
 
-    def _checkpoint(self, unit: _Unit, trajectories: list[Trajectory], stats: RoundStats) -> None:
-        self._round_writer.write({"request_id": unit.problem.id, "run": unit.run, "round": unit.round_idx + 1,
+    def _checkpoint(self, unit: Unit, trajectories: list[Trajectory], stats: RoundStats) -> None:
+        self._sink.checkpoint({"request_id": unit.problem.id, "run": unit.run, "round": unit.round_idx + 1,
                                   "k": len(trajectories), "seed": self.cfg.seed, "shuffle": self.cfg.shuffle,
                                   "pool": self.cfg.pool, "responses": [t.to_record() for t in trajectories],
                                   "stats": stats.to_dict()})
 
-    def _restore(self, unit: _Unit) -> _Unit:
+    def _restore(self, unit: Unit) -> Unit:
         """Put back the rounds an earlier session finished, if they match this run's settings."""
         # unit.round_idx is 1 when round 1 was drawn from the pool
         records, dropped = usable_rounds(self.cfg, self._prior.get(unit.problem.key), unit.run, unit.round_idx)
@@ -326,12 +339,12 @@ class PaCoReRunner:
         return unit
 
     # -- records -----------------------------------------------------------------------------
-    def _finish(self, unit: _Unit) -> None:
+    def _finish(self, unit: Unit) -> None:
         self._write(run_record(unit.problem.id, unit.run, unit.rounds, unit.stats, gold=unit.gold,
                                graded=self.cfg.grade, k1=self.schedule[0], pool=unit.pool), unit.problem.extra)
         self._closed(unit.problem)
 
-    def _fail(self, unit: _Unit, error: str) -> None:
+    def _fail(self, unit: Unit, error: str) -> None:
         runs = unit.waiting if unit.run == POOL else [unit.run]
         print(f"pacore: problem {unit.problem.id!r} failed: {error}", file=sys.stderr)
         if unit.run == POOL:
@@ -348,33 +361,12 @@ class PaCoReRunner:
         self._open[problem.key] -= 1
         if not self._open[problem.key]:
             del self._open[problem.key]
+            self._sink.closed(problem.key)
 
     def _write(self, record: dict, extra: dict) -> None:
         for key, value in extra.items():
             record.setdefault(key, value)
-        self._writer.write(record)
-
-
-INTERRUPTED = ("pacore: interrupted; finished problems are saved in {out}. "
-               "Run again with --resume to complete the rest.")
-
-
-def pending_work(cfg: RunConfig) -> tuple[list[Problem | BadLine], dict[str, PriorWork]]:
-    """The input lines not yet in the output, and what earlier sessions did of those begun (runs.py)."""
-    prior = prepare_output(cfg.out_path, cfg.resume)
-    todo, note = select_pending(read_problems(cfg.data_path), prior, cfg.skip_failed, cfg.runs)
-    if note:
-        print(f"pacore: {note} ({cfg.out_path})", file=sys.stderr)
-    return todo, read_prior_work(cfg, todo, prior)
-
-
-def profiled(llm, profile_dir: str | None):
-    """A step-timeline and trace recorder around a run when profile_dir is set (engine/profiler.py)."""
-    if not profile_dir:
-        return nullcontext()
-    from engine.profiler import ProfileSession
-
-    return ProfileSession(llm, profile_dir)
+        self._sink.record(record)
 
 
 def _engine_stats(llm) -> dict:

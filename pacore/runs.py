@@ -128,6 +128,31 @@ def read_prior_work(cfg: RunConfig, todo: list, prior: PriorResults) -> dict[str
     return out
 
 
+@dataclass(slots=True)
+class Unit:
+    """What one engine request belongs to: a run of a problem, or (run == POOL) the problem's pool."""
+
+    problem: Problem
+    gold: str | None
+    run: int | str = 0
+    round_idx: int = 0  # the round in flight, 0-based
+    rounds: list[list[Trajectory]] = field(default_factory=list)  # each in its recorded (reference) order
+    stats: list[RoundStats] = field(default_factory=list)
+    pool: dict | None = None  # a run drawn from a pool: what it drew, for its record
+    waiting: list[int] = field(default_factory=list)  # a pool: the runs that draw from it
+    # the round in flight: its prompt, what it resumed, and bookkeeping for its stats
+    prompt: list[int] = field(default_factory=list)
+    resumed_tokens: int = 0
+    references: int = 0
+    dropped: int = 0
+    truncated: int = 0
+    truncated_tokens: int = 0
+
+    @property
+    def key(self) -> str:
+        return unit_key(self.problem.key, self.run)
+
+
 def runs_left(cfg: RunConfig, work: PriorWork | None) -> list[int]:
     """The runs of a problem this session still has to do."""
     done = work.runs_done if work else set()

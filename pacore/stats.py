@@ -196,16 +196,32 @@ def format_summary(summary: dict) -> str:
         lines.append(
             f"  this session: {run['generated_tokens']} tokens in {run['wall_time_s']:.1f}s "
             f"= {run['tokens_per_s']:.1f} tok/s"
-            + (f" on {len(run['replicas'])} replicas" if run.get("replicas") else "")
+            + _replicas(run)
         )
+    dispatch = (run or {}).get("dispatch")
+    if dispatch and (dispatch["lost"] or dispatch["problems_reassigned"]):
+        lost = "; ".join(f"replica {r}: {why}" for r, why in dispatch["lost"].items())
+        lines.append(f"  replicas: {len(dispatch['lost'])} of {dispatch['replicas']} lost ({lost}), "
+                     f"{dispatch['problems_reassigned']} problems they held reassigned")
     for e in summary["error_samples"]:
         run_no = f" run {e['run']}" if runs > 1 and e.get("run") is not None else ""
         lines.append(f"  error [{e['request_id']}{run_no}]: {e['error']}")
     return "\n".join(lines)
 
 
-def write_summary(cfg: RunConfig, wall: float, sessions: list[dict]) -> dict:
-    """Summarize the whole results file plus this session's engines (one per replica); write it."""
+def _replicas(run: dict) -> str:
+    dispatch = run.get("dispatch")
+    if dispatch:  # handed out as each had room, so the counts say how the work was shared
+        return (f" on {dispatch['replicas']} replicas (problems handed to each: "
+                f"{', '.join(map(str, dispatch['problems_per_replica']))})")
+    return f" on {len(run['replicas'])} replicas" if run.get("replicas") else ""
+
+
+def write_summary(cfg: RunConfig, wall: float, sessions: list[dict], dispatch: dict | None = None) -> dict:
+    """Summarize the whole results file plus this session's engines (one per replica); write it.
+
+    ``dispatch``: a data-parallel run's replicas, those lost and the problems reassigned (pacore/dispatch.py).
+    """
     summary = summarize(read_results(cfg.out_path), list(cfg.schedule))
     tokens = sum(s["generated_tokens"] for s in sessions)
     first = sessions[0] if sessions else {"max_tokens": cfg.max_tokens, "max_model_len": None, "engine_stats": {}}
@@ -219,6 +235,8 @@ def write_summary(cfg: RunConfig, wall: float, sessions: list[dict]) -> dict:
     }
     if len(sessions) > 1:
         summary["run"]["replicas"] = sessions
+    if dispatch is not None:
+        summary["run"]["dispatch"] = dispatch
     summary["config"] = cfg.to_dict()
     write_json(summary_path(cfg.out_path), summary)
     return summary

@@ -1,19 +1,21 @@
-"""Data-parallel PaCoRe: replicas in spawned processes share one results file and one summary."""
+"""Data-parallel PaCoRe on local processes: the parent hands problems to whichever replica has room and
+alone writes the results; a replica that dies hands its problems back (pacore/dispatch.py)."""
 import dataclasses
 import json
+import multiprocessing
 import os
+import signal
 import time
 
 import pytest
 
 from pacore.cli import main
 from pacore.config import RunConfig
-from pacore.io import read_results
+from pacore.io import partial_dir, read_results
 from pacore.parallel import ReplicaError, replica_devices, run_data_parallel
 from pacore.runner import PaCoReRunner
 from pacore.stats import summary_path
 from pacore_fakes import FakeLLM
-from test_pacore_checkpoint import checkpointed_rounds
 
 
 def _problems(path, n):
@@ -48,10 +50,6 @@ def fake_llm(cfg):
     return FakeLLM(_script)
 
 
-def failing_llm(cfg):
-    return FakeLLM(_failing_script)
-
-
 def dying_llm(cfg):
     return FakeLLM(_dying_script)
 
@@ -69,6 +67,35 @@ def _finals(path):
     return {r["request_id"]: r["final_response"] for r in read_results(path)}
 
 
+def _successes(path):
+    return sorted(r["request_id"] for r in read_results(path) if "error" not in r)
+
+
+def _comparable(path):
+    """Each record's content, without what depends on timing or on what else shared the engine."""
+    return {(r["request_id"], r.get("run", 0)): (r["final_response"], r["round_responses"],
+                                                 [(s["k"], s["generated_tokens"], s["answers"]) for s in r["rounds_stats"]])
+            for r in read_results(path)}
+
+
+def _single(tmp_path, cfg):
+    (tmp_path / "single").mkdir()
+    one = dataclasses.replace(cfg, out_path=str(tmp_path / "single" / "out.jsonl"), resume=False)
+    PaCoReRunner(FakeLLM(_script), one).run()
+    return one.out_path
+
+
+def _kill_after_first_record(kill):
+    """An on_reply hook: kill the replica whose answer carried the run's first record, once."""
+    killed = []
+
+    def hook(replicas, rank, reply):
+        if not killed and any(name == "record" for name, _ in reply.events):
+            killed.append(rank)
+            kill(replicas, rank)
+    return hook, killed
+
+
 def test_replicas_write_every_problem_once_and_one_summary(tmp_path):
     cfg = _cfg(tmp_path)
     t0 = time.time()
@@ -78,57 +105,69 @@ def test_replicas_write_every_problem_once_and_one_summary(tmp_path):
     assert sorted(r["request_id"] for r in recs) == [f"p{i}" for i in range(6)]
     assert all("error" not in r for r in recs)
     run = summary["run"]
-    assert len(run["replicas"]) == 2
-    # the run's time is the replicas' working span: no interpreter start-up or model loading
-    assert t0 < min(r["started_at"] for r in run["replicas"]) and run["wall_time_s"] < elapsed
+    assert sum(run["dispatch"]["problems_per_replica"]) == 6 and not run["dispatch"]["lost"]
+    # a replica still loading when all was done has no session; the run's time is the replicas' working
+    # span (from the first one ready), without interpreter start-up or model loading
+    sessions = run.get("replicas", [run])
+    assert run["wall_time_s"] < elapsed
     assert run["generated_tokens"] == sum(r["effective_compute_tokens"] for r in recs)
-    assert run["engine_stats"]["prefill_tokens"] == sum(s["engine_stats"]["prefill_tokens"] for s in run["replicas"])
+    assert run["engine_stats"]["prefill_tokens"] == sum(s["engine_stats"]["prefill_tokens"] for s in sessions)
     assert json.loads(open(summary_path(cfg.out_path)).read())["completed"] == 6
     # the same problems on one engine give the same records
-    single = tmp_path / "single"
-    single.mkdir()
-    one = dataclasses.replace(cfg, out_path=str(single / "out.jsonl"))
-    PaCoReRunner(FakeLLM(_script), one).run()
-    assert _finals(one.out_path) == _finals(cfg.out_path)
+    assert _finals(_single(tmp_path, cfg)) == _finals(cfg.out_path)
 
 
-def test_a_failed_replica_keeps_what_finished_and_resume_completes(tmp_path):
+def test_a_killed_replica_hands_its_problems_to_the_other(tmp_path):
+    cfg = _cfg(tmp_path, n=8, rounds=(3, 2), max_problems_in_flight=1, checkpoint_every_s=1e-6)
+    hook, killed = _kill_after_first_record(lambda replicas, rank: os.kill(replicas.processes[rank].pid, signal.SIGKILL))
+    summary = run_data_parallel(cfg, 2, fake_llm, on_reply=hook)
+    assert _successes(cfg.out_path) == [f"p{i}" for i in range(8)]  # every problem exactly once
+    dispatch = summary["run"]["dispatch"]
+    assert dispatch["lost"] == {str(killed[0]): "killed by signal SIGKILL"}
+    assert dispatch["problems_reassigned"] >= 1 and dispatch["duplicate_records_dropped"] == 0
+    assert _comparable(cfg.out_path) == _comparable(_single(tmp_path, cfg))
+    assert os.listdir(partial_dir(cfg.out_path)) == []  # every snapshot was dropped with its finished round
+
+
+def test_a_replica_that_exits_is_reported(tmp_path):
     cfg = _cfg(tmp_path, max_problems_in_flight=1)
-    with pytest.raises(ReplicaError, match=r"1 of 2 replicas failed.*--resume(.|\n)*replica 1:(.|\n)*p3"):
-        run_data_parallel(cfg, 2, failing_llm)
-    # replica 0 had p0, p2, p4; replica 1 finished p1 before p3 broke it (one problem in flight)
-    assert set(_finals(cfg.out_path)) == {"p0", "p1", "p2", "p4"}
-    assert os.path.exists(summary_path(cfg.out_path))
+    with pytest.raises(ReplicaError, match="replica [01]: exited with code 7 before reporting"):
+        run_data_parallel(cfg, 2, dying_llm)
+    assert "p3" not in _successes(cfg.out_path)
+
+
+def test_ctrl_c_saves_what_the_replicas_hold_and_resume_completes(tmp_path, capsys):
+    cfg = _cfg(tmp_path, n=8, max_problems_in_flight=2)
+
+    def interrupt(replicas, rank, reply):
+        if any(name == "record" for name, _ in reply.events):
+            raise KeyboardInterrupt  # what the driver's SIGINT handler does on Ctrl-C
+    with pytest.raises(KeyboardInterrupt):
+        run_data_parallel(cfg, 2, fake_llm, on_reply=interrupt)
+    assert "Run again with --resume" in capsys.readouterr().err
+    assert not multiprocessing.active_children()  # every replica stopped
     cfg.resume = True
     run_data_parallel(cfg, 2, fake_llm)
-    assert sorted(r["request_id"] for r in read_results(cfg.out_path)) == [f"p{i}" for i in range(6)]
+    assert _successes(cfg.out_path) == [f"p{i}" for i in range(8)]
+    assert _comparable(cfg.out_path) == _comparable(_single(tmp_path, cfg))
 
 
-def test_a_killed_replica_is_reported(tmp_path):
-    cfg = _cfg(tmp_path, max_problems_in_flight=1)
-    with pytest.raises(ReplicaError, match="replica 1: exited with code 7 before reporting"):
-        run_data_parallel(cfg, 2, dying_llm)
-    assert {"p0", "p2", "p4", "p1"} <= set(_finals(cfg.out_path))
-
-
-def test_more_replicas_than_problems(tmp_path):
-    cfg = _cfg(tmp_path, n=1)
-    summary = run_data_parallel(cfg, 3, fake_llm)
-    assert summary["completed"] == 1 and summary["run"]["engine_stats"]["prefill_tokens"] > 0
-
-
-def test_one_gpu_per_replica(monkeypatch):
+def test_each_replica_gets_its_own_gpus(monkeypatch):
     import torch
 
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,6,7")
     assert replica_devices(2) == ["3", "5"]
+    assert replica_devices(2, tensor_parallel=2) == ["3,5", "6,7"]  # replica r: GPUs [r*T, (r+1)*T)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert replica_devices(1) == ["0"]
-    with pytest.raises(ValueError, match="--data-parallel 4 needs 4 GPUs but 2 are visible"):
-        replica_devices(4)
+    assert replica_devices(1, tensor_parallel=4) == ["0,1,2,3"]
+    with pytest.raises(ValueError, match="--data-parallel 5 needs 5 GPUs but 4 are visible"):
+        replica_devices(5)
+    with pytest.raises(ValueError, match="--data-parallel 4 --tensor-parallel 2 needs 8 GPUs but 4 are visible"):
+        replica_devices(4, tensor_parallel=2)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    assert replica_devices(2) == [None, None]
+    assert replica_devices(2, tensor_parallel=2) == [None, None]
 
 
 def test_cli_data_parallel_on_a_real_engine(tiny_model_dir, tmp_path, capsys):
@@ -143,20 +182,8 @@ def test_cli_data_parallel_on_a_real_engine(tiny_model_dir, tmp_path, capsys):
     assert sorted(r["request_id"] for r in recs) == ["p0", "p1", "p2"]
     assert all("error" not in r and len(r["round_responses"]) == 2 for r in recs)
     summary = json.loads(open(summary_path(str(out))).read())
-    assert [s["engine_stats"]["prefill_tokens"] > 0 for s in summary["run"]["replicas"]] == [True, True]
-    assert "on 2 replicas" in capsys.readouterr().out
+    assert sum(summary["run"]["dispatch"]["problems_per_replica"]) == 3
+    assert summary["run"]["engine_stats"]["prefill_tokens"] > 0
+    assert "on 2 replicas (problems handed to each: " in capsys.readouterr().out
 
 
-def test_replicas_continue_from_round_checkpoints(tmp_path):
-    cfg = _cfg(tmp_path, rounds=(3, 2))
-    with pytest.raises(KeyboardInterrupt):
-        PaCoReRunner(FakeLLM(_script, interrupt_at_step=30), cfg).run()
-    saved = checkpointed_rounds(cfg)
-    assert saved
-    cfg.resume = True
-    run_data_parallel(cfg, 2, fake_llm)
-    recs = read_results(cfg.out_path)
-    assert sorted(r["request_id"] for r in recs) == [f"p{i}" for i in range(6)]
-    for rec in recs:  # the checkpointed rounds were taken over, not run again
-        for done in saved.get(rec["request_id"], []):
-            assert rec["rounds_stats"][done["round"] - 1] == done["stats"]

@@ -1,0 +1,288 @@
+"""The driver of a data-parallel run: it alone holds the pending problems and writes the files.
+
+Replicas (local processes, pacore/parallel.py, or Ray actors, pacore/ray_replicas.py) each answer
+one call at a time with the events of a slice of their run (pacore/replica.py). The driver replays
+the events on the results files, then tops the replica up to ``max_problems_in_flight + PREFETCH``
+problems, never more than its fair share of what is left (pending / live replicas, rounded up), so
+a replica that is slow or still loading holds few problems and one that finishes early takes more.
+A replica that is lost hands its problems back to the queue; they continue, on another replica,
+from what the driver has of them: recorded runs, round checkpoints and snapshots.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Protocol
+
+from tqdm import tqdm
+
+from .config import RunConfig
+from .problems import BadLine, Problem, problem_key, run_key
+from .records import error_record
+from .replica import CTRL_C, Reply, Work
+from .runs import POOL, PriorWork, runs_left, unit_key
+from .session import INTERRUPTED, pending_work
+from .sink import FileSink
+from .stats import write_summary
+
+PREFETCH = 2  # problems queued in a replica beyond those it runs, so it rarely waits for a round trip
+# A problem running on a replica that was lost this often is recorded as failed, not handed on again:
+# a problem that kills its replica (a crash, the GPU's memory) must not take every replica down.
+MAX_LOSSES = 2
+
+
+class ReplicaError(RuntimeError):
+    """Every replica was lost with problems left; what they finished is saved."""
+
+
+class Replicas(Protocol):
+    """A transport: ``count`` replicas, each started with a call outstanding (its engine loading)."""
+
+    count: int
+
+    def call(self, rank: int, work: list[Work]) -> None:
+        """Hand ``work`` to a replica that has no call outstanding; it answers through ``wait``."""
+
+    def wait(self, timeout: float) -> tuple[int, Reply | str] | None:
+        """The next answer: (rank, reply), or (rank, why) when the replica was lost; None on timeout."""
+
+    def interrupt(self) -> Iterator[tuple[int, Reply | str]]:
+        """Stop every replica, yielding what each still had to say (its snapshots)."""
+
+    def close(self) -> None:
+        """Stop the replicas (the run is over) and free what they hold."""
+
+
+def run_replicated(cfg: RunConfig, start: Callable[[], Replicas], on_reply=None) -> dict:
+    """Run ``cfg`` on the replicas ``start()`` launches; returns (and writes) the run summary.
+
+    ``on_reply(replicas, rank, reply)`` is called after each answer is written (tests kill replicas
+    from it). Raises ReplicaError, after writing the summary, when every replica was lost with
+    problems left (``--resume`` completes them).
+    """
+    todo, prior = pending_work(cfg)
+    sink = FileSink(cfg.out_path)
+    try:
+        driver = _Driver(cfg, todo, prior, sink, on_reply)
+        if driver.pending:
+            replicas = start()
+            try:
+                driver.run(replicas)
+            finally:
+                replicas.close()
+        summary = write_summary(cfg, driver.wall_s(), driver.sessions(), dispatch=driver.report())
+    finally:
+        sink.close()
+    left = len(driver.pending) + sum(len(a) for a in driver.assigned.values())
+    if left:
+        detail = "\n".join(f"replica {r}: {why.strip()}" for r, why in sorted(driver.lost.items()))
+        raise ReplicaError(f"all {len(driver.lost)} replicas were lost with {left} problems left; the problems "
+                           f"they finished are in {cfg.out_path}; run again with --resume to complete the "
+                           f"rest.\n{detail}")
+    return summary
+
+
+class _Driver:
+    def __init__(self, cfg: RunConfig, todo: list[Problem | BadLine], prior: dict[str, PriorWork], sink: FileSink,
+                 on_reply):
+        self.cfg, self.prior, self.sink, self.on_reply = cfg, prior, sink, on_reply
+        self.target = cfg.max_problems_in_flight + PREFETCH
+        for item in todo:
+            if isinstance(item, BadLine):  # no replica needed: keyed by its line, as the runner does
+                self._write(error_record(item.id, None, item.error, item.line_no, input_error=True), item.extra)
+                print(f"pacore: skipped {item.error}", file=sys.stderr)
+        self.pending: deque[Problem] = deque(x for x in todo if isinstance(x, Problem))
+        self.assigned: dict[int, dict[str, Problem]] = {}  # rank -> its problems not yet closed
+        self.suspects: dict[int, set[str]] = {}  # rank -> problems it may have started: begun, or handed since
+        self.calling: set[int] = set()  # ranks with a call outstanding
+        self.ready: set[int] = set()
+        self.lost: dict[int, str] = {}
+        self.stats: dict[int, dict] = {}  # rank -> its latest session stats
+        self.handed = Counter()  # rank -> problems handed to it
+        self.losses = Counter()  # problem key -> replicas lost while holding it
+        self.reassigned = 0
+        self.recorded: set[str] = set()  # run keys written this session
+        self.duplicates = 0
+        self.started = self.finished = None
+        runs = sum(len(runs_left(cfg, prior.get(p.key))) for p in self.pending)
+        self.bar = tqdm(total=runs, unit="run", desc="pacore", disable=not cfg.show_progress, dynamic_ncols=True)
+
+    def run(self, replicas: Replicas) -> None:
+        self.replicas = replicas
+        self.assigned = {r: {} for r in range(replicas.count)}
+        self.suspects = {r: set() for r in range(replicas.count)}
+        self.calling = set(range(replicas.count))
+        try:
+            with _sigint_sets() as stop:  # a Ctrl-C must not tear a message or a write in half
+                while (self.pending or any(self.assigned.values())) and len(self.lost) < replicas.count:
+                    if stop.is_set():
+                        raise KeyboardInterrupt
+                    answer = replicas.wait(timeout=0.5)
+                    if answer is not None:
+                        self._handle(*answer)
+                        self._dispatch()
+        except KeyboardInterrupt:
+            for rank, answer in replicas.interrupt():  # what they held in flight, for --resume
+                if isinstance(answer, Reply):
+                    self._apply(rank, answer)
+            print(f"\n{INTERRUPTED.format(out=self.cfg.out_path)}", file=sys.stderr)
+            raise
+        finally:
+            self.finished = time.perf_counter()
+            self.bar.close()
+
+    # -- answers -----------------------------------------------------------------------------
+    def _handle(self, rank: int, answer: Reply | str) -> None:
+        self.calling.discard(rank)
+        if isinstance(answer, Reply):
+            self._apply(rank, answer)
+            if answer.error == CTRL_C:  # the terminal's Ctrl-C reached the replica first
+                raise KeyboardInterrupt
+            if answer.error is None:
+                if self.on_reply is not None:
+                    self.on_reply(self.replicas, rank, answer)
+                return
+            answer = answer.error
+        self._lose(rank, answer)
+
+    def _apply(self, rank: int, reply: Reply) -> None:
+        self.suspects[rank] = set(reply.started)
+        if reply.stats is not None:
+            self.stats[rank] = reply.stats
+            if rank not in self.ready and reply.error is None:
+                self.ready.add(rank)
+                self.started = self.started or time.perf_counter()
+        for name, args in reply.events:
+            if name == "record":
+                self._record(*args)
+            elif name == "closed":
+                self.assigned.get(rank, {}).pop(args[0], None)
+            else:
+                if name == "checkpoint":
+                    self._checkpointed(*args)
+                getattr(self.sink, name)(*args)  # snapshot, drop_snapshot, checkpoint
+
+    def _record(self, rec: dict) -> None:
+        run = rec.get("run", 0)
+        key = run_key(rec["request_id"], run)
+        if key in self.recorded:  # a safety net: a lost replica's problem is never rerun past its records
+            self.duplicates += 1
+            return
+        self.sink.record(rec)
+        self.recorded.add(key)
+        self.prior.setdefault(problem_key(rec["request_id"]), PriorWork()).runs_done.add(run)
+        self.bar.update(1)
+
+    def _checkpointed(self, rec: dict) -> None:
+        """Keep the driver's view of the problem current, so a reassigned run continues from here."""
+        work = self.prior.setdefault(problem_key(rec["request_id"]), PriorWork())
+        if rec["run"] == POOL:
+            work.pool = rec
+        else:  # a run started over (other settings on disk) replaces its rounds from this one on
+            work.rounds[rec["run"]] = [r for r in work.rounds.get(rec["run"], []) if r["round"] < rec["round"]] + [rec]
+
+    def _lose(self, rank: int, why: str) -> None:
+        self.lost[rank] = why
+        orphans = list(self.assigned.pop(rank, {}).values())
+        self.assigned[rank] = {}
+        for problem in reversed(orphans):  # to the front, in their order
+            # one only queued there did not cause the loss
+            self.losses[problem.key] += problem.key in self.suspects[rank]
+            if self.losses[problem.key] >= MAX_LOSSES:
+                self._give_up(problem, why)
+            else:
+                self.pending.appendleft(problem)
+                self.reassigned += 1
+        print(f"pacore: replica {rank} was lost ({_gist(why)}); the {len(orphans)} problems it held go back "
+              f"to the queue ({self.replicas.count - len(self.lost)} replicas left)", file=sys.stderr)
+
+    def _give_up(self, problem: Problem, why: str) -> None:
+        error = (f"its replica was lost {MAX_LOSSES} times while running it (last: {_gist(why)}); "
+                 f"--resume runs it again")
+        print(f"pacore: problem {problem.id!r} failed: {error}", file=sys.stderr)
+        for run in runs_left(self.cfg, self.prior.get(problem.key)):
+            self._record(self._with_extra(error_record(problem.id, run, error, problem.line_no), problem.extra))
+
+    # -- handing out problems ----------------------------------------------------------------
+    def _dispatch(self) -> None:
+        for rank in range(self.replicas.count):
+            if rank in self.lost or rank in self.calling or rank not in self.ready:
+                continue
+            work = self._fill(rank)
+            if work or self.assigned[rank]:
+                self.replicas.call(rank, work)
+                self.calling.add(rank)
+
+    def _fill(self, rank: int) -> list[Work]:
+        live = self.replicas.count - len(self.lost)
+        share = -(-len(self.pending) // live)
+        out = []
+        for _ in range(min(self.target - len(self.assigned[rank]), share)):
+            problem = self.pending.popleft()
+            self.assigned[rank][problem.key] = problem
+            self.suspects[rank].add(problem.key)
+            self.handed[rank] += 1
+            out.append(Work(problem, self.prior.get(problem.key), self._snapshots(problem)))
+        return out
+
+    def _snapshots(self, problem: Problem) -> dict[tuple[str, int], dict]:
+        """The snapshots on disk of the problem's runs left (and pool), any round: the replica uses
+        those that match what it runs (pacore/partial.py)."""
+        units = [unit_key(problem.key, run) for run in runs_left(self.cfg, self.prior.get(problem.key))]
+        if self.cfg.pool:
+            units.append(unit_key(problem.key, POOL))
+        found = {}
+        for unit in units:
+            for round_no in range(1, len(self.cfg.schedule) + 1):
+                rec = self.sink.load_snapshot(unit, round_no)
+                if rec is not None:
+                    found[(unit, round_no)] = rec
+        return found
+
+    # -- the summary -------------------------------------------------------------------------
+    def wall_s(self) -> float:
+        """From the first replica ready to the end: decoding, without start-up and model loading."""
+        return self.finished - self.started if self.started is not None else 0.0
+
+    def sessions(self) -> list[dict]:
+        return [self.stats[r] for r in sorted(self.stats)]
+
+    def report(self) -> dict:
+        return {"replicas": len(self.assigned), "ready": len(self.ready),
+                "lost": {str(r): _gist(why) for r, why in sorted(self.lost.items())},
+                "problems_reassigned": self.reassigned,
+                "problems_per_replica": [self.handed[r] for r in range(len(self.assigned))],
+                "duplicate_records_dropped": self.duplicates}
+
+    def _write(self, record: dict, extra: dict) -> None:
+        self.sink.record(self._with_extra(record, extra))
+
+    @staticmethod
+    def _with_extra(record: dict, extra: dict) -> dict:
+        for key, value in extra.items():
+            record.setdefault(key, value)
+        return record
+
+
+def _gist(text: str) -> str:
+    lines = [x for x in text.strip().splitlines() if x.strip()]
+    return lines[-1].strip() if lines else "no reason given"  # a traceback's last line names the error
+
+
+@contextmanager
+def _sigint_sets() -> Iterator[threading.Event]:
+    """While inside, SIGINT sets the yielded event instead of raising wherever the driver happens to be."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    old = signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, old)
