@@ -128,9 +128,19 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="most sequences (trajectories) decoded in one step (engine default 256)")
     g.add_argument("--num-kv-blocks", type=_positive, default=None, metavar="N",
                    help="KV-cache size in blocks (default: sized by the engine)")
-    g.add_argument("--data-parallel", type=_positive, default=1, metavar="N",
-                   help="N engine replicas, one per GPU (in CUDA_VISIBLE_DEVICES order), the problems dealt "
-                        "round-robin between them; on a CPU host N processes that split the cores (default 1)")
+    g.add_argument("--data-parallel", type=_positive, default=None, metavar="D",
+                   help="D engine replicas, each on --tensor-parallel GPUs of its own (replica r gets GPUs "
+                        "[r*T, (r+1)*T) in CUDA_VISIBLE_DEVICES order), problems handed to whichever has room; "
+                        "only this process writes the results; on a CPU host D processes that split the cores "
+                        "(default 1; with --ray: the cluster's GPUs // T, or one replica per node without GPUs)")
+    g.add_argument("--tensor-parallel", type=_positive, default=1, metavar="T",
+                   help="split each engine over T GPUs (LLM(tensor_parallel_size=T)); with --data-parallel D a run "
+                        "uses D x T GPUs (default 1)")
+    g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="run the replicas as Ray actors (pip install -e '.[ray]'): 'auto', HOST:PORT or "
+                        "ray://HOST:PORT joins a running cluster (`ray start` on each node); without ADDRESS a "
+                        "local one is started. The model folder must exist at the same path on every node; "
+                        "the records stream back here, so no shared filesystem is needed")
     g.add_argument("--batch-invariant", action="store_true",
                    help="a token's logits do not depend on what else is batched, preemption or a restart, so a "
                         "resumed or re-batched run draws exactly the same tokens (slower; see README Guarantees)")
@@ -239,6 +249,7 @@ def _config(args, data_path: str, out_path: str, resume: bool) -> RunConfig:
         "num_kv_blocks": args.num_kv_blocks,
         "rope_scaling": args.rope_scaling,
         "batch_invariant": args.batch_invariant or None,
+        "tensor_parallel_size": args.tensor_parallel if args.tensor_parallel > 1 else None,
     }
     max_tokens = args.max_tokens
     if max_tokens is None:  # the paper's budget for a real model; the embedded one keeps a small one
@@ -330,8 +341,8 @@ def _refused_paths(args) -> str | None:
 
 
 def _run(args, cfg: RunConfig) -> int:
-    if args.data_parallel > 1:
-        return _run_data_parallel(cfg, args.data_parallel)
+    if args.ray is not None or (args.data_parallel or 1) > 1:
+        return _run_replicated(cfg, args.data_parallel, args.ray)
     from .runner import run_pacore
     from .session import profiled
 
@@ -348,16 +359,27 @@ def _run(args, cfg: RunConfig) -> int:
     return 0
 
 
-def _run_data_parallel(cfg: RunConfig, replicas: int) -> int:
-    from .parallel import ReplicaError, run_data_parallel
+def _run_replicated(cfg: RunConfig, replicas: int | None, ray_address: str | None) -> int:
+    from .dispatch import ReplicaError
     from .stats import show_summary
 
     try:
-        summary = run_data_parallel(cfg, replicas, build_llm)
+        if ray_address is None:
+            from .parallel import run_data_parallel
+
+            summary = run_data_parallel(cfg, replicas, build_llm)
+        else:
+            from .ray_replicas import RayMissing, run_on_ray
+
+            try:
+                summary = run_on_ray(cfg, build_llm, ray_address, replicas)
+            except RayMissing as e:
+                print(f"pacore: {e}", file=sys.stderr)
+                return 2
     except ReplicaError as e:
         print(f"pacore: {e}", file=sys.stderr)
         return 1
-    except ValueError as e:  # more replicas than GPUs
+    except ValueError as e:  # more replicas (x tensor-parallel) than GPUs
         print(f"pacore: {e}", file=sys.stderr)
         return 2
     show_summary(summary, cfg)

@@ -187,3 +187,18 @@ def test_cli_data_parallel_on_a_real_engine(tiny_model_dir, tmp_path, capsys):
     assert "on 2 replicas (problems handed to each: " in capsys.readouterr().out
 
 
+
+
+def test_tensor_parallel_reaches_the_engine(tmp_path, monkeypatch, capsys):
+    import engine
+
+    seen = {}
+
+    def fake(**kw):
+        seen.update(kw)
+        raise SystemExit(3)  # the options are all this test needs
+    monkeypatch.setattr(engine, "LLM", fake)
+    _problems(tmp_path / "in.jsonl", 1)
+    with pytest.raises(SystemExit):
+        main(["run", "--data", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "o.jsonl"), "--tensor-parallel", "2"])
+    assert seen["tensor_parallel_size"] == 2
