@@ -376,7 +376,8 @@ class LLM:
         self.block_manager.reset_peak()
 
     def stats(self) -> dict:
-        """Counters since start: tokens computed, prefix-cache hits, KV blocks, preemptions.
+        """Counters since start (tokens computed, prefix-cache hits, KV block peaks, preemptions) and
+        the present (KV blocks used and shared by more than one sequence, sequences waiting and running).
 
         kv_blocks_peak_saved is the engine-wide peak of blocks that sharing saved at one time (the
         per-request figure is RequestOutput.metrics.kv_blocks_saved_by_sharing)."""
@@ -388,11 +389,14 @@ class LLM:
             prefix_cache_hit_tokens=sch.prefix_hit_tokens,
             kv_blocks_total=bm.num_blocks,
             kv_blocks_used=bm.num_used,
+            kv_blocks_shared=bm.num_shared,
             kv_blocks_peak=bm.peak_used,
             kv_blocks_peak_saved=bm.peak_saved,
             kv_bytes_per_block=self.kv_bytes_per_block,
             preemptions=sch.num_preemptions,
             cascade_decode_steps=self._cascade_steps,
+            num_waiting=len(sch.waiting),
+            num_running=len(sch.running),
         )
 
 

@@ -275,10 +275,5 @@ class EngineLoop:
 
     def _stats(self) -> dict:
         stats = self.llm.stats()
-        # The scheduler and block manager are this engine's; their queue lengths and shared blocks
-        # are what an operator watches and stats() does not report.
-        stats["kv_blocks_shared"] = self.llm.block_manager.num_shared
-        stats["num_waiting"] = len(self.llm.scheduler.waiting)
-        stats["num_running"] = len(self.llm.scheduler.running)
         stats["num_requests"] = len(self._jobs)
         return stats
