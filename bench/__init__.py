@@ -5,6 +5,7 @@
     python -m bench.profile_run --out runs/prof    # step timeline + torch.profiler traces of a run
     python -m bench.gpu_e2e [--tiny]               # decode tokens/s with and without cascade (CUDA)
     python -m bench.batch_invariant_cost           # LLM(batch_invariant=True) vs default, prefill/decode tok/s
+    python -m bench.replicas [--ray]               # pacore run on 2 data-parallel replicas vs 1, tokens/s
     python -m bench.serve_sharing                  # pacore serve: prefill of K concurrent n=1 requests vs one n=K
     python -m pytest bench/bench_decode.py bench/bench_host.py --benchmark-only   # microbenchmarks
 """

@@ -3,8 +3,9 @@
 Replicas (local processes, pacore/parallel.py, or Ray actors, pacore/ray_replicas.py) each answer
 one call at a time with the events of a slice of their run (pacore/replica.py). The driver replays
 the events on the results files, then tops the replica up to ``max_problems_in_flight + PREFETCH``
-problems, never more than its fair share of what is left (pending / live replicas, rounded up), so
-a replica that is slow or still loading holds few problems and one that finishes early takes more.
+problems, never more than its fair share of the unfinished ones (pending and held, over the live
+replicas, rounded up): a replica still loading leaves its share in the queue, not in another's
+hands, and one that finishes early takes more as the others' shares shrink.
 A replica that is lost hands its problems back to the queue; they continue, on another replica,
 from what the driver has of them: recorded runs, round checkpoints and snapshots.
 """
@@ -220,9 +221,10 @@ class _Driver:
 
     def _fill(self, rank: int) -> list[Work]:
         live = self.replicas.count - len(self.lost)
-        share = -(-len(self.pending) // live)
+        unfinished = len(self.pending) + sum(len(held) for held in self.assigned.values())
         out = []
-        for _ in range(min(self.target - len(self.assigned[rank]), share)):
+        room = min(self.target, -(-unfinished // live)) - len(self.assigned[rank])
+        for _ in range(min(room, len(self.pending))):
             problem = self.pending.popleft()
             self.assigned[rank][problem.key] = problem
             self.suspects[rank].add(problem.key)

@@ -5,7 +5,9 @@ beside it, or a replica dying under it: every run must give the same records as 
 on the one thread each replica has). An actor takes ~8 s to start on this 2-core VM, hence few runs."""
 import dataclasses
 import json
+import shlex
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -88,9 +90,16 @@ def test_a_killed_actor_s_problems_finish_on_the_other(setup):
 
 
 def test_ray_flags_are_documented_and_a_missing_ray_is_named(tmp_path, monkeypatch, capsys):
-    run_help = build_parser()._subparsers._group_actions[0].choices["run"].format_help()
+    parser = build_parser()
+    run_help = parser._subparsers._group_actions[0].choices["run"].format_help()
     for flag in ("--ray [ADDRESS]", "--data-parallel D", "--tensor-parallel T"):
         assert flag in run_help
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## On a node of GPUs and on a cluster", 1)[1].split("\n## ", 1)[0]
+    commands = [line.split("pacore ", 1)[1] for line in section.splitlines() if line.startswith(".venv/bin/pacore ")]
+    assert len(commands) == 4
+    for command in commands:  # every command of the README's section parses
+        parser.parse_args(shlex.split(command))
     _problems(tmp_path / "in.jsonl", 1)
     monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed
     assert main(["run", "--data", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "o.jsonl"), "--ray"]) == 2
