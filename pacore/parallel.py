@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
 
 from .config import RunConfig
-from .dispatch import Replicas, ReplicaError, run_replicated  # noqa: F401  (ReplicaError: the CLI's and tests')
+from .dispatch import Replicas, run_replicated
 from .lock import results_lock
 from .replica import CTRL_C, Reply, ReplicaWorker, Work
 

@@ -5,8 +5,9 @@ import os
 import pytest
 
 from pacore.config import RunConfig
+from pacore.dispatch import ReplicaError
 from pacore.io import OutputExistsError, PriorResults, partial_dir, prepare_output, read_results, rounds_path
-from pacore.parallel import ReplicaError, run_data_parallel
+from pacore.parallel import run_data_parallel
 from pacore.partial import PartialStore
 from pacore.problems import Problem, read_problems
 from pacore.runner import PaCoReRunner

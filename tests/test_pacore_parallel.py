@@ -11,8 +11,9 @@ import pytest
 
 from pacore.cli import main
 from pacore.config import RunConfig
+from pacore.dispatch import ReplicaError
 from pacore.io import partial_dir, read_results
-from pacore.parallel import ReplicaError, replica_devices, run_data_parallel
+from pacore.parallel import replica_devices, run_data_parallel
 from pacore.runner import PaCoReRunner
 from pacore.stats import summary_path
 from pacore_fakes import FakeLLM
