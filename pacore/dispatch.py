@@ -110,14 +110,14 @@ class _Driver:
         self.recorded: set[str] = set()  # run keys written this session
         self.duplicates = 0
         self.started = self.finished = None
-        runs = sum(len(runs_left(cfg, prior.get(p.key))) for p in self.pending)
-        self.bar = tqdm(total=runs, unit="run", desc="pacore", disable=not cfg.show_progress, dynamic_ncols=True)
 
     def run(self, replicas: Replicas) -> None:
         self.replicas = replicas
         self.assigned = {r: {} for r in range(replicas.count)}
         self.suspects = {r: set() for r in range(replicas.count)}
         self.calling = set(range(replicas.count))
+        runs = sum(len(runs_left(self.cfg, self.prior.get(p.key))) for p in self.pending)
+        self.bar = tqdm(total=runs, unit="run", desc="pacore", disable=not self.cfg.show_progress, dynamic_ncols=True)
         try:
             with _sigint_sets() as stop:  # a Ctrl-C must not tear a message or a write in half
                 while (self.pending or any(self.assigned.values())) and len(self.lost) < replicas.count:
