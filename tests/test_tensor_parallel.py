@@ -151,3 +151,39 @@ def test_rank0_failing_alone_stops_the_group_instead_of_hanging(tmp_path):
     for p in procs:
         p.join(10)
     assert not any(p.is_alive() for p in procs)
+
+
+_ORPHAN_SCRIPT = """
+import sys, time
+from engine.llm import LLM
+llm = LLM(sys.argv[1], num_kv_blocks=32, tensor_parallel_size=2)
+print(" ".join(str(p.pid) for p in llm.runner.workers.procs), flush=True)
+time.sleep(600)
+"""
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"  # a zombie has exited; only its reaping is left
+    except FileNotFoundError:
+        return False
+
+
+def test_workers_exit_when_rank0_is_killed(tmp_path):
+    import subprocess
+    import sys
+    folder = make_tiny_model(tmp_path / "m", "llama")
+    proc = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT, str(folder)], stdout=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(os.path.dirname(__file__)))
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert pids and all(_running(p) for p in pids)
+        proc.kill()  # SIGKILL: no atexit, no finalizer; the workers see their pipe close
+        proc.wait()
+        deadline = time.monotonic() + 15
+        while any(_running(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_running(p) for p in pids)
+    finally:
+        proc.kill()
