@@ -40,6 +40,10 @@ class StepInputs:
     sample_idx: torch.Tensor  # hidden rows that get logits
     copies: list[tuple[int, int]]  # a fork's block copies, made after the forward
     graph: bool  # replay a captured decode graph
+    # "prefill"/"decode" -> (rows of the block-table buffer, width in blocks): each rank gathers its
+    # own tables, so a step sends O(batch) entries, not [batch, context / block_size] tables
+    tables: dict[str, tuple[torch.Tensor, int]]
+    table_writes: list[tuple[int, int, list[int]]]  # (row, start, blocks) new since the last step
 
 
 class ModelRunner:
@@ -61,6 +65,7 @@ class ModelRunner:
         self.max_blocks = -(-max_model_len // block_size)
         self.tables = torch.zeros(max_num_seqs, self.max_blocks, dtype=torch.int32)
         self.synced = [0] * max_num_seqs  # entries of each row already written
+        self.writes: list[tuple[int, int, list[int]]] = []  # for the workers' copies of the buffer
         self.free_rows = list(range(max_num_seqs - 1, -1, -1))
         self.max_num_seqs = max_num_seqs
         self.graphs: DecodeGraphs | None = None
@@ -109,20 +114,21 @@ class ModelRunner:
             if n > have:
                 self.tables[seq.row, have:n] = torch.tensor(seq.block_table[have:n], dtype=torch.int32)
                 self.synced[seq.row] = n
+                if self.workers is not None:
+                    self.writes.append((seq.row, have, seq.block_table[have:n]))
         return torch.tensor([s.row for s in seqs], dtype=torch.long)
 
-    def _block_tables(self, seqs: list[Sequence], seq_lens: list[int]) -> torch.Tensor:
-        rows = self._sync_rows(seqs)
-        width = -(-max(seq_lens) // self.block_size)
-        return self.tables[rows, :width]
+    def _table_rows(self, seqs: list[Sequence], seq_lens: list[int]) -> tuple[torch.Tensor, int]:
+        return self._sync_rows(seqs), -(-max(seq_lens) // self.block_size)
 
     # -- batch preparation -------------------------------------------------------------------
-    def prepare(self, plan: StepPlan):
+    def prepare(self, plan: StepPlan) -> StepInputs:
         bs = self.block_size
         ids: list[int] = []
         pos: list[torch.Tensor] = []
         slots: list[torch.Tensor] = []
         sample_idx: list[int] = []  # hidden rows that get logits: completed prefills, then decodes
+        tables: dict[str, tuple[torch.Tensor, int]] = {}
         meta = AttentionMetadata(slot_mapping=None, num_prefill_tokens=0)
         if plan.prefills:
             cu, lens = [0], []
@@ -141,7 +147,7 @@ class ModelRunner:
             meta.num_prefill_tokens = cu[-1]
             meta.prefill_cu_seqlens_q = torch.tensor(cu, dtype=torch.int32)
             meta.prefill_seq_lens = torch.tensor(lens, dtype=torch.int32)
-            meta.prefill_block_tables = self._block_tables([s for s, _ in plan.prefills], lens)
+            tables["prefill"] = self._table_rows([s for s, _ in plan.prefills], lens)
         if plan.decodes:
             dpos = [s.num_computed for s in plan.decodes]
             ids.extend(s.token_ids[-1] for s in plan.decodes)
@@ -150,7 +156,7 @@ class ModelRunner:
                                        for s, p in zip(plan.decodes, dpos)]))
             lens = [p + 1 for p in dpos]
             meta.decode_seq_lens = torch.tensor(lens, dtype=torch.int32)
-            meta.decode_block_tables = self._block_tables(plan.decodes, lens)
+            tables["decode"] = self._table_rows(plan.decodes, lens)
             if plan.cascade:
                 meta.group_starts = torch.tensor(plan.group_starts, dtype=torch.int32)
                 meta.group_prefix_lens = torch.tensor(plan.group_prefix_lens, dtype=torch.int32)
@@ -158,7 +164,9 @@ class ModelRunner:
             first = meta.num_prefill_tokens
             sample_idx.extend(range(first, first + len(plan.decodes)))
         meta.slot_mapping = torch.cat(slots)
-        return torch.tensor(ids), torch.cat(pos), meta, torch.tensor(sample_idx, dtype=torch.long)
+        writes, self.writes = self.writes, []
+        return StepInputs(torch.tensor(ids), torch.cat(pos), meta, torch.tensor(sample_idx, dtype=torch.long),
+                          plan.copies, False, tables, writes)
 
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> torch.Tensor:
@@ -166,9 +174,8 @@ class ModelRunner:
         ``plan.sample_seqs`` entry."""
         if self.batch_invariant and plan.decodes:
             plan = dataclasses.replace(plan, prefills=[*plan.prefills, *((s, 1) for s in plan.decodes)], decodes=[])
-        ids, positions, meta, sample_idx = self.prepare(plan)
-        graph = self.graphs is not None and not plan.prefills and self.graphs.can_run(len(plan.decodes))
-        inputs = StepInputs(ids, positions, meta, sample_idx, plan.copies, graph)
+        inputs = self.prepare(plan)
+        inputs.graph = self.graphs is not None and not plan.prefills and self.graphs.can_run(len(plan.decodes))
         if self.workers is None:
             logits = self.execute(inputs)
         else:
@@ -186,6 +193,11 @@ class ModelRunner:
         """Run this rank's shard on one step's inputs; fp32 logits of the sampled rows (None when
         no row is sampled: a step of prompt chunks only)."""
         ids, positions, meta, sample_idx = inputs.ids, inputs.positions, inputs.meta, inputs.sample_idx
+        if self.workers is None:  # a worker rank (or no TP): mirror what rank 0 wrote to its buffer
+            for row, start, blocks in inputs.table_writes:
+                self.tables[row, start:start + len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        for kind, (rows, width) in inputs.tables.items():
+            setattr(meta, f"{kind}_block_tables", self.tables[rows, :width])
         if inputs.graph:
             hidden = self.graphs.run(ids, positions, meta)  # decode rows are the sampled rows
         else:

@@ -187,3 +187,18 @@ def test_workers_exit_when_rank0_is_killed(tmp_path):
         assert not any(_running(p) for p in pids)
     finally:
         proc.kill()
+
+
+def test_tp2_under_preemption_and_reused_table_rows(tmp_path):
+    # A cache too small for everything: sequences are preempted and recomputed and their block-table
+    # rows reused; the workers' copies of the buffer must follow every change.
+    folder = make_tiny_model(tmp_path / "m", "qwen2")
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 256, (40 + 7 * i,), generator=gen).tolist() for i in range(5)]
+    params = [SamplingParams(n=1 + i % 3, temperature=0, max_tokens=48, ignore_eos=True) for i in range(5)]
+    with LLM(str(folder), num_kv_blocks=512) as big:
+        expected = [[c.token_ids for c in o.outputs] for o in big.generate(prompts, params, use_tqdm=False)]
+    with LLM(str(folder), num_kv_blocks=14, tensor_parallel_size=2, max_num_seqs=4) as small:
+        got = [[c.token_ids for c in o.outputs] for o in small.generate(prompts, params, use_tqdm=False)]
+        assert small.stats()["preemptions"] > 0
+    assert got == expected
