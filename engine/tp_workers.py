@@ -43,7 +43,7 @@ def start_ranks(runner_kwargs: dict, size: int, device: torch.device) -> ModelRu
     port = free_port()
     workers = TPWorkers(size, port, runner_kwargs, devices, threads)
     try:
-        workers.tp = tp = connect(port, 0, size, device)
+        workers.tp = tp = connect(port, 0, size, devices[0])  # NCCL needs an indexed device: cuda:N
         return ModelRunner(**runner_kwargs, device=device, shard=shard_of(cfg, 0, size), tp=tp, workers=workers)
     except BaseException as e:
         dead = workers.dead
