@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException
 
 from . import protocol as api
 from .engine_loop import ChoiceEnd, EngineLoop, EngineUnavailable, Failed, Job, JobDone, TextDelta
@@ -24,6 +25,8 @@ DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's and vLLM's for /v1/completions; c
 
 class APIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None):
+        # A lone surrogate the client sent (e.g. in `model`) cannot be encoded as UTF-8: escape it.
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
 
@@ -226,6 +229,12 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
         return JSONResponse(e.body(), status_code=e.status)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException):  # e.g. an unknown route, a body not UTF-8
+        kind = _ERROR_TYPES.get(e.status_code, "server_error" if e.status_code >= 500 else "invalid_request_error")
+        return JSONResponse(api.error_body(str(e.detail), kind, None, e.status_code), status_code=e.status_code,
+                            headers=e.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError):

@@ -55,6 +55,8 @@ class _Generate(_Body):
     def sampling_params(self, default_max_tokens: int | None) -> SamplingParams:
         """The engine's SamplingParams; ValueError (a 400) names a value out of range."""
         max_tokens = self.budget()
+        if self.top_k is not None and self.top_k >= 2 ** 63:  # the sampler holds it in an int64
+            raise ValueError(f"top_k must be -1 (off) or an integer in [1, 2**63), got {self.top_k}")
         return SamplingParams(
             n=1 if self.n is None else self.n,
             temperature=1.0 if self.temperature is None else self.temperature,
