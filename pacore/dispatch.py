@@ -99,7 +99,7 @@ class _Driver:
                 print(f"pacore: skipped {item.error}", file=sys.stderr)
         self.pending: deque[Problem] = deque(x for x in todo if isinstance(x, Problem))
         self.assigned: dict[int, dict[str, Problem]] = {}  # rank -> its problems not yet closed
-        self.suspects: dict[int, set[str]] = {}  # rank -> problems it may have started: begun, or handed since
+        self.suspects: dict[int, set[str]] = {}  # rank -> problems it had started at its latest answer
         self.calling: set[int] = set()  # ranks with a call outstanding
         self.ready: set[int] = set()
         self.lost: dict[int, str] = {}
@@ -191,9 +191,12 @@ class _Driver:
         self.lost[rank] = why
         orphans = list(self.assigned.pop(rank, {}).values())
         self.assigned[rank] = {}
+        # Since its latest answer it ran those it had started and at most max_problems_in_flight more: the
+        # first of its queue (those it held in the order handed), as slots freed. The rest did not cause the loss.
+        queued = [p.key for p in orphans if p.key not in self.suspects[rank]]
+        blamed = self.suspects[rank] | set(queued[:self.cfg.max_problems_in_flight])
         for problem in reversed(orphans):  # to the front, in their order
-            # one only queued there did not cause the loss
-            self.losses[problem.key] += problem.key in self.suspects[rank]
+            self.losses[problem.key] += problem.key in blamed
             if self.losses[problem.key] >= MAX_LOSSES:
                 self._give_up(problem, why)
             else:
@@ -227,7 +230,6 @@ class _Driver:
         for _ in range(min(room, len(self.pending))):
             problem = self.pending.popleft()
             self.assigned[rank][problem.key] = problem
-            self.suspects[rank].add(problem.key)
             self.handed[rank] += 1
             out.append(Work(problem, self.prior.get(problem.key), self._snapshots(problem)))
         return out

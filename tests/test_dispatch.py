@@ -134,6 +134,44 @@ def test_a_problem_that_breaks_its_replicas_is_failed_not_handed_on(tmp_path):
     assert len(summary["run"]["dispatch"]["lost"]) == MAX_LOSSES
 
 
+class _Killed(Exception):
+    pass
+
+
+def _killing_script(prompt, params, rid, i):
+    if rid.startswith("p3#"):
+        raise _Killed("the GPU's memory")
+    return _script(prompt, params, rid, i)
+
+
+class KilledReplicas(InlineReplicas):
+    """p3 kills its replica outright (SIGKILL, out of memory): no reply, what it did this call is lost."""
+
+    def wait(self, timeout):
+        rank, answer = super().wait(timeout)
+        if not isinstance(answer, str) and answer.error and "_Killed" in answer.error:
+            self.dead.add(rank)
+            return rank, "killed by signal SIGKILL"
+        return rank, answer
+
+
+def test_a_problem_that_kills_its_replicas_unannounced_is_failed_not_handed_on(tmp_path):
+    # p3 waits in its replica's queue behind p2 and starts in the call that kills it, unannounced: the
+    # driver still counts it (the first queued problems may have started since the latest answer)
+    cfg = _cfg(tmp_path, n=6)
+    made = []
+
+    def start():
+        made.append(KilledReplicas(cfg, 3, script=_killing_script))
+        return made[0]
+    summary = run_replicated(cfg, start)  # not every replica lost
+    assert made[0].calls[1] == (1, ["p2", "p3"])
+    recs = read_results(cfg.out_path)
+    assert [r["request_id"] for r in recs if "error" in r] == ["p3"]
+    assert _successes(cfg.out_path) == ["p0", "p1", "p2", "p4", "p5"]
+    assert len(summary["run"]["dispatch"]["lost"]) == MAX_LOSSES
+
+
 def test_every_replica_lost_raises_after_saving_and_resume_completes(tmp_path):
     cfg = _cfg(tmp_path, n=6)
 
