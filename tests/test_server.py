@@ -236,6 +236,23 @@ def test_a_failed_step_fails_its_request_with_500_and_the_server_goes_on(server,
     assert metrics(server.base)["pacore_kv_blocks_used"] == 0
 
 
+def test_a_server_without_a_tokenizer_streams_token_id_prompts_and_refuses_what_the_cache_cannot_hold(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir("llama")), num_kv_blocks=4, max_model_len=256, skip_tokenizer_init=True)
+    with serving(create_app(llm, MODEL)) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+        kw = dict(model=MODEL, prompt=[1, 2, 3], max_tokens=4, n=2, seed=1, extra_body=NO_EOS)
+        # The stream once crashed the engine thread (decoding with no tokenizer): every later request got 503.
+        texts, reasons, usage, _ = _streamed(client.completions.create(stream=True, stream_options={"include_usage": True},
+                                                                       **kw))
+        full = client.completions.create(**kw)
+        assert texts == {0: "", 1: ""} == {c.index: c.text for c in full.choices}
+        assert reasons == {0: "length", 1: "length"} and usage.model_dump() == full.usage.model_dump()
+        assert httpx.get(f"{base}/health").status_code == 200
+        with pytest.raises(openai.BadRequestError) as e:  # 100 tokens fit max_model_len, not 4 blocks of 16
+            client.completions.create(model=MODEL, prompt=[1] * 10, max_tokens=90)
+        assert "whole KV cache" in e.value.message
+
+
 @pytest.mark.parametrize("how", ["closed", "crashed"])
 def test_an_engine_that_is_gone_answers_503_and_nobody_hangs(tiny_model_dir, how):
     llm = LLM(str(tiny_model_dir("llama")), num_kv_blocks=16, max_model_len=128)

@@ -26,6 +26,8 @@ class IncrementalText:
     def feed(self, new_ids: list[int]) -> str:
         """new_ids: the trajectory's tokens since the last call. Returns the text newly safe to send."""
         self.seen += len(new_ids)
+        if self.tokenizer is None:  # a server without one: the engine's text is "" (token ids only)
+            return ""
         self._ids.extend(new_ids)
         if len(self._ids) > self._read:
             decode = self.tokenizer.decode
