@@ -148,7 +148,8 @@ class _Driver:
                 if self.on_reply is not None:
                     self.on_reply(self.replicas, rank, answer)
                 return
-            answer = answer.error
+            self._lose(rank, answer.error, told=True)
+            return
         self._lose(rank, answer)
 
     def _apply(self, rank: int, reply: Reply) -> None:
@@ -187,14 +188,15 @@ class _Driver:
         else:  # a run started over (other settings on disk) replaces its rounds from this one on
             work.rounds[rec["run"]] = [r for r in work.rounds.get(rec["run"], []) if r["round"] < rec["round"]] + [rec]
 
-    def _lose(self, rank: int, why: str) -> None:
+    def _lose(self, rank: int, why: str, told: bool = False) -> None:
+        """``told``: its last answer named the problems it had started when it failed."""
         self.lost[rank] = why
         orphans = list(self.assigned.pop(rank, {}).values())
         self.assigned[rank] = {}
         # Since its latest answer it ran those it had started and at most max_problems_in_flight more: the
         # first of its queue (those it held in the order handed), as slots freed. The rest did not cause the loss.
         queued = [p.key for p in orphans if p.key not in self.suspects[rank]]
-        blamed = self.suspects[rank] | set(queued[:self.cfg.max_problems_in_flight])
+        blamed = self.suspects[rank] | set(queued[:0 if told else self.cfg.max_problems_in_flight])
         for problem in reversed(orphans):  # to the front, in their order
             self.losses[problem.key] += problem.key in blamed
             if self.losses[problem.key] >= MAX_LOSSES:

@@ -134,6 +134,14 @@ def test_a_problem_that_breaks_its_replicas_is_failed_not_handed_on(tmp_path):
     assert len(summary["run"]["dispatch"]["lost"]) == MAX_LOSSES
 
 
+def test_a_replica_that_names_what_it_ran_when_it_broke_blames_only_that(tmp_path):
+    # p4 waits behind p3 on both replicas p3 breaks; their tracebacks' answers name p3 alone as started
+    cfg = _cfg(tmp_path, n=6)
+    with pytest.raises(ReplicaError):
+        _run(cfg, 2, script=_failing_script)
+    assert [r["request_id"] for r in read_results(cfg.out_path) if "error" in r] == ["p3"]
+
+
 class _Killed(Exception):
     pass
 
