@@ -120,6 +120,31 @@ def test_a_stream_ends_with_the_non_streaming_text_and_stops_before_a_stop_strin
     assert roles == ({0, 1, 2} if endpoint == "chat" else set())
 
 
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_the_raw_event_stream(server, endpoint, monkeypatch):
+    import itertools
+
+    from pacore.serve import protocol
+    clock = SimpleNamespace(time=itertools.count(1_000_000).__next__)  # a second passes at every reading
+    monkeypatch.setattr(protocol, "time", clock)
+    body = {"model": MODEL, "n": 2, "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True},
+            **NO_EOS, **({"messages": [{"role": "user", "content": "x"}]} if endpoint == "chat" else {"prompt": "x"})}
+    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    r = _post(server, path, json.dumps(body).encode())
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = r.text.split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""] and all(e.startswith("data: ") for e in events[:-1])
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    kind = "chat.completion.chunk" if endpoint == "chat" else "text_completion"
+    assert {(c["object"], c["id"], c["model"]) for c in chunks} == {(kind, chunks[0]["id"], MODEL)}
+    assert chunks[0]["id"].startswith("chatcmpl-" if endpoint == "chat" else "cmpl-")
+    assert len({c["created"] for c in chunks}) == 1  # OpenAI: every chunk of a stream has the same timestamp
+    assert [c["choices"] for c in chunks[-1:]] == [[]] and chunks[-1]["usage"]["completion_tokens"] == 2 * 3
+    assert all(len(c["choices"]) == 1 and c["usage"] is None for c in chunks[:-1])
+    finals = [c["choices"][0] for c in chunks[:-1] if c["choices"][0]["finish_reason"]]
+    assert sorted(f["index"] for f in finals) == [0, 1] and {f["finish_reason"] for f in finals} == {"length"}
+
+
 def test_a_client_that_disconnects_from_a_stream_frees_its_blocks(server, client):
     before = metrics(server.base)
     stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Go on and on."}],
@@ -242,8 +267,8 @@ def test_a_server_without_a_tokenizer_streams_token_id_prompts_and_refuses_what_
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
         kw = dict(model=MODEL, prompt=[1, 2, 3], max_tokens=4, n=2, seed=1, extra_body=NO_EOS)
         # The stream once crashed the engine thread (decoding with no tokenizer): every later request got 503.
-        texts, reasons, usage, _ = _streamed(client.completions.create(stream=True, stream_options={"include_usage": True},
-                                                                       **kw))
+        stream = client.completions.create(stream=True, stream_options={"include_usage": True}, **kw)
+        texts, reasons, usage, _ = _streamed(stream)
         full = client.completions.create(**kw)
         assert texts == {0: "", 1: ""} == {c.index: c.text for c in full.choices}
         assert reasons == {0: "length", 1: "length"} and usage.model_dump() == full.usage.model_dump()

@@ -143,15 +143,15 @@ class _Server:
     async def _stream(self, job: Job, body: api._Generate, endpoint: str):
         """Server-sent events: one chunk stream per choice index, usage if asked, then [DONE]."""
         outcome, chat = "aborted", endpoint == "chat"
-        rid = api.new_id("chatcmpl" if chat else "cmpl")
+        rid, created = api.new_id("chatcmpl" if chat else "cmpl"), int(time.time())  # one for every chunk
 
         def chunk(index: int, text: str | None, finish: str | None = None, role: bool = False) -> str:
             if chat:
                 delta = api.Delta(role="assistant" if role else None, content=text)
-                c = api.ChatCompletionChunk(id=rid, model=self.model_name, choices=[
+                c = api.ChatCompletionChunk(id=rid, created=created, model=self.model_name, choices=[
                     api.ChatChunkChoice(index=index, delta=delta, finish_reason=finish)])
             else:
-                c = api.Completion(id=rid, model=self.model_name, choices=[
+                c = api.Completion(id=rid, created=created, model=self.model_name, choices=[
                     api.CompletionChoice(index=index, text=text, finish_reason=finish)])
             return f"data: {c.model_dump_json()}\n\n"
         try:
@@ -178,7 +178,8 @@ class _Server:
                     usage = self._count(event, ends)
                     if body.include_usage:
                         cls = api.ChatCompletionChunk if chat else api.Completion
-                        yield f"data: {cls(id=rid, model=self.model_name, choices=[], usage=usage).model_dump_json()}\n\n"
+                        last = cls(id=rid, created=created, model=self.model_name, choices=[], usage=usage)
+                        yield f"data: {last.model_dump_json()}\n\n"
                     outcome = "ok"
                     break
             yield "data: [DONE]\n\n"
