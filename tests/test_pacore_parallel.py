@@ -1,6 +1,7 @@
 """Data-parallel PaCoRe on local processes: the parent hands problems to whichever replica has room and
 alone writes the results; a replica that dies hands its problems back (pacore/dispatch.py)."""
 import dataclasses
+import fcntl
 import json
 import multiprocessing
 import os
@@ -13,6 +14,7 @@ from pacore.cli import main
 from pacore.config import RunConfig
 from pacore.dispatch import ReplicaError
 from pacore.io import partial_dir, read_results
+from pacore.lock import lock_path
 from pacore.parallel import replica_devices, run_data_parallel
 from pacore.runner import PaCoReRunner
 from pacore.stats import summary_path
@@ -120,7 +122,16 @@ def test_replicas_write_every_problem_once_and_one_summary(tmp_path):
 
 def test_a_killed_replica_hands_its_problems_to_the_other(tmp_path):
     cfg = _cfg(tmp_path, n=8, rounds=(3, 2), max_problems_in_flight=1, checkpoint_every_s=1e-6)
-    hook, killed = _kill_after_first_record(lambda replicas, rank: os.kill(replicas.processes[rank].pid, signal.SIGKILL))
+    kill, killed = _kill_after_first_record(lambda replicas, rank: os.kill(replicas.processes[rank].pid, signal.SIGKILL))
+
+    def hook(replicas, rank, reply):
+        fd = os.open(lock_path(cfg.out_path), os.O_RDWR)  # the driver holds the run lock while it writes
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+        kill(replicas, rank, reply)
     summary = run_data_parallel(cfg, 2, fake_llm, on_reply=hook)
     assert _successes(cfg.out_path) == [f"p{i}" for i in range(8)]  # every problem exactly once
     dispatch = summary["run"]["dispatch"]
@@ -151,6 +162,18 @@ def test_ctrl_c_saves_what_the_replicas_hold_and_resume_completes(tmp_path, caps
     run_data_parallel(cfg, 2, fake_llm)
     assert _successes(cfg.out_path) == [f"p{i}" for i in range(8)]
     assert _comparable(cfg.out_path) == _comparable(_single(tmp_path, cfg))
+
+
+def test_every_replica_lost_exits_1(tmp_path, monkeypatch, capsys):
+    import pacore.parallel
+
+    def lost(cfg, replicas, build_llm):
+        raise ReplicaError("all 2 replicas were lost with 1 problems left")
+    monkeypatch.setattr(pacore.parallel, "run_data_parallel", lost)
+    _problems(tmp_path / "in.jsonl", 1)
+    assert main(["run", "--data", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "o.jsonl"),
+                 "--data-parallel", "2"]) == 1
+    assert "all 2 replicas were lost" in capsys.readouterr().err
 
 
 def test_each_replica_gets_its_own_gpus(monkeypatch):

@@ -89,6 +89,33 @@ def test_a_killed_actor_s_problems_finish_on_the_other(setup):
     assert dispatch["problems_reassigned"] >= 1
 
 
+class _Cluster:
+    """What _placement reads of Ray: the cluster's resources and its nodes."""
+
+    def __init__(self, gpus=0, cpus=0, nodes=1):
+        self.resources, self.alive = {"GPU": gpus, "CPU": cpus}, nodes
+
+    def cluster_resources(self):
+        return {k: v for k, v in self.resources.items() if v}
+
+    def nodes(self):
+        return [{"Alive": True}] * self.alive + [{"Alive": False}]
+
+
+def test_ray_placement_counts_replicas_and_refuses_what_the_cluster_lacks():
+    from pacore.ray_replicas import _placement
+
+    assert _placement(_Cluster(gpus=8, cpus=64), None, 2) == (4, {"num_gpus": 2, "num_cpus": 1}, 0)  # GPUs // T
+    assert _placement(_Cluster(gpus=8, cpus=64), 3, 2)[0] == 3
+    with pytest.raises(ValueError, match="need 10 GPUs but the Ray cluster has 8"):
+        _placement(_Cluster(gpus=8, cpus=64), 5, 2)
+    # no GPUs: one replica per live node, splitting the cluster's CPUs, spread over the nodes
+    assert _placement(_Cluster(cpus=16, nodes=2), None, 1) == (2, {"num_gpus": 0, "num_cpus": 8,
+                                                                   "scheduling_strategy": "SPREAD"}, 8)
+    with pytest.raises(ValueError, match="3 CPU replicas need 3 CPUs but the Ray cluster has 2"):
+        _placement(_Cluster(cpus=2), 3, 1)
+
+
 def test_ray_flags_are_documented_and_a_missing_ray_is_named(tmp_path, monkeypatch, capsys):
     parser = build_parser()
     run_help = parser._subparsers._group_actions[0].choices["run"].format_help()
