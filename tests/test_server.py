@@ -43,12 +43,14 @@ def test_models_health_and_metrics(server, client):
     (model,) = client.models.list().data
     assert model.id == MODEL and model.model_extra["max_model_len"] == 512
     assert httpx.get(f"{server.base}/health").status_code == 200
-    names = set(metrics(server.base))
-    assert {"pacore_prefill_tokens_total", "pacore_decode_tokens_total", "pacore_prefix_cache_hit_tokens_total",
-            "pacore_cascade_decode_steps_total", "pacore_kv_blocks_used", "pacore_kv_blocks_shared",
-            "pacore_num_sequences_waiting", "pacore_decode_tokens_per_second", "pacore_prefill_tokens_per_second",
-            "pacore_prompt_tokens_total", "pacore_completion_tokens_total",
-            "pacore_http_requests_in_flight"} <= names
+    client.completions.create(model=MODEL, prompt="x", max_tokens=1)
+    names = {name.partition("{")[0] for name in metrics(server.base)}
+    assert {"pacore_requests_total", "pacore_prompt_tokens_total", "pacore_completion_tokens_total",  # the README's
+            "pacore_http_requests_in_flight", "pacore_prefill_tokens_total", "pacore_decode_tokens_total",
+            "pacore_prefix_cache_hit_tokens_total", "pacore_cascade_decode_steps_total", "pacore_engine_steps_total",
+            "pacore_preemptions_total", "pacore_kv_blocks_used", "pacore_kv_blocks_shared", "pacore_kv_blocks_total",
+            "pacore_num_sequences_waiting", "pacore_num_sequences_running", "pacore_num_requests_in_engine",
+            "pacore_prefill_tokens_per_second", "pacore_decode_tokens_per_second"} <= names
 
 
 def test_chat_renders_the_models_template_like_the_engine(server, client, tiny_model_dir):
@@ -75,6 +77,32 @@ def test_n4_is_one_fork_and_usage_counts_the_prompt_once(server, client):
     assert after["pacore_prefill_tokens_total"] - before["pacore_prefill_tokens_total"] == len(prompt)
     assert after["pacore_prompt_tokens_total"] - before["pacore_prompt_tokens_total"] == len(prompt)
     assert after["pacore_completion_tokens_total"] - before["pacore_completion_tokens_total"] == 20
+
+
+def test_max_tokens_defaults_and_a_batch_of_prompts(server, client, tiny_model_dir):
+    r = client.completions.create(model=MODEL, prompt="x", extra_body=NO_EOS)  # completions: 16, as OpenAI
+    assert (r.usage.completion_tokens, r.choices[0].finish_reason) == (16, "length")
+    messages = [{"role": "user", "content": "y" * 400}]
+    r = client.chat.completions.create(model=MODEL, messages=messages, extra_body=NO_EOS)  # chat: the rest of the context
+    assert r.usage.total_tokens == 512 and r.choices[0].finish_reason == "length"
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=3, max_tokens=7,
+                                       extra_body=NO_EOS)
+    assert r.usage.completion_tokens == 3
+    # A batch of n=2: choices prompt by prompt (index = prompt * n + child), each prompt counted once.
+    prompts, greedy = [[5, 6, 7], [40, 41, 42, 43, 44]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    direct = LLM(str(tiny_model_dir("llama")), num_kv_blocks=64, max_model_len=512)
+    alone = [o.outputs[0] for o in direct.generate(prompts, greedy, use_tqdm=False)]
+    r = client.completions.create(model=MODEL, prompt=prompts, n=2, temperature=0, max_tokens=4, extra_body=NO_EOS)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    assert [c.text for c in r.choices] == [alone[0].text] * 2 + [alone[1].text] * 2
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (8, 16)
+    # vLLM's top_k, min_p (1 of each is greedy) and stop_token_ids (a greedy token ends the choice there).
+    one = dict(model=MODEL, prompt=prompts[1], max_tokens=4, temperature=1.0)
+    for extra in ({"top_k": 1}, {"min_p": 1.0}):
+        assert client.completions.create(**one, extra_body={**NO_EOS, **extra}).choices[0].text == alone[1].text
+    last = alone[1].token_ids[-1]
+    r = client.completions.create(**{**one, "temperature": 0}, extra_body={**NO_EOS, "stop_token_ids": [last]})
+    assert (r.choices[0].finish_reason, r.usage.completion_tokens) == ("stop", alone[1].token_ids.index(last) + 1)
 
 
 def test_seeded_requests_reproduce(client):
@@ -307,6 +335,39 @@ def test_the_readme_serve_commands_parse():
     assert default.model == "default" and (default.host, default.port) == ("127.0.0.1", 8000)
     assert pacore8b.served_model_name == "pacore-8b" and pacore8b.max_model_len == 131072
     assert pacore8b.rope_scaling["attention_factor"] == 1.0
+
+
+def test_serve_flags_reach_the_engine_and_the_app(monkeypatch):
+    import engine
+    import uvicorn
+
+    from pacore.cli import main
+    from pacore.serve import app as serve_app
+    seen = {}
+
+    class FakeLLM:
+        def __init__(self, model, **options):
+            seen["model"], seen["options"] = model, options
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+    monkeypatch.setattr(engine, "LLM", FakeLLM)
+    monkeypatch.setattr(serve_app, "create_app", lambda llm, name, key, queue: seen.update(app=(name, key, queue)))
+    monkeypatch.setattr(uvicorn, "run", lambda app, host, port: seen.update(bind=(host, port)))
+    monkeypatch.setenv("PACORE_API_KEY", "from-env")
+    assert main(["serve", "--model", "/m/PaCoRe-8B/", "--dtype", "bfloat16", "--max-model-len", "64",
+                 "--rope-scaling", '{"factor": 2.0}', "--max-num-seqs", "3", "--num-kv-blocks", "9",
+                 "--tensor-parallel", "2", "--batch-invariant", "--seed", "5", "--port", "9"]) == 0
+    assert seen["model"] == "/m/PaCoRe-8B/" and seen["options"] == dict(
+        seed=5, dtype="bfloat16", max_model_len=64, rope_scaling={"factor": 2.0}, max_num_seqs=3, num_kv_blocks=9,
+        batch_invariant=True, tensor_parallel_size=2)
+    assert seen["app"] == ("PaCoRe-8B", "from-env", 1024) and seen["bind"] == ("127.0.0.1", 9)
+    assert main(["serve", "--served-model-name", "x", "--api-key", "k", "--max-queue", "2"]) == 0
+    assert seen["model"] is None and seen["app"] == ("x", "k", 2)
+    assert main(["serve"]) == 0 and seen["app"][0] == "smollm2-135m"
 
 
 def test_serve_without_the_extra_names_the_install_command(monkeypatch, capsys):
