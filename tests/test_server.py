@@ -105,6 +105,16 @@ def test_max_tokens_defaults_and_a_batch_of_prompts(server, client, tiny_model_d
     assert (r.choices[0].finish_reason, r.usage.completion_tokens) == ("stop", alone[1].token_ids.index(last) + 1)
 
 
+def test_the_rate_window_keeps_only_its_last_seconds_when_nobody_scrapes(server, client, monkeypatch):
+    import itertools
+
+    from pacore.serve import engine_loop
+    clock = itertools.count(10 ** 6, engine_loop.RATE_WINDOW_S + 1)  # every step ends past the last one's window
+    monkeypatch.setattr(engine_loop, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    client.completions.create(model=MODEL, prompt="x", max_tokens=8, extra_body=NO_EOS)  # 8 steps, no /metrics
+    assert len(server.state.engine._recent) <= 1  # one entry per step forever was a leak
+
+
 def test_seeded_requests_reproduce(client):
     def texts(seed):
         r = client.completions.create(model=MODEL, prompt="seeded", n=2, max_tokens=8, seed=seed, extra_body=NO_EOS)

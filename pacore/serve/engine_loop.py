@@ -129,11 +129,14 @@ class EngineLoop:
         """(prefill, decode) tokens per second over the last RATE_WINDOW_S seconds."""
         now = time.monotonic()
         with self._rates_lock:
-            while self._recent and self._recent[0][0] < now - RATE_WINDOW_S:
-                self._recent.popleft()
+            self._forget_before(now - RATE_WINDOW_S)
             prefill = sum(p for _, p, _ in self._recent)
             decode = sum(d for _, _, d in self._recent)
         return prefill / RATE_WINDOW_S, decode / RATE_WINDOW_S
+
+    def _forget_before(self, start: float) -> None:  # holding _rates_lock
+        while self._recent and self._recent[0][0] < start:
+            self._recent.popleft()
 
     def _post(self, command: Callable[[Job], None], job: Job) -> None:
         with self._cond:
@@ -236,8 +239,10 @@ class EngineLoop:
                     self._drop(owner[0])
                     owner[0].emit(Failed(500, f"engine step failed: {e.cause!r}"))
         self.snapshot = stats = self._stats()  # before any reply leaves: /metrics then counts its tokens
-        with self._rates_lock:
-            self._recent.append((time.monotonic(), stats["prefill_tokens"] - before["prefill_tokens"],
+        now = time.monotonic()
+        with self._rates_lock:  # pruned here too: a server nobody scrapes must not keep every step
+            self._forget_before(now - RATE_WINDOW_S)
+            self._recent.append((now, stats["prefill_tokens"] - before["prefill_tokens"],
                                  stats["decode_tokens"] - before["decode_tokens"]))
         for out in outputs:
             self._finish(out)
