@@ -62,14 +62,19 @@ def _placement(ray, replicas: int | None, tp: int) -> tuple[int, dict, int]:
     an actor Ray cannot place would wait forever."""
     resources = ray.cluster_resources()
     gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
     if gpus:
-        count = replicas or gpus // tp
-        if count < 1 or count * tp > gpus:
+        # A replica's T GPUs must sit on one node (its tensor-parallel group talks over NCCL there).
+        per_node = [int(n.get("Resources", {}).get("GPU", 0)) for n in nodes]
+        slots = sum(g // tp for g in per_node)
+        count = replicas or slots
+        if count < 1 or count > slots:
             raise ValueError(f"--ray: {replicas or 1} replicas x --tensor-parallel {tp} need {(replicas or 1) * tp} "
-                             f"GPUs but the Ray cluster has {gpus}; use --data-parallel {max(1, gpus // tp)} or "
-                             f"add nodes (ray start --address=HEAD:6379 on each)")
+                             f"GPUs, {tp} on one node each, but the Ray cluster's nodes have {per_node} GPUs "
+                             f"({slots} such replicas fit); use --data-parallel {max(1, slots)} or add nodes "
+                             f"(ray start --address=HEAD:6379 on each)")
         return count, {"num_gpus": tp, "num_cpus": 1}, 0
-    count = replicas or max(1, sum(1 for n in ray.nodes() if n.get("Alive")))
+    count = replicas or max(1, len(nodes))
     if count > cpus:
         raise ValueError(f"--ray: {count} CPU replicas need {count} CPUs but the Ray cluster has {cpus}")
     per = max(1, cpus // count)  # replicas split the cluster's cores; SPREAD puts them on different nodes

@@ -99,7 +99,8 @@ class _Cluster:
         return {k: v for k, v in self.resources.items() if v}
 
     def nodes(self):
-        return [{"Alive": True}] * self.alive + [{"Alive": False}]
+        per_node = {k: v / self.alive for k, v in self.resources.items() if v}
+        return [{"Alive": True, "Resources": per_node}] * self.alive + [{"Alive": False, "Resources": {"GPU": 8}}]
 
 
 def test_ray_placement_counts_replicas_and_refuses_what_the_cluster_lacks():
@@ -107,8 +108,12 @@ def test_ray_placement_counts_replicas_and_refuses_what_the_cluster_lacks():
 
     assert _placement(_Cluster(gpus=8, cpus=64), None, 2) == (4, {"num_gpus": 2, "num_cpus": 1}, 0)  # GPUs // T
     assert _placement(_Cluster(gpus=8, cpus=64), 3, 2)[0] == 3
-    with pytest.raises(ValueError, match="need 10 GPUs but the Ray cluster has 8"):
+    with pytest.raises(ValueError, match=r"need 10 GPUs, 2 on one node each, but the Ray cluster's nodes have \[8\]"):
         _placement(_Cluster(gpus=8, cpus=64), 5, 2)
+    # 4 nodes of 2 GPUs: 8 GPUs, but a replica of 4 fits on none of them (it would wait forever)
+    with pytest.raises(ValueError, match=r"nodes have \[2, 2, 2, 2\] GPUs \(0 such replicas fit\)"):
+        _placement(_Cluster(gpus=8, cpus=64, nodes=4), None, 4)
+    assert _placement(_Cluster(gpus=8, cpus=64, nodes=4), None, 2)[0] == 4
     # no GPUs: one replica per live node, splitting the cluster's CPUs, spread over the nodes
     assert _placement(_Cluster(cpus=16, nodes=2), None, 1) == (2, {"num_gpus": 0, "num_cpus": 8,
                                                                    "scheduling_strategy": "SPREAD"}, 8)
