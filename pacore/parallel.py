@@ -68,16 +68,22 @@ class ProcessReplicas(Replicas):
         self._conns: list[Connection] = []
         self._calling: set[int] = set(range(self.count))  # each answers first once its engine is built
         self._lost: list[tuple[int, str]] = []  # replicas found gone while handing them work
-        for rank, device in enumerate(devices):
-            conn, child = ctx.Pipe()
-            with _env("CUDA_VISIBLE_DEVICES", device):
-                # not daemonic: a tensor-parallel engine starts worker processes of its own
-                p = ctx.Process(target=_serve, name=f"pacore-replica-{rank}", daemon=False,
-                                args=(rank, cfg, build_llm, threads, child))
-                p.start()
-            child.close()  # so the parent's end reads EOF once the replica is gone
-            self.processes.append(p)
-            self._conns.append(conn)
+        try:
+            for rank, device in enumerate(devices):
+                conn, child = ctx.Pipe()
+                with _env("CUDA_VISIBLE_DEVICES", device):
+                    # not daemonic: a tensor-parallel engine starts worker processes of its own
+                    p = ctx.Process(target=_serve, name=f"pacore-replica-{rank}", daemon=False,
+                                    args=(rank, cfg, build_llm, threads, child))
+                    p.start()
+                child.close()  # so the parent's end reads EOF once the replica is gone
+                self.processes.append(p)
+                self._conns.append(conn)
+        except BaseException:  # e.g. Ctrl-C while starting: no one would hold these to stop them
+            for p in self.processes:
+                p.kill()
+                p.join()
+            raise
 
     def call(self, rank: int, work: list[Work]) -> None:
         try:
