@@ -10,7 +10,7 @@ class SamplingParams:
     """How to sample one request (vLLM's names and meanings).
 
     n: trajectories forked from the prompt (prefilled once, KV shared).
-    temperature: 0 means greedy. top_p in (0, 1], top_k (-1 = off), min_p in [0, 1].
+    temperature: 0 (or below 1e-5, as vLLM) means greedy. top_p in (0, 1], top_k (-1 = off), min_p in [0, 1].
     max_tokens: tokens to generate per trajectory; None generates until EOS, a stop, or the
     context (max_model_len) is full, as vLLM does.
     seed: per-request seed; child i samples from a stream derived from (seed, i).
@@ -67,7 +67,11 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        # Dividing logits by a temperature this small overflows to inf/nan; its limit is argmax.
+        return self.temperature < _GREEDY_BELOW
+
+
+_GREEDY_BELOW = 1e-5
 
 
 def _is_int(value: object) -> bool:

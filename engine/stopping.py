@@ -20,8 +20,9 @@ class StopChecker:
         if self._stopped_by_token(seq):
             return "stop"
         if p.stop:
-            # Decoding a short tail is enough: a stop string of L characters spans at most L tokens.
-            start = max(seq.num_prompt_tokens, seq.num_tokens - max(len(s) for s in p.stop) - 2)
+            # Decoding a short tail is enough: a stop string of L characters is at most 4L UTF-8
+            # bytes, so at most 4L tokens even for byte-level tokenizers (an emoji can be 4 tokens).
+            start = max(seq.num_prompt_tokens, seq.num_tokens - 4 * max(len(s) for s in p.stop) - 2)
             tail = self.tokenizer.decode(seq.token_ids[start:], skip_special_tokens=True)
             if any(s in tail for s in p.stop):
                 return "stop"

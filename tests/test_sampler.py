@@ -12,7 +12,8 @@ def _seqs(params: SamplingParams, n: int, device=torch.device("cpu")):
     return [Sequence(req, i, [1], 1, stream=req.stream(i)) for i in range(n)]
 
 
-@pytest.mark.parametrize("kw", [dict(top_k=1), dict(top_p=1e-6), dict(min_p=1.0), dict(temperature=0)])
+@pytest.mark.parametrize("kw", [dict(top_k=1), dict(top_p=1e-6), dict(min_p=1.0), dict(temperature=0),
+                                dict(temperature=1e-320), dict(temperature=1e-6)])  # would overflow: greedy
 def test_limits_reduce_to_greedy(kw):
     logits = torch.randn(16, 1000)
     params = SamplingParams(**{"temperature": 1.0, **kw})
@@ -66,3 +67,21 @@ def test_stream_uniforms_are_uniform_and_distinct():
     hist = torch.histc(u, bins=10, min=0, max=1) / len(u)
     torch.testing.assert_close(hist, torch.full((10,), 0.1, dtype=torch.float64), atol=0.015, rtol=0)
     assert len(set(u.tolist())) == len(u)
+
+
+def test_a_stop_string_found_when_its_characters_span_many_byte_tokens():
+    from engine.stopping import StopChecker
+
+    class ByteTokenizer:  # one token per UTF-8 byte, as byte-level BPE can produce for rare characters
+        def decode(self, ids, skip_special_tokens=True):
+            return bytes(ids).decode("utf-8", errors="replace")
+    stop = "\U0001F600!"  # 2 characters, 5 bytes, so 5 tokens
+    text = list("thinking ".encode()) + list(stop.encode())
+    req = Request("r", None, [1], SamplingParams(stop=[stop], max_tokens=100))
+    seq = Sequence(req, 0, [1], 1)
+    checker = StopChecker(ByteTokenizer(), [], 1000)
+    reasons = []
+    for t in text:
+        seq.token_ids.append(t)
+        reasons.append(checker.check(seq))
+    assert reasons[-1] == "stop" and set(reasons[:-1]) == {None}
