@@ -309,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         validate_runs(cfg)
         if context is not None:
             check_max_tokens(cfg.max_tokens, context)
-    except ValueError as e:
+        _check_tensor_parallel(cfg)
+    except (ValueError, FileNotFoundError) as e:
         print(f"pacore: {e}", file=sys.stderr)
         return 2
     try:
@@ -323,6 +324,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _check_tensor_parallel(cfg: RunConfig) -> None:
+    """A size that cannot split the model is refused here, not in each replica after it loads."""
+    size = cfg.engine_options.get("tensor_parallel_size") or 1
+    if size > 1:
+        from engine.config import ModelConfig
+        from engine.default_model import resolve_model
+        from engine.distributed import check_divisible
+
+        check_divisible(ModelConfig.from_pretrained(resolve_model(cfg.engine_options.get("model"))), size)
 
 
 def _refused_paths(args) -> str | None:
@@ -346,7 +358,11 @@ def _run(args, cfg: RunConfig) -> int:
     from .runner import run_pacore
     from .session import profiled
 
-    llm = build_llm(cfg)
+    try:
+        llm = build_llm(cfg)
+    except (ValueError, FileNotFoundError) as e:  # a bad model folder or engine option, said plainly
+        print(f"pacore: {e}", file=sys.stderr)
+        return 2
     try:
         check_max_tokens(cfg.max_tokens, llm.max_model_len)
     except ValueError as e:

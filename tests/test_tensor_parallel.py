@@ -202,3 +202,19 @@ def test_tp2_under_preemption_and_reused_table_rows(tmp_path):
         got = [[c.token_ids for c in o.outputs] for o in small.generate(prompts, params, use_tqdm=False)]
         assert small.stats()["preemptions"] > 0
     assert got == expected
+
+
+@pytest.mark.parametrize("replicas", ["1", "2"])
+def test_pacore_run_refuses_a_size_that_does_not_divide_before_anything_runs(tmp_path, capsys, replicas):
+    import json
+
+    from pacore.cli import main
+    folder = make_tiny_model(tmp_path / "m", "qwen3")
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "1+1?"}]}) + "\n")
+    out = tmp_path / "r.jsonl"
+    rc = main(["run", "--model", str(folder), "--data", str(data), "--out", str(out), "--max-tokens", "8",
+               "--tensor-parallel", "3", "--data-parallel", replicas])
+    assert rc == 2
+    assert "tensor_parallel_size=3 does not divide" in capsys.readouterr().err
+    assert not out.exists()
