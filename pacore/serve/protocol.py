@@ -45,7 +45,9 @@ class _Generate(_Body):
     @field_validator("frequency_penalty", "presence_penalty", "logprobs", "echo", check_fields=False)
     @classmethod
     def _only_off(cls, value, info):
-        if value not in (None, False, 0):
+        # Off is None/false, and 0 for a penalty; completions' logprobs=0 still asks for the
+        # sampled token's logprob, which this server does not compute.
+        if not (value is None or value is False or (info.field_name.endswith("_penalty") and value == 0)):
             raise ValueError(f"{info.field_name} is not supported by this server (only its default)")
         return value
 
