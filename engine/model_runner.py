@@ -90,7 +90,11 @@ class ModelRunner:
         self.kv_cache = allocate_kv_cache(cfg.num_layers, num_blocks, self.block_size,
                                           self.model.shard.num_kv_heads, cfg.head_dim, self.dtype, self.device)
         if cuda_graphs and self.device.type == "cuda" and self.ops.name == "triton":  # never batch_invariant
-            self.capture_decode_graphs(self.max_num_seqs)
+            try:
+                self.capture_decode_graphs(self.max_num_seqs)
+            except Exception as e:
+                raise RuntimeError(f"capturing the decode CUDA graphs failed ({type(e).__name__}: {e}); run without "
+                                   "them: LLM(..., enforce_eager=True), pacore run/serve --enforce-eager") from e
 
     def capture_decode_graphs(self, max_batch: int, emulate: bool = False) -> None:
         """Capture decode graphs on every rank, in the same order: their all-reduces pair up at replay.

@@ -144,6 +144,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-invariant", action="store_true",
                    help="a token's logits do not depend on what else is batched, preemption or a restart, so a "
                         "resumed or re-batched run draws exactly the same tokens (slower; see README Guarantees)")
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="run decode steps eagerly instead of replaying CUDA graphs (vLLM's flag; for a GPU "
+                        "setup where capturing fails)")
     g.add_argument("--profile", default=None, metavar="DIR",
                    help="write a per-step timeline (timeline.jsonl), torch.profiler traces and a KV-sharing "
                         "plot (kv_blocks.png) of the run to DIR")
@@ -250,6 +253,7 @@ def _config(args, data_path: str, out_path: str, resume: bool) -> RunConfig:
         "rope_scaling": args.rope_scaling,
         "batch_invariant": args.batch_invariant or None,
         "tensor_parallel_size": args.tensor_parallel if args.tensor_parallel > 1 else None,
+        "enforce_eager": args.enforce_eager or None,
     }
     max_tokens = args.max_tokens
     if max_tokens is None:  # the paper's budget for a real model; the embedded one keeps a small one

@@ -37,6 +37,7 @@ def test_rope_scaling_json_becomes_an_engine_option():
 def test_batch_invariant_flag_becomes_an_engine_option():
     assert _cfg("--batch-invariant").engine_options == {"batch_invariant": True}
     assert "batch_invariant" not in _cfg().engine_options
+    assert _cfg("--enforce-eager").engine_options == {"enforce_eager": True}
 
 
 @pytest.mark.parametrize("bad,why", [("{rope_type: yarn}", "not valid JSON"), ("[1, 2]", "non-empty JSON object"),

@@ -43,6 +43,8 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--batch-invariant", action="store_true",
                    help="a token's logits do not depend on what else is batched (seeded requests reproduce "
                         "exactly whatever runs beside them; slower)")
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="run decode steps eagerly instead of replaying CUDA graphs (for a GPU setup where capturing fails)")
     g.add_argument("--seed", type=_seed, default=0, help="engine seed for requests without one (default 0)")
     return p
 
@@ -70,7 +72,8 @@ def main(args) -> int:
     options = {"dtype": args.dtype, "max_model_len": args.max_model_len, "rope_scaling": args.rope_scaling,
                "max_num_seqs": args.max_num_seqs, "num_kv_blocks": args.num_kv_blocks,
                "batch_invariant": args.batch_invariant or None,
-               "tensor_parallel_size": args.tensor_parallel if args.tensor_parallel > 1 else None}
+               "tensor_parallel_size": args.tensor_parallel if args.tensor_parallel > 1 else None,
+               "enforce_eager": args.enforce_eager or None}
     try:
         llm = LLM(model, seed=args.seed, **{k: v for k, v in options.items() if v is not None})
     except (FileNotFoundError, ValueError) as e:  # a bad path or option, said before anything listens
