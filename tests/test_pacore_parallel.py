@@ -224,5 +224,6 @@ def test_tensor_parallel_reaches_the_engine(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(engine, "LLM", fake)
     _problems(tmp_path / "in.jsonl", 1)
     with pytest.raises(SystemExit):
-        main(["run", "--data", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "o.jsonl"), "--tensor-parallel", "2"])
-    assert seen["tensor_parallel_size"] == 2
+        # 3: SmolLM2's 9 heads split by 3 (2 is refused before the engine is built)
+        main(["run", "--data", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "o.jsonl"), "--tensor-parallel", "3"])
+    assert seen["tensor_parallel_size"] == 3
