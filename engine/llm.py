@@ -228,6 +228,14 @@ class LLM:
         return [(seqs[i].token_ids[seqs[i].num_prompt_tokens + seen[i]:], seqs[i].finish_reason) if i in seqs
                 else ([], None) for i in range(req.params.n)]
 
+    def finished_text(self, request_id: str, index: int) -> str:
+        """The final text of child ``index`` once it has finished, while its siblings may still run
+        (what its CompletionOutput will hold). KeyError for an id not in flight."""
+        seq = next(s for s in self.requests[str(request_id)].seqs if s.index == index)
+        if seq.finish_reason is None:
+            raise ValueError(f"child {index} of request {request_id!r} has not finished")
+        return self.stop_checker.final_text(seq)
+
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 

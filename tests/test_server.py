@@ -122,11 +122,13 @@ def test_seeded_requests_reproduce(client):
     assert texts(11) == texts(11) != texts(12)
 
 
-def _streamed(stream):
+def _streamed(stream, order=None):
     texts, reasons, usage, roles = {}, {}, None, set()
     for chunk in stream:
         usage = chunk.usage or usage
         for c in chunk.choices:
+            if order is not None:
+                order.append((c.index, c.finish_reason))
             piece = c.delta.content if hasattr(c, "delta") else c.text
             if hasattr(c, "delta") and c.delta.role:
                 roles.add(c.index)
@@ -149,13 +151,16 @@ def test_a_stream_ends_with_the_non_streaming_text_and_stops_before_a_stop_strin
     free = [text_of(c) for c in sorted(create(**kw).choices, key=lambda c: c.index)]
     stop = free[0][10:12]  # choice 0 wrote it, so choice 0 must stop right before its first occurrence
     full = create(stop=[stop], **kw)
+    order = []
     streamed, reasons, usage, roles = _streamed(create(stop=[stop], stream=True, stream_options={"include_usage": True},
-                                                       **kw))
+                                                       **kw), order)
     assert streamed == {c.index: text_of(c) for c in full.choices}
     assert reasons == {c.index: c.finish_reason for c in full.choices}
     assert streamed[0] == free[0][:free[0].find(stop)] and reasons[0] == "stop"
     assert usage.model_dump() == full.usage.model_dump()
     assert roles == ({0, 1, 2} if endpoint == "chat" else set())
+    # Choice 0 stopped early: its final chunk comes then, while its siblings still stream.
+    assert order.index((0, "stop")) < max(i for i, (index, reason) in enumerate(order) if index != 0 and not reason)
 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])

@@ -74,6 +74,7 @@ class Job:
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     request_ids: list[str] = field(default_factory=list)
     texts: dict[int, IncrementalText] = field(default_factory=dict)  # streams: per choice
+    ended: set[int] = field(default_factory=set)  # streams: choices whose last chunk has gone
     prompt_tokens: int = 0
     unfinished: int = 0
 
@@ -258,6 +259,8 @@ class EngineLoop:
         n = job.params.n
         for o in out.outputs:
             index = i * n + o.index
+            if index in job.ended:
+                continue
             text = job.texts[index].rest(o.text) if job.stream else o.text
             job.emit(ChoiceEnd(index, text, o.finish_reason, len(o.token_ids)))
         job.unfinished -= 1
@@ -272,11 +275,19 @@ class EngineLoop:
                 continue  # finished
             texts = [job.texts[i * n + child] for child in range(n)]
             for child, (tokens, reason) in enumerate(self.llm.new_tokens(rid, [t.seen for t in texts])):
-                # A finished child's last token may be its stop token: its rest comes with the final text.
-                if reason is None and tokens:
+                index = i * n + child
+                if index in job.ended:
+                    continue
+                if reason is not None:
+                    # Finished while its siblings run: its last chunk goes now, not when they finish. Its
+                    # last token may be a stop token, so its rest comes from the engine's final text.
+                    job.ended.add(index)
+                    final = self.llm.finished_text(rid, child)
+                    job.emit(ChoiceEnd(index, texts[child].rest(final), reason, texts[child].seen + len(tokens)))
+                elif tokens:
                     delta = texts[child].feed(tokens)
                     if delta:
-                        job.emit(TextDelta(i * n + child, delta))
+                        job.emit(TextDelta(index, delta))
 
     def _stats(self) -> dict:
         stats = self.llm.stats()
