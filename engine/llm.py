@@ -21,7 +21,6 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig, ModelConfig, resolve_dtype
 from engine.default_model import resolve_model
 from engine.metrics import StepObserver, StepRecord
-from engine.model_runner import ModelRunner
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import CascadePolicy, Scheduler, StepPlan
@@ -75,7 +74,7 @@ class LLM:
             cascade=cascade.enabled is not False, batch_invariant=opts.batch_invariant)
         self.runner = start_ranks(runner_kwargs, opts.tensor_parallel_size, self.device)
         if self.runner.workers is not None:
-            self._finalizer = weakref.finalize(self, self.runner.workers.shutdown)
+            weakref.finalize(self, self.runner.workers.shutdown)  # the registry keeps it; no handle needed
         try:
             # kv_bytes_per_block counts every rank's share of a block: the memory one block costs.
             self.kv_bytes_per_block = self.runner.kv_bytes_per_block * opts.tensor_parallel_size

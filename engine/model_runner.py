@@ -169,8 +169,9 @@ class ModelRunner:
             sample_idx.extend(range(first, first + len(plan.decodes)))
         meta.slot_mapping = torch.cat(slots)
         writes, self.writes = self.writes, []
+        graph = self.graphs is not None and not plan.prefills and self.graphs.can_run(len(plan.decodes))
         return StepInputs(torch.tensor(ids), torch.cat(pos), meta, torch.tensor(sample_idx, dtype=torch.long),
-                          plan.copies, False, tables, writes)
+                          plan.copies, graph, tables, writes)
 
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> torch.Tensor:
@@ -179,7 +180,6 @@ class ModelRunner:
         if self.batch_invariant and plan.decodes:
             plan = dataclasses.replace(plan, prefills=[*plan.prefills, *((s, 1) for s in plan.decodes)], decodes=[])
         inputs = self.prepare(plan)
-        inputs.graph = self.graphs is not None and not plan.prefills and self.graphs.can_run(len(plan.decodes))
         if self.workers is None:
             logits = self.execute(inputs)
         else:

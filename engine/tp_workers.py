@@ -115,12 +115,12 @@ class TPWorkers:
             for conn in self.conns:
                 conn.send_bytes(message)
             return [self._reply(conn) for conn in self.conns] if wait else []
-        except (EOFError, OSError) as e:
-            self._join_watchdog()
-            raise WorkerDied(self.dead or f"a tensor-parallel worker's pipe broke ({e})") from None
+        except (EOFError, OSError) as e:  # a pipe broke: a worker is going, let the watchdog name it
+            raise self.explain(e) from None
 
     def explain(self, error: Exception, grace_s: float = 3.0) -> WorkerDied:
-        """What to raise when rank 0's part of a step failed: the group is out of step for good.
+        """What to raise when a pipe to a worker broke or rank 0's part of a step failed: the group is
+        out of step for good.
 
         If a worker died (its socket closes before the watchdog names it) say which; otherwise rank
         0 failed alone and the workers wait in a collective that will never complete: stop them."""
@@ -140,10 +140,6 @@ class TPWorkers:
         if not ok:
             raise RuntimeError(f"a tensor-parallel worker failed:\n{value}")
         return value
-
-    def _join_watchdog(self) -> None:
-        for p in self.procs:
-            p.join(timeout=5)  # a broken pipe means the process is going: let the watchdog name it
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the workers (idempotent); any that do not exit in time are killed."""

@@ -112,10 +112,8 @@ _YARN_EXAMPLE = '{"rope_type": "yarn", "factor": 2.0, "original_max_position_emb
 _EMBEDDED_MODEL_MAX_TOKENS = 512
 
 
-def _add_engine_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("engine")
-    g.add_argument("--model", default=None, metavar="DIR",
-                   help="HF model folder (config.json, safetensors, tokenizer); default: the embedded SmolLM2-135M")
+def add_llm_flags(g) -> None:
+    """The LLM's own options as flags, one definition for pacore run, demo and serve (see llm_options)."""
     g.add_argument("--dtype", default=None, help="weights/activations dtype, e.g. float32, bfloat16 (default: the engine's choice)")
     g.add_argument("--max-model-len", type=_positive, default=None, metavar="N",
                    help="context limit in tokens, prompt + generation (default: the model's); 131072 for "
@@ -128,25 +126,43 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="most sequences (trajectories) decoded in one step (engine default 256)")
     g.add_argument("--num-kv-blocks", type=_positive, default=None, metavar="N",
                    help="KV-cache size in blocks (default: sized by the engine)")
+    g.add_argument("--tensor-parallel", type=_positive, default=1, metavar="T",
+                   help="split each engine over T GPUs (LLM(tensor_parallel_size=T)); pacore run with "
+                        "--data-parallel D uses D x T GPUs (default 1)")
+    g.add_argument("--batch-invariant", action="store_true",
+                   help="a token's logits do not depend on what else is batched, preemption or a restart, so seeded "
+                        "requests and resumed or re-batched runs draw exactly the same tokens (slower; see README "
+                        "Guarantees)")
+    g.add_argument("--enforce-eager", action="store_true",
+                   help="run decode steps eagerly instead of replaying CUDA graphs (vLLM's flag; for a GPU "
+                        "setup where capturing fails)")
+
+
+def llm_options(args) -> dict:
+    """``LLM(**options)`` from add_llm_flags' flags; those left unset are the engine's to choose."""
+    options = {"dtype": args.dtype, "max_model_len": args.max_model_len, "rope_scaling": args.rope_scaling,
+               "max_num_seqs": args.max_num_seqs, "num_kv_blocks": args.num_kv_blocks,
+               "batch_invariant": args.batch_invariant or None,
+               "tensor_parallel_size": args.tensor_parallel if args.tensor_parallel > 1 else None,
+               "enforce_eager": args.enforce_eager or None}
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default=None, metavar="DIR",
+                   help="HF model folder (config.json, safetensors, tokenizer); default: the embedded SmolLM2-135M")
+    add_llm_flags(g)
     g.add_argument("--data-parallel", type=_positive, default=None, metavar="D",
                    help="D engine replicas, each on --tensor-parallel GPUs of its own (replica r gets GPUs "
                         "[r*T, (r+1)*T) in CUDA_VISIBLE_DEVICES order), problems handed to whichever has room; "
                         "only this process writes the results; on a CPU host D processes that split the cores "
                         "(default 1; with --ray: the cluster's GPUs // T, or one replica per node without GPUs)")
-    g.add_argument("--tensor-parallel", type=_positive, default=1, metavar="T",
-                   help="split each engine over T GPUs (LLM(tensor_parallel_size=T)); with --data-parallel D a run "
-                        "uses D x T GPUs (default 1)")
     g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="run the replicas as Ray actors (pip install -e '.[ray]'): 'auto', HOST:PORT or "
                         "ray://HOST:PORT joins a running cluster (`ray start` on each node); without ADDRESS a "
                         "local one is started. The model folder must exist at the same path on every node; "
                         "the records stream back here, so no shared filesystem is needed")
-    g.add_argument("--batch-invariant", action="store_true",
-                   help="a token's logits do not depend on what else is batched, preemption or a restart, so a "
-                        "resumed or re-batched run draws exactly the same tokens (slower; see README Guarantees)")
-    g.add_argument("--enforce-eager", action="store_true",
-                   help="run decode steps eagerly instead of replaying CUDA graphs (vLLM's flag; for a GPU "
-                        "setup where capturing fails)")
     g.add_argument("--profile", default=None, metavar="DIR",
                    help="write a per-step timeline (timeline.jsonl), torch.profiler traces and a KV-sharing "
                         "plot (kv_blocks.png) of the run to DIR")
@@ -244,17 +260,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _config(args, data_path: str, out_path: str, resume: bool) -> RunConfig:
     rounds = args.rounds or PRESETS[args.preset or "low"]
-    engine_options = {
-        "model": args.model,
-        "dtype": args.dtype,
-        "max_model_len": args.max_model_len,
-        "max_num_seqs": args.max_num_seqs,
-        "num_kv_blocks": args.num_kv_blocks,
-        "rope_scaling": args.rope_scaling,
-        "batch_invariant": args.batch_invariant or None,
-        "tensor_parallel_size": args.tensor_parallel if args.tensor_parallel > 1 else None,
-        "enforce_eager": args.enforce_eager or None,
-    }
     max_tokens = args.max_tokens
     if max_tokens is None:  # the paper's budget for a real model; the embedded one keeps a small one
         max_tokens = "auto" if args.model else _EMBEDDED_MODEL_MAX_TOKENS
@@ -277,7 +282,7 @@ def _config(args, data_path: str, out_path: str, resume: bool) -> RunConfig:
         show_progress=not args.no_progress,
         profile_dir=args.profile,
         checkpoint_every_s=args.checkpoint_every,
-        engine_options={k: v for k, v in engine_options.items() if v is not None},
+        engine_options={k: v for k, v in {"model": args.model, **llm_options(args)}.items() if v is not None},
     )
 
 

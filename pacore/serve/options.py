@@ -10,7 +10,7 @@ SERVE_EXTRA_HINT = "pacore serve needs the serve extra: pip install -e '.[serve]
 
 def add_serve_parser(sub) -> argparse.ArgumentParser:
     """Register ``pacore serve`` on the ``pacore`` subparsers."""
-    from pacore.cli import _json_object, _positive, _seed  # the run command's checks, one rule each
+    from pacore.cli import _positive, _seed, add_llm_flags  # the run command's checks and flags, one rule each
 
     p = sub.add_parser(
         "serve", help="serve the model over an OpenAI-compatible HTTP API",
@@ -29,22 +29,7 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=_positive, default=1024, metavar="N",
                    help="generation requests held at once, running or waiting; more get 429 (default 1024)")
     g = p.add_argument_group("engine")
-    g.add_argument("--dtype", default=None, help="weights/activations dtype, e.g. float32, bfloat16")
-    g.add_argument("--max-model-len", type=_positive, default=None, metavar="N",
-                   help="context limit in tokens, prompt + generation (default: the model's)")
-    g.add_argument("--rope-scaling", type=_json_object, default=None, metavar="JSON",
-                   help="RoPE parameters laid over the checkpoint's (vLLM's --rope-scaling)")
-    g.add_argument("--max-num-seqs", type=_positive, default=None, metavar="N",
-                   help="most sequences decoded in one step (engine default 256)")
-    g.add_argument("--num-kv-blocks", type=_positive, default=None, metavar="N",
-                   help="KV-cache size in blocks (default: sized by the engine)")
-    g.add_argument("--tensor-parallel", type=_positive, default=1, metavar="T",
-                   help="split the model over T GPUs (LLM(tensor_parallel_size=T); default 1)")
-    g.add_argument("--batch-invariant", action="store_true",
-                   help="a token's logits do not depend on what else is batched (seeded requests reproduce "
-                        "exactly whatever runs beside them; slower)")
-    g.add_argument("--enforce-eager", action="store_true",
-                   help="run decode steps eagerly instead of replaying CUDA graphs (for a GPU setup where capturing fails)")
+    add_llm_flags(g)
     g.add_argument("--seed", type=_seed, default=0, help="engine seed for requests without one (default 0)")
     return p
 
@@ -66,16 +51,12 @@ def main(args) -> int:
         return 2
     from engine import LLM
 
+    from ..cli import llm_options
     from .app import create_app
 
     model = None if args.model in (None, "default") else args.model
-    options = {"dtype": args.dtype, "max_model_len": args.max_model_len, "rope_scaling": args.rope_scaling,
-               "max_num_seqs": args.max_num_seqs, "num_kv_blocks": args.num_kv_blocks,
-               "batch_invariant": args.batch_invariant or None,
-               "tensor_parallel_size": args.tensor_parallel if args.tensor_parallel > 1 else None,
-               "enforce_eager": args.enforce_eager or None}
     try:
-        llm = LLM(model, seed=args.seed, **{k: v for k, v in options.items() if v is not None})
+        llm = LLM(model, seed=args.seed, **llm_options(args))
     except (FileNotFoundError, ValueError) as e:  # a bad path or option, said before anything listens
         print(f"pacore: {e}", file=sys.stderr)
         return 2
