@@ -4,7 +4,8 @@ A step is glue between its parts: the Scheduler plans it (and owns every sequenc
 ModelRunner turns the plan into tensors and runs the model (on every tensor-parallel rank), the
 Sampler picks the tokens, the Scheduler's postprocess appends them and finishes what stopped, and
 the StepHooks (engine/observers.py) time it for the observers. What add_request refuses is in
-engine/checks.py; a Request assembles its own outputs (engine/sequence.py).
+engine/checks.py; a Request assembles its own outputs (engine/sequence.py). The file is a little
+over 300 lines because it is the whole public API, each method with its docstring.
 """
 from __future__ import annotations
 
@@ -211,7 +212,7 @@ class LLM:
                 finished = self.scheduler.postprocess(plan, tokens)
         except Exception as e:
             raise self._fail_step(plan, e) from e
-        self._count_step(plan, finished)
+        self._close_step(plan, finished)
         hooks.finished(self._steps - 1, plan, self.block_manager)
         return self._take_outbox()
 
@@ -220,7 +221,7 @@ class LLM:
             raise RuntimeError("scheduler made no progress with work queued (engine bug)")
         return self._take_outbox()
 
-    def _count_step(self, plan: StepPlan, finished: list[Request]) -> None:
+    def _close_step(self, plan: StepPlan, finished: list[Request]) -> None:
         """Stamp first tokens, move finished requests to the outbox, count the step."""
         now = time.perf_counter()
         for seq in plan.sample_seqs:
