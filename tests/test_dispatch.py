@@ -6,9 +6,9 @@ import json
 import pytest
 
 from pacore.config import RunConfig
-from pacore.dispatch import MAX_LOSSES, ReplicaError, run_replicated
-from pacore.io import read_results
-from pacore.replica import ReplicaWorker
+from pacore.replicas.driver import MAX_LOSSES, ReplicaError, run_replicated
+from pacore.results.files import read_results
+from pacore.replicas.worker import ReplicaWorker
 from pacore.runner import PaCoReRunner
 from pacore_fakes import FakeLLM
 from test_pacore_checkpoint import checkpointed_rounds
@@ -117,7 +117,7 @@ def test_a_lost_replica_s_problem_continues_from_its_checkpoints_and_snapshots(t
 
 
 def _printed(summary):
-    from pacore.stats import format_summary
+    from pacore.evaluate.summary import format_summary
 
     return format_summary(summary)
 

@@ -5,13 +5,14 @@ import os
 import pytest
 
 from pacore.config import RunConfig
-from pacore.dispatch import ReplicaError
-from pacore.io import OutputExistsError, PriorResults, partial_dir, prepare_output, read_results, rounds_path
-from pacore.parallel import run_data_parallel
-from pacore.partial import PartialStore
-from pacore.problems import Problem, read_problems
+from pacore.replicas.driver import ReplicaError
+from pacore.results.resume import OutputExistsError, PriorResults, prepare_output
+from pacore.results.files import snapshot_dir, read_results, rounds_path
+from pacore.replicas.processes import run_data_parallel
+from pacore.results.snapshots import SnapshotStore
+from pacore.results.problems import Problem, read_problems
 from pacore.runner import PaCoReRunner
-from pacore.runs import read_prior_work
+from pacore.results.resume import read_prior_work
 from pacore_fakes import FakeLLM
 from test_pacore_runner import _cfg, default_script
 
@@ -110,12 +111,12 @@ def test_ctrl_c_mid_round_resumes_every_trajectory_where_it_stopped(tmp_path):
     cfg = _cfg(tmp_path / "a", rounds=(3,), n_problems=3, max_problems_in_flight=3, checkpoint_every_s=0)
     with pytest.raises(KeyboardInterrupt):
         PaCoReRunner(FakeLLM(default_script, interrupt_at_step=10), cfg).run()
-    assert len(os.listdir(partial_dir(cfg.out_path))) == 3  # one snapshot per round in flight
+    assert len(os.listdir(snapshot_dir(cfg.out_path))) == 3  # one snapshot per round in flight
     cfg.resume = True
     llm = FakeLLM(default_script)
     summary = PaCoReRunner(llm, cfg).run()
     assert llm.resumed == {f"p{i}#r1": [10, 10, 10] for i in range(3)}
-    assert os.listdir(partial_dir(cfg.out_path)) == []  # a finished round drops its snapshot
+    assert os.listdir(snapshot_dir(cfg.out_path)) == []  # a finished round drops its snapshot
     assert summary["run"]["generated_tokens"] == summary["effective_compute_tokens_total"] - 3 * 3 * 10
     for rec in read_results(cfg.out_path):  # a resumed round's tokens/s counts this session's tokens only
         r1 = rec["rounds_stats"][0]
@@ -133,7 +134,7 @@ def test_periodic_snapshots_survive_a_kill(tmp_path):
     cfg = _cfg(tmp_path, rounds=(3,), n_problems=2, max_problems_in_flight=2, checkpoint_every_s=1e-6)
     with pytest.raises(ReplicaError, match="exited with code 9"):
         run_data_parallel(cfg, 1, killed_llm)
-    assert len(os.listdir(partial_dir(cfg.out_path))) == 2
+    assert len(os.listdir(snapshot_dir(cfg.out_path))) == 2
     cfg.resume = True
     llm = FakeLLM(default_script)
     PaCoReRunner(llm, cfg).run()
@@ -143,7 +144,7 @@ def test_periodic_snapshots_survive_a_kill(tmp_path):
 
 
 def test_a_snapshot_only_fits_its_own_round(tmp_path):
-    store = PartialStore(str(tmp_path / "r.jsonl"))
+    store = SnapshotStore(str(tmp_path / "r.jsonl"))
     store.save("p", 1, 2, 0, [1, 2, 3], [([4, 5], None), ([6], "stop")])
     assert store.load("p", 1, 2, 0, [1, 2, 3]) == [([4, 5], None), ([6], "stop")]
     assert store.load("p", 1, 2, 0, [1, 2]) is None       # another prompt
@@ -170,5 +171,5 @@ def test_an_error_mid_step_still_snapshots_what_is_running(tmp_path):
     # p0..p4 finished round 1 in one step (texts of one length); p1 broke the driver, so p2..p4 were
     # never handled and the engine no longer has them: skipped. p5..p9 (longer texts) were decoding
     # round 1: saved. p0's round 2 had no token yet: nothing to save.
-    assert sorted(os.listdir(partial_dir(cfg.out_path))) == sorted(
-        os.path.basename(PartialStore(cfg.out_path)._path(f"p{i}", 1)) for i in range(5, 10))
+    assert sorted(os.listdir(snapshot_dir(cfg.out_path))) == sorted(
+        os.path.basename(SnapshotStore(cfg.out_path)._path(f"p{i}", 1)) for i in range(5, 10))

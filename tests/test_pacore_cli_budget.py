@@ -1,7 +1,8 @@
 """`pacore run` flags for the paper's setting: --max-tokens auto, --rope-scaling, --shuffle."""
 import pytest
 
-from pacore.cli import _config, build_parser
+from pacore.cli import build_parser
+from pacore.cli.run import _config
 
 
 def _cfg(*flags, command="run"):

@@ -60,7 +60,8 @@ MSGS = [{"role": "user", "content": "Q?"}]
 
 
 def _len(refs):
-    from pacore.prompts import chat_prompt_ids, round_messages
+    from engine.chat import chat_prompt_ids
+    from pacore.prompts import round_messages
 
     return len(chat_prompt_ids(FakeTokenizer(), round_messages(MSGS, refs or [], empty_bypasses=refs is None)))
 

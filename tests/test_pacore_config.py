@@ -1,6 +1,7 @@
 import pytest
 
-from pacore.cli import build_parser, _config
+from pacore.cli import build_parser
+from pacore.cli.run import _config
 from pacore.config import PRESETS, RunConfig, parse_rounds, round_schedule
 
 

@@ -3,9 +3,9 @@ import json
 import pytest
 
 from pacore.cli import main
-from pacore.demo import demo_records, write_demo_jsonl
-from pacore.grading import grade, ground_truth_answer
-from pacore.problems import Problem, read_problems
+from pacore.cli.demo import demo_records, write_demo_jsonl
+from pacore.evaluate.grading import grade, ground_truth_answer
+from pacore.results.problems import Problem, read_problems
 
 
 def test_demo_problems_are_valid_and_gradable(tmp_path):

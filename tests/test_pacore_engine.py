@@ -8,9 +8,9 @@ from tiny_models import make_tiny_model  # noqa: E402
 
 from pacore.cli import main  # noqa: E402
 from pacore.config import RunConfig  # noqa: E402
-from pacore.io import read_results  # noqa: E402
+from pacore.results.files import read_results  # noqa: E402
 from pacore.runner import PaCoReRunner  # noqa: E402
-from pacore.stats import summary_path  # noqa: E402
+from pacore.results.files import summary_path  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 import pytest
 
-from pacore.grading import answers_equal, extract_answer, grade, ground_truth_answer, majority_vote
+from pacore.evaluate.grading import answers_equal, extract_answer, grade, ground_truth_answer, majority_vote
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -2,8 +2,9 @@ import json
 
 import pytest
 
-from pacore.io import OutputExistsError, PriorResults, ResultsWriter, prepare_output, read_results
-from pacore.problems import BadLine, Problem, read_problems
+from pacore.results.resume import OutputExistsError, PriorResults, prepare_output
+from pacore.results.files import ResultsWriter, read_results
+from pacore.results.problems import BadLine, Problem, read_problems
 
 
 def _write(path, lines):

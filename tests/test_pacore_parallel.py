@@ -12,12 +12,12 @@ import pytest
 
 from pacore.cli import main
 from pacore.config import RunConfig
-from pacore.dispatch import ReplicaError
-from pacore.io import partial_dir, read_results
-from pacore.lock import lock_path
-from pacore.parallel import replica_devices, run_data_parallel
+from pacore.replicas.driver import ReplicaError
+from pacore.results.files import snapshot_dir, read_results
+from pacore.results.lock import lock_path
+from pacore.replicas.processes import replica_devices, run_data_parallel
 from pacore.runner import PaCoReRunner
-from pacore.stats import summary_path
+from pacore.results.files import summary_path
 from pacore_fakes import FakeLLM
 
 
@@ -138,7 +138,7 @@ def test_a_killed_replica_hands_its_problems_to_the_other(tmp_path):
     assert dispatch["lost"] == {str(killed[0]): "killed by signal SIGKILL"}
     assert dispatch["problems_reassigned"] >= 1 and dispatch["duplicate_records_dropped"] == 0
     assert _comparable(cfg.out_path) == _comparable(_single(tmp_path, cfg))
-    assert os.listdir(partial_dir(cfg.out_path)) == []  # every snapshot was dropped with its finished round
+    assert os.listdir(snapshot_dir(cfg.out_path)) == []  # every snapshot was dropped with its finished round
 
 
 def test_a_replica_that_exits_is_reported(tmp_path):
@@ -165,11 +165,11 @@ def test_ctrl_c_saves_what_the_replicas_hold_and_resume_completes(tmp_path, caps
 
 
 def test_every_replica_lost_exits_1(tmp_path, monkeypatch, capsys):
-    import pacore.parallel
+    import pacore.replicas.processes
 
-    def lost(cfg, replicas, build_llm):
+    def lost(cfg, replicas, build_llm, pending=None):
         raise ReplicaError("all 2 replicas were lost with 1 problems left")
-    monkeypatch.setattr(pacore.parallel, "run_data_parallel", lost)
+    monkeypatch.setattr(pacore.replicas.processes, "run_data_parallel", lost)
     _problems(tmp_path / "in.jsonl", 1)
     assert main(["run", "--data", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "o.jsonl"),
                  "--data-parallel", "2"]) == 1

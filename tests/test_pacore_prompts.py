@@ -2,9 +2,9 @@ import random
 
 import pytest
 
+from engine.chat import chat_prompt_ids
 from pacore.prompts import (
     CONTROLLER_TEMPLATE,
-    chat_prompt_ids,
     last_user_index,
     render_controller_prompt,
     order_responses,

@@ -10,12 +10,12 @@ import pytest
 
 from pacore.cli import build_parser, main
 from pacore.config import RunConfig
-from pacore.io import read_results
-from pacore.problems import BadLine, Problem, read_problems
-from pacore.lock import ResultsLocked, lock_path, results_lock
-from pacore.parallel import run_data_parallel
+from pacore.results.files import read_results
+from pacore.results.problems import BadLine, Problem, read_problems
+from pacore.results.lock import ResultsLocked, lock_path, results_lock
+from pacore.replicas.processes import run_data_parallel
 from pacore.runner import PaCoReRunner
-from pacore.stats import summarize
+from pacore.evaluate.summary import summarize
 from pacore_fakes import FakeLLM
 from test_pacore_runner import default_script
 
@@ -119,9 +119,9 @@ with lock.results_lock({out!r}):
 
 def _holder(out, mode):
     """Another process holding the lock of ``out`` (the lock module alone, so no torch import)."""
-    import pacore.lock
+    import pacore.results.lock
 
-    code = _HOLDER.format(lock_py=pacore.lock.__file__, out=str(out))
+    code = _HOLDER.format(lock_py=pacore.results.lock.__file__, out=str(out))
     proc = subprocess.Popen([sys.executable, "-c", code, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True)
     assert proc.stdout.readline() == "locked\n"

@@ -4,9 +4,9 @@ import pytest
 
 from pacore.cli import main
 from pacore.config import RunConfig
-from pacore.io import read_results
+from pacore.results.files import read_results
 from pacore.runner import PaCoReRunner, run_pacore
-from pacore.stats import summary_path
+from pacore.results.files import summary_path
 from pacore_fakes import FakeLLM
 
 

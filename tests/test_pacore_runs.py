@@ -5,9 +5,9 @@ import statistics
 import pytest
 
 from pacore.cli import main
-from pacore.io import read_results, rounds_path
+from pacore.results.files import read_results, rounds_path
 from pacore.runner import PaCoReRunner
-from pacore.runs import draw, validate_runs
+from pacore.evaluate.runs import draw, validate_runs
 from pacore_fakes import FakeLLM
 from test_pacore_runner import _cfg, _problems
 

@@ -14,14 +14,14 @@ import torch
 
 from pacore.cli import build_llm, build_parser, main
 from pacore.config import RunConfig
-from pacore.io import read_results
+from pacore.results.files import read_results
 from pacore.runner import PaCoReRunner
-from pacore.stats import summary_path
+from pacore.results.files import summary_path
 from test_pacore_parallel import _comparable, _problems
 
 ray = pytest.importorskip("ray")
 
-from pacore.ray_replicas import run_on_ray  # noqa: E402
+from pacore.replicas.ray_actors import run_on_ray  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ class _Cluster:
 
 
 def test_ray_placement_counts_replicas_and_refuses_what_the_cluster_lacks():
-    from pacore.ray_replicas import _placement
+    from pacore.replicas.ray_actors import _placement
 
     assert _placement(_Cluster(gpus=8, cpus=64), None, 2) == (4, {"num_gpus": 2, "num_cpus": 1}, 0)  # GPUs // T
     assert _placement(_Cluster(gpus=8, cpus=64), 3, 2)[0] == 3

@@ -1,9 +1,9 @@
-"""Streamed text (pacore/serve/text.py): what is released is always the start of the final text."""
+"""Streamed text (engine/serve/text.py): what is released is always the start of the final text."""
 import random
 
 import pytest
 
-from pacore.serve.text import IncrementalText
+from engine.serve.text import IncrementalText
 
 
 def _final(tokenizer, ids, stops):

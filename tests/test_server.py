@@ -15,7 +15,7 @@ from server_helpers import metrics, serving, wait_until
 
 from engine import LLM, SamplingParams
 from pacore.cli import build_parser
-from pacore.serve.app import create_app
+from engine.serve.app import create_app
 
 KEY, MODEL = "test-key", "tiny"
 NO_EOS = {"ignore_eos": True}
@@ -108,7 +108,7 @@ def test_max_tokens_defaults_and_a_batch_of_prompts(server, client, tiny_model_d
 def test_the_rate_window_keeps_only_its_last_seconds_when_nobody_scrapes(server, client, monkeypatch):
     import itertools
 
-    from pacore.serve import engine_loop
+    from engine.serve import engine_loop
     clock = itertools.count(10 ** 6, engine_loop.RATE_WINDOW_S + 1)  # every step ends past the last one's window
     monkeypatch.setattr(engine_loop, "time", SimpleNamespace(monotonic=lambda: next(clock)))
     client.completions.create(model=MODEL, prompt="x", max_tokens=8, extra_body=NO_EOS)  # 8 steps, no /metrics
@@ -167,7 +167,7 @@ def test_a_stream_ends_with_the_non_streaming_text_and_stops_before_a_stop_strin
 def test_the_raw_event_stream(server, endpoint, monkeypatch):
     import itertools
 
-    from pacore.serve import protocol
+    from engine.serve import protocol
     clock = SimpleNamespace(time=itertools.count(1_000_000).__next__)  # a second passes at every reading
     monkeypatch.setattr(protocol, "time", clock)
     body = {"model": MODEL, "n": 2, "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True},
@@ -360,7 +360,7 @@ def test_serve_flags_reach_the_engine_and_the_app(monkeypatch):
     import uvicorn
 
     from pacore.cli import main
-    from pacore.serve import app as serve_app
+    from engine.serve import app as serve_app
     seen = {}
 
     class FakeLLM:

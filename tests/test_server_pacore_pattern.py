@@ -14,7 +14,7 @@ from server_helpers import metrics, serving
 from engine import LLM
 from pacore.compaction import reference_text
 from pacore.prompts import order_responses, round_messages
-from pacore.serve.app import create_app
+from engine.serve.app import create_app
 
 MODEL = "tiny"
 ROUNDS = [4, 2, 1]  # the reference's [32, 4] then 1, scaled to a tiny model

@@ -2,20 +2,21 @@
 
 Each replica is an actor that asks Ray for its ``--tensor-parallel`` GPUs (Ray sets its
 CUDA_VISIBLE_DEVICES) and wraps the same ReplicaWorker as a local replica process. The driver
-(pacore/dispatch.py) stays in the ``pacore run`` process: replies stream the records, checkpoints
+(replicas/driver.py) stays in the ``pacore run`` process: replies stream the records, checkpoints
 and snapshots back to it, so no node needs a shared filesystem, but each node needs this package
 installed and the model folder at the same path (the driver ships no weights).
 """
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 
-from .config import RunConfig
-from .dispatch import Replicas, run_replicated
-from .lock import results_lock
-from .replica import Reply, ReplicaWorker, Work
+from engine.spawn import split_threads
+
+from ..config import RunConfig
+from ..results.preflight import Pending
+from .driver import Replicas, run_replicated
+from .worker import Reply, Work, build_worker
 
 LOCAL = "local"  # `--ray` without an address: start a Ray cluster on this machine for the run
 
@@ -34,12 +35,13 @@ def import_ray():
 
 
 def run_on_ray(cfg: RunConfig, build_llm, address: str = LOCAL, replicas: int | None = None,
-               on_reply=None) -> dict:
+               on_reply=None, pending: Pending | None = None) -> dict:
     """Run ``cfg`` on Ray actors (``build_llm(cfg)`` in each); returns the run summary.
 
     ``address``: LOCAL starts a cluster on this machine; ``auto``, ``host:port`` or ``ray://host:port``
     joins a running one (an already initialized Ray is used as it is). ``replicas`` defaults to the
-    cluster's GPUs // tensor-parallel size, or one per node on a cluster without GPUs.
+    cluster's GPUs // tensor-parallel size, or one per node on a cluster without GPUs. ``pending``:
+    what a preflight found to do, its lock held (without it the driver takes its own).
     """
     ray = import_ray()
     owns = not ray.is_initialized()
@@ -49,9 +51,9 @@ def run_on_ray(cfg: RunConfig, build_llm, address: str = LOCAL, replicas: int | 
         else:
             ray.init(address=address)
     try:
-        count, options, threads = _placement(ray, replicas, int(cfg.engine_options.get("tensor_parallel_size", 1)))
-        with results_lock(cfg.out_path):  # a no-op when the CLI already holds it
-            return run_replicated(cfg, lambda: RayReplicas(ray, cfg, build_llm, count, options, threads), on_reply)
+        count, options, threads = _placement(ray, replicas, cfg.engine.tensor_parallel_size)
+        return run_replicated(cfg, lambda: RayReplicas(ray, cfg, build_llm, count, options, threads), on_reply,
+                              pending)
     finally:
         if owns:
             ray.shutdown()
@@ -77,7 +79,7 @@ def _placement(ray, replicas: int | None, tp: int) -> tuple[int, dict, int]:
     count = replicas or max(1, len(nodes))
     if count > cpus:
         raise ValueError(f"--ray: {count} CPU replicas need {count} CPUs but the Ray cluster has {cpus}")
-    per = max(1, cpus // count)  # replicas split the cluster's cores; SPREAD puts them on different nodes
+    per = split_threads(cpus, count)  # replicas split the cluster's cores; SPREAD puts them on different nodes
     return count, {"num_gpus": 0, "num_cpus": per, "scheduling_strategy": "SPREAD"}, per
 
 
@@ -85,12 +87,7 @@ class ReplicaActor:
     """A Ray actor around ReplicaWorker (made remote in RayReplicas, as Ray is imported lazily)."""
 
     def __init__(self, rank: int, cfg: RunConfig, build_llm, threads: int):
-        if threads:
-            import torch
-
-            torch.set_num_threads(threads)
-        profile = cfg.profile_dir and os.path.join(cfg.profile_dir, f"replica{rank}")
-        self._worker = ReplicaWorker(build_llm(cfg), cfg, profile)
+        self._worker = build_worker(rank, cfg, build_llm, threads)
 
     def advance(self, work: list[Work]) -> Reply:
         return self._worker.advance(work)

@@ -8,7 +8,8 @@ generated text and ``reasoning_content`` is "" (its streaming client joins an ab
 """
 from __future__ import annotations
 
-from .compaction import Trajectory
+from ..compaction import Trajectory
+from ..results.problems import BadLine
 from .grading import answers_equal, grade, majority_vote
 from .stats import RoundStats
 
@@ -46,4 +47,17 @@ def error_record(pid, run: int | None, error: str, line_no: int, **partial) -> d
     if run is not None:
         record["run"] = run
     record.update(partial)
+    return record
+
+
+def bad_line_record(line: BadLine) -> dict:
+    """The record of an input line that is no problem: keyed by its line (``keys.record_key``), so it
+    never counts as, or shadows, a problem of that id."""
+    return with_extra(error_record(line.id, None, line.error, line.line_no, input_error=True), line.extra)
+
+
+def with_extra(record: dict, extra: dict) -> dict:
+    """``record`` with the input's other keys (those it does not set itself) carried over."""
+    for key, value in extra.items():
+        record.setdefault(key, value)
     return record

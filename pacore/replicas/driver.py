@@ -1,7 +1,7 @@
 """The driver of a data-parallel run: it alone holds the pending problems and writes the files.
 
-Replicas (local processes, pacore/parallel.py, or Ray actors, pacore/ray_replicas.py) each answer
-one call at a time with the events of a slice of their run (pacore/replica.py). The driver replays
+Replicas (local processes, processes.py, or Ray actors, ray_actors.py) each answer
+one call at a time with the events of a slice of their run (worker.py). The driver replays
 the events on the results files, then tops the replica up to ``max_problems_in_flight + PREFETCH``
 problems, never more than its fair share of the unfinished ones (pending and held, over the live
 replicas, rounded up): a replica still loading leaves its share in the queue, not in another's
@@ -22,14 +22,15 @@ from typing import Protocol
 
 from tqdm import tqdm
 
-from .config import RunConfig
-from .problems import BadLine, Problem, problem_key, run_key
-from .records import error_record
-from .replica import CTRL_C, Reply, Work
-from .runs import POOL, PriorWork, runs_left, unit_key
-from .session import INTERRUPTED, pending_work
-from .sink import FileSink
-from .stats import write_summary
+from ..config import RunConfig
+from ..evaluate.records import bad_line_record, error_record, with_extra
+from ..evaluate.summary import write_summary
+from ..results.keys import POOL_RUN, pool_key, problem_key, run_key, unit_key
+from ..results.preflight import INTERRUPTED, Pending, preflight
+from ..results.problems import Problem
+from ..results.resume import PriorWork, runs_left
+from ..results.sink import FileSink
+from .worker import CTRL_C, Reply, Work
 
 PREFETCH = 2  # problems queued in a replica beyond those it runs, so it rarely waits for a round trip
 # A problem running on a replica that was lost this often is recorded as failed, not handed on again:
@@ -59,17 +60,21 @@ class Replicas(Protocol):
         """Stop the replicas (the run is over) and free what they hold."""
 
 
-def run_replicated(cfg: RunConfig, start: Callable[[], Replicas], on_reply=None) -> dict:
+def run_replicated(cfg: RunConfig, start: Callable[[], Replicas], on_reply=None,
+                   pending: Pending | None = None) -> dict:
     """Run ``cfg`` on the replicas ``start()`` launches; returns (and writes) the run summary.
 
-    ``on_reply(replicas, rank, reply)`` is called after each answer is written (tests kill replicas
-    from it). Raises ReplicaError, after writing the summary, when every replica was lost with
-    problems left (``--resume`` completes them).
+    ``pending``: what a preflight found to do, its results lock held (results/preflight.py); without
+    it this takes its own. ``on_reply(replicas, rank, reply)`` is called after each answer is written
+    (tests kill replicas from it). Raises ReplicaError, after writing the summary, when every replica
+    was lost with problems left (``--resume`` completes them).
     """
-    todo, prior = pending_work(cfg)
+    if pending is None:
+        with preflight(cfg, cfg.engine.max_model_len) as pending:
+            return run_replicated(cfg, start, on_reply, pending)
     sink = FileSink(cfg.out_path)
     try:
-        driver = _Driver(cfg, todo, prior, sink, on_reply)
+        driver = _Driver(cfg, pending, sink, on_reply)
         if driver.pending:
             replicas = start()
             try:
@@ -89,15 +94,14 @@ def run_replicated(cfg: RunConfig, start: Callable[[], Replicas], on_reply=None)
 
 
 class _Driver:
-    def __init__(self, cfg: RunConfig, todo: list[Problem | BadLine], prior: dict[str, PriorWork], sink: FileSink,
-                 on_reply):
-        self.cfg, self.prior, self.sink, self.on_reply = cfg, prior, sink, on_reply
+    def __init__(self, cfg: RunConfig, pending: Pending, sink: FileSink, on_reply):
+        self.cfg, self.prior, self.sink, self.on_reply = cfg, pending.prior, sink, on_reply
         self.target = cfg.max_problems_in_flight + PREFETCH
-        for item in todo:
-            if isinstance(item, BadLine):  # no replica needed: keyed by its line, as the runner does
-                self._write(error_record(item.id, None, item.error, item.line_no, input_error=True), item.extra)
+        for item in pending.todo:
+            if not isinstance(item, Problem):  # no replica needed: keyed by its line, as the runner does
+                self.sink.record(bad_line_record(item))
                 print(f"pacore: skipped {item.error}", file=sys.stderr)
-        self.pending: deque[Problem] = deque(x for x in todo if isinstance(x, Problem))
+        self.pending: deque[Problem] = deque(x for x in pending.todo if isinstance(x, Problem))
         self.assigned: dict[int, dict[str, Problem]] = {}  # rank -> its problems not yet closed
         self.suspects: dict[int, set[str]] = {}  # rank -> problems it had started at its latest answer
         self.calling: set[int] = set()  # ranks with a call outstanding
@@ -183,7 +187,7 @@ class _Driver:
     def _checkpointed(self, rec: dict) -> None:
         """Keep the driver's view of the problem current, so a reassigned run continues from here."""
         work = self.prior.setdefault(problem_key(rec["request_id"]), PriorWork())
-        if rec["run"] == POOL:
+        if rec["run"] == POOL_RUN:
             work.pool = rec
         else:  # a run started over (other settings on disk) replaces its rounds from this one on
             work.rounds[rec["run"]] = [r for r in work.rounds.get(rec["run"], []) if r["round"] < rec["round"]] + [rec]
@@ -212,7 +216,7 @@ class _Driver:
                  f"--resume runs it again")
         print(f"pacore: problem {problem.id!r} failed: {error}", file=sys.stderr)
         for run in runs_left(self.cfg, self.prior.get(problem.key)):
-            self._record(self._with_extra(error_record(problem.id, run, error, problem.line_no), problem.extra))
+            self._record(with_extra(error_record(problem.id, run, error, problem.line_no), problem.extra))
 
     # -- handing out problems ----------------------------------------------------------------
     def _dispatch(self) -> None:
@@ -238,10 +242,10 @@ class _Driver:
 
     def _snapshots(self, problem: Problem) -> dict[tuple[str, int], dict]:
         """The snapshots on disk of the problem's runs left (and pool), any round: the replica uses
-        those that match what it runs (pacore/partial.py)."""
+        those that match what it runs (results/snapshots.py)."""
         units = [unit_key(problem.key, run) for run in runs_left(self.cfg, self.prior.get(problem.key))]
         if self.cfg.pool:
-            units.append(unit_key(problem.key, POOL))
+            units.append(pool_key(problem.key))
         found = {}
         for unit in units:
             for round_no in range(1, len(self.cfg.schedule) + 1):
@@ -264,15 +268,6 @@ class _Driver:
                 "problems_reassigned": self.reassigned,
                 "problems_per_replica": [self.handed[r] for r in range(len(self.assigned))],
                 "duplicate_records_dropped": self.duplicates}
-
-    def _write(self, record: dict, extra: dict) -> None:
-        self.sink.record(self._with_extra(record, extra))
-
-    @staticmethod
-    def _with_extra(record: dict, extra: dict) -> dict:
-        for key, value in extra.items():
-            record.setdefault(key, value)
-        return record
 
 
 def _gist(text: str) -> str:

@@ -1,27 +1,23 @@
-"""Results out: durable appends, one record per problem kept on resume, round checkpoints."""
+"""Resume: what earlier sessions left in a results file, and what this session still has to do.
+
+``prepare_output`` reads the results file (a success record makes a run done, error records stay as
+history), ``select_pending`` picks the input lines to run, and ``read_prior_work`` gathers, per problem,
+its done runs, its checkpointed rounds and its pool, which the runner continues from (runner.py).
+"""
 from __future__ import annotations
 
-import fcntl
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from .problems import BadLine, Problem, run_key
+from ..config import RunConfig
+from .files import cut_torn_line, read_results, rounds_path, snapshot_dir
+from .keys import POOL_RUN, problem_key, record_key, run_key
+from .problems import BadLine, Problem
 
 
 class OutputExistsError(RuntimeError):
     """The output file already holds results and --resume was not given."""
-
-
-def rounds_path(out_path: str) -> str:
-    """The checkpoint file beside ``out_path``: one line per finished non-final round of a problem."""
-    return f"{out_path}.rounds.jsonl"
-
-
-def partial_dir(out_path: str) -> str:
-    """The folder beside ``out_path`` holding snapshots of unfinished rounds (pacore/partial.py)."""
-    return f"{out_path}.partial"
 
 
 @dataclass(slots=True)
@@ -31,16 +27,6 @@ class PriorResults:
     done: set[str] = field(default_factory=set)  # run keys (run_key) with a success record
     failed: set[str] = field(default_factory=set)  # run keys with error records only
     bad_lines: dict[int, str] = field(default_factory=dict)  # input line -> its latest recorded input error
-
-
-def record_key(rec: dict) -> tuple[str, str] | None:
-    """What a results record is about: ("problem", key), or ("line", N) for an input line that is no
-    problem (bad JSON, duplicate id, ...), so that such a line never counts as, or shadows, a problem."""
-    if rec.get("input_error") and isinstance(rec.get("line"), int):
-        return ("line", str(rec["line"]))
-    if "request_id" in rec:
-        return ("problem", run_key(rec["request_id"], rec.get("run", 0)))  # each run of a problem apart
-    return None
 
 
 def latest_records(records: list[dict]) -> list[dict]:
@@ -68,7 +54,7 @@ def prepare_output(path: str, resume: bool) -> PriorResults:
     problem done; error records stay in the file as history.
     """
     held = [p for p in (path, rounds_path(path)) if os.path.exists(p) and os.path.getsize(p) > 0]
-    snapshots = partial_dir(path)
+    snapshots = snapshot_dir(path)
     if not held and os.path.isdir(snapshots) and os.listdir(snapshots):
         held = [snapshots]
     if not held:
@@ -81,7 +67,7 @@ def prepare_output(path: str, resume: bool) -> PriorResults:
         )
     for p in held:
         if os.path.isfile(p):
-            _cut_torn_line(p)  # the torn line's problem (or round) is simply run again
+            cut_torn_line(p)  # the torn line's problem (or round) is simply run again
     prior = PriorResults()
     for rec in latest_records(read_results(path)):
         kind, key = record_key(rec)
@@ -127,74 +113,71 @@ def _n(count: int) -> str:
     return f"{count} problem{'' if count == 1 else 's'}"
 
 
-def same_file(a: str, b: str) -> bool:
-    """Whether two paths name one file (also through links or a different spelling)."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one does not exist yet
-        return os.path.realpath(a) == os.path.realpath(b)
+@dataclass(slots=True)
+class PriorWork:
+    """What earlier sessions finished of one problem: done runs, checkpointed rounds, its pool."""
+
+    runs_done: set[int] = field(default_factory=set)
+    rounds: dict[int, list[dict]] = field(default_factory=dict)  # run -> checkpoint records of rounds 1..r
+    pool: dict | None = None  # the pool's checkpoint record
 
 
-def _cut_torn_line(path: str) -> None:
-    with open(path, "rb+") as f:
-        data = f.read()
-        end = data.rfind(b"\n") + 1
-        if end < len(data):
-            f.truncate(end)
+def read_prior_work(cfg: RunConfig, todo: list, prior: PriorResults) -> dict[str, PriorWork]:
+    """Problem key -> what earlier sessions left of it, for the problems in ``todo``.
 
-
-def read_results(path: str) -> list[dict]:
-    """All well-formed records of a results file."""
-    out = []
-    if not os.path.exists(path):
-        return out
-    with open(path, "rb") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except ValueError:  # a torn or corrupted line (bad JSON or not UTF-8) is skipped
-                continue
-            if isinstance(rec, dict):
-                out.append(rec)
+    A run is done when it has a success record (or, with --skip-failed, only error records). Rounds
+    count only as a gapless sequence from round 1 (from round 2 with a pool: round 1 is the draw).
+    """
+    problems = {x.key: x for x in todo if isinstance(x, Problem)}
+    by_run: dict[str, dict[int, dict[int, dict]]] = {}
+    pools: dict[str, dict] = {}
+    for rec in read_results(rounds_path(cfg.out_path)):
+        key = problem_key(rec.get("request_id"))
+        if key not in problems or not isinstance(rec.get("round"), int):
+            continue
+        run = rec.get("run", 0)
+        if run == POOL_RUN:
+            pools[key] = rec
+        elif isinstance(run, int):
+            by_run.setdefault(key, {}).setdefault(run, {})[rec["round"]] = rec
+    out: dict[str, PriorWork] = {}
+    first = 2 if cfg.pool else 1
+    for key, problem in problems.items():
+        work = PriorWork(pool=pools.get(key))
+        for run in range(cfg.runs):
+            rk = run_key(problem.id, run)
+            if rk in prior.done or (cfg.skip_failed and rk in prior.failed):
+                work.runs_done.add(run)
+            rounds = by_run.get(key, {}).get(run, {})
+            seq = []
+            while first + len(seq) in rounds:
+                seq.append(rounds[first + len(seq)])
+            if seq:
+                work.rounds[run] = seq
+        if work.runs_done or work.rounds or work.pool:
+            out[key] = work
     return out
 
 
-class ResultsWriter:
-    """Appends one JSON line per problem and makes it durable before returning.
-
-    Safe with several writers on one file: each line is one ``write`` to an O_APPEND descriptor
-    under an exclusive lock, so lines never interleave.
-    """
-
-    def __init__(self, path: str):
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-
-    def write(self, record: dict) -> None:
-        data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        try:
-            while data:  # a regular file takes it in one call; a short write (disk full) continues
-                data = data[os.write(self._fd, data):]
-            os.fsync(self._fd)
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-    def close(self) -> None:
-        os.close(self._fd)
-
-    def __enter__(self) -> ResultsWriter:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+def runs_left(cfg: RunConfig, work: PriorWork | None) -> list[int]:
+    """The runs of a problem this session still has to do."""
+    done = work.runs_done if work else set()
+    return [run for run in range(cfg.runs) if run not in done]
 
 
-def write_json(path: str, obj: dict) -> None:
-    """Write a JSON document atomically (a reader never sees half of it)."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, ensure_ascii=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def usable_pool(cfg: RunConfig, work: PriorWork | None) -> dict | None:
+    """The problem's checkpointed pool, if it was sampled with this --pool and --seed."""
+    rec = work.pool if work else None
+    return rec if rec is not None and (rec.get("k"), rec.get("seed")) == (cfg.pool, cfg.seed) else None
+
+
+def usable_rounds(cfg: RunConfig, work: PriorWork | None, run: int, first: int) -> tuple[list[dict], bool]:
+    """A run's checkpointed rounds from round ``first`` + 1 on, short of the final round, and whether
+    they had to be dropped because they were run with other settings."""
+    schedule = cfg.schedule
+    records = (work.rounds.get(run, []) if work else [])[: len(schedule) - 1 - first]
+    expected = [(k, cfg.seed, cfg.shuffle, cfg.pool) for k in schedule[first:]]
+    if any((rec.get("k"), rec.get("seed"), rec.get("shuffle"), rec.get("pool")) != want
+           for rec, want in zip(records, expected)):
+        return [], True
+    return records, False

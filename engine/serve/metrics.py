@@ -1,5 +1,5 @@
 """Prometheus metrics: the server's request and token counters, and the engine's own counters and
-gauges read at scrape time from the engine thread's last snapshot."""
+gauges read at scrape time from the stats the engine thread last published."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -29,7 +29,7 @@ class _EngineCollector:
         self.engine = engine
 
     def collect(self):
-        stats = self.engine.snapshot  # one dict, replaced whole by the engine thread
+        stats = self.engine.latest_stats  # one dict, replaced whole by the engine thread
         for key, (name, doc) in _ENGINE_COUNTERS.items():
             yield CounterMetricFamily(name, doc, value=stats[key])
         for key, (name, doc) in _ENGINE_GAUGES.items():

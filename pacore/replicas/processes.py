@@ -2,9 +2,9 @@
 
 PaCoRe problems are independent, so a node scales by replicas: ``--data-parallel D`` runs D
 engines, each on ``--tensor-parallel T`` GPUs of its own. The parent process is the driver
-(pacore/dispatch.py): it hands problems to whichever replica has room and alone writes the results
-file, the round checkpoints and the snapshots, under the run lock it holds (pacore/lock.py), so
-``--resume`` works unchanged. Each replica talks to it over one pipe (pacore/replica.py).
+(replicas/driver.py): it hands problems to whichever replica has room and alone writes the results
+file, the round checkpoints and the snapshots, under the run lock it holds (results/lock.py), so
+``--resume`` works unchanged. Each replica talks to it over one pipe (replicas/worker.py).
 """
 from __future__ import annotations
 
@@ -18,10 +18,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
 
-from .config import RunConfig
-from .dispatch import Replicas, run_replicated
-from .lock import results_lock
-from .replica import CTRL_C, Reply, ReplicaWorker, Work
+from engine.spawn import spawn_on_pipe, split_threads
+
+from ..config import RunConfig
+from ..results.preflight import Pending
+from .driver import Replicas, run_replicated
+from .worker import CTRL_C, Reply, Work, build_worker
 
 
 def replica_devices(replicas: int, tensor_parallel: int = 1) -> list[str | None]:
@@ -42,18 +44,19 @@ def replica_devices(replicas: int, tensor_parallel: int = 1) -> list[str | None]
     return [",".join(ids[r * tensor_parallel:(r + 1) * tensor_parallel]) for r in range(replicas)]
 
 
-def run_data_parallel(cfg: RunConfig, replicas: int, build_llm, on_reply=None) -> dict:
+def run_data_parallel(cfg: RunConfig, replicas: int, build_llm, on_reply=None,
+                      pending: Pending | None = None) -> dict:
     """Run ``cfg`` on ``replicas`` engines (``build_llm(cfg)`` in each process); returns the run summary.
 
-    Each replica takes ``cfg.engine_options["tensor_parallel_size"]`` GPUs. Raises ReplicaError (after
-    writing the summary) when every replica was lost with problems left, ValueError when the GPUs are
-    too few, and ResultsLocked (before starting anything) when another run holds the results file.
+    Each replica takes ``cfg.engine.tensor_parallel_size`` GPUs. ``pending``: what a preflight found to
+    do, its lock held (without it the driver takes its own). Raises ReplicaError (after writing the
+    summary) when every replica was lost with problems left, ValueError when the GPUs are too few, and
+    ResultsLocked (before starting anything) when another run holds the results file.
     """
     if replicas < 1:
         raise ValueError(f"--data-parallel must be at least 1, got {replicas}")
-    devices = replica_devices(replicas, int(cfg.engine_options.get("tensor_parallel_size", 1)))
-    with results_lock(cfg.out_path):  # a no-op when the CLI already holds it
-        return run_replicated(cfg, lambda: ProcessReplicas(cfg, build_llm, devices), on_reply)
+    devices = replica_devices(replicas, cfg.engine.tensor_parallel_size)
+    return run_replicated(cfg, lambda: ProcessReplicas(cfg, build_llm, devices), on_reply, pending)
 
 
 class ProcessReplicas(Replicas):
@@ -62,21 +65,17 @@ class ProcessReplicas(Replicas):
     def __init__(self, cfg: RunConfig, build_llm, devices: list[str | None]):
         self.count = len(devices)
         # On a CPU host the replicas split the cores instead of each oversubscribing all of them.
-        threads = max(1, (os.cpu_count() or 1) // self.count) if devices[0] is None else 0
-        ctx = mp.get_context("spawn")  # a fresh interpreter per replica: CUDA cannot survive a fork
+        threads = split_threads(os.cpu_count() or 1, self.count) if devices[0] is None else 0
         self.processes: list[mp.Process] = []
         self._conns: list[Connection] = []
         self._calling: set[int] = set(range(self.count))  # each answers first once its engine is built
         self._lost: list[tuple[int, str]] = []  # replicas found gone while handing them work
         try:
             for rank, device in enumerate(devices):
-                conn, child = ctx.Pipe()
                 with _env("CUDA_VISIBLE_DEVICES", device):
                     # not daemonic: a tensor-parallel engine starts worker processes of its own
-                    p = ctx.Process(target=_serve, name=f"pacore-replica-{rank}", daemon=False,
-                                    args=(rank, cfg, build_llm, threads, child))
-                    p.start()
-                child.close()  # so the parent's end reads EOF once the replica is gone
+                    p, conn = spawn_on_pipe(_serve, (rank, cfg, build_llm, threads), f"pacore-replica-{rank}",
+                                            daemon=False)
                 self.processes.append(p)
                 self._conns.append(conn)
         except BaseException:  # e.g. Ctrl-C while starting: no one would hold these to stop them
@@ -160,12 +159,7 @@ def _serve(rank: int, cfg: RunConfig, build_llm, threads: int, conn: Connection)
     signal.signal(signal.SIGINT, _interrupt_once)
     worker = None
     try:
-        import torch
-
-        if threads:
-            torch.set_num_threads(threads)
-        profile = cfg.profile_dir and os.path.join(cfg.profile_dir, f"replica{rank}")
-        worker = ReplicaWorker(build_llm(cfg), cfg, profile)
+        worker = build_worker(rank, cfg, build_llm, threads)
         work: list[Work] | None = []
         while work is not None:
             reply = worker.advance(work)

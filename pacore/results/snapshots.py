@@ -5,7 +5,7 @@ finished. It is rewritten atomically at every snapshot and deleted when the roun
 ``--resume`` the round's request is re-added with it (``LLM.add_request(resume=...)``) and every
 trajectory continues where it stopped, drawing the same tokens as if it never had. A replica of a
 data-parallel run never writes these files: it sends the snapshot record to the driver
-(pacore/sink.py), which writes it here and ships it back with the problem when the problem moves.
+(results/sink.py), which writes it here and ships it back with the problem when the problem moves.
 """
 from __future__ import annotations
 
@@ -13,14 +13,17 @@ import hashlib
 import os
 from array import array
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from .io import partial_dir
+from .files import snapshot_dir
 
-Partial = list[tuple[list[int], str | None]]  # per trajectory: its tokens so far, its finish reason
+if TYPE_CHECKING:
+    from engine.sequence import Partial  # one trajectory: its tokens so far, its finish reason
 
 
-def snapshot_record(key: str, round_no: int, k: int, seed: int, prompt: list[int], partial: Partial) -> dict:
+def snapshot_record(key: str, round_no: int, k: int, seed: int, prompt: list[int], partial: list[Partial]) -> dict:
     """What a snapshot holds: the trajectories' tokens and what they must match to be continued.
 
     Tokens are int32 arrays: compact, and plain to pickle between processes (a tensor sent through a
@@ -30,7 +33,7 @@ def snapshot_record(key: str, round_no: int, k: int, seed: int, prompt: list[int
             "tokens": [array("i", t) for t, _ in partial], "finish_reasons": [reason for _, reason in partial]}
 
 
-def usable_snapshot(rec: dict | None, key: str, k: int, seed: int, prompt: list[int]) -> Partial | None:
+def usable_snapshot(rec: dict | None, key: str, k: int, seed: int, prompt: list[int]) -> list[Partial] | None:
     """The trajectories of ``rec`` if it was taken with the same K, seed and prompt tokens, else None."""
     if rec is None or (rec.get("key"), rec.get("k"), rec.get("seed"), rec.get("prompt")) != (key, k, seed,
                                                                                            _digest(prompt)):
@@ -38,14 +41,16 @@ def usable_snapshot(rec: dict | None, key: str, k: int, seed: int, prompt: list[
     return [(t.tolist(), reason) for t, reason in zip(rec["tokens"], rec["finish_reasons"])]
 
 
-class PartialStore:
+class SnapshotStore:
+    """The snapshot files of a results file, one per (unit, round), in ``OUT.partial/``."""
+
     def __init__(self, out_path: str):
-        self.dir = partial_dir(out_path)
+        self.dir = snapshot_dir(out_path)
 
     def _path(self, key: str, round_no: int) -> str:
         return os.path.join(self.dir, f"{hashlib.sha1(key.encode()).hexdigest()[:24]}.r{round_no}.pt")
 
-    def save(self, key: str, round_no: int, k: int, seed: int, prompt: list[int], partial: Partial) -> None:
+    def save(self, key: str, round_no: int, k: int, seed: int, prompt: list[int], partial: list[Partial]) -> None:
         self.write(snapshot_record(key, round_no, k, seed, prompt, partial))
 
     def write(self, record: dict) -> None:
@@ -71,7 +76,7 @@ class PartialStore:
         except Exception:
             return None
 
-    def load(self, key: str, round_no: int, k: int, seed: int, prompt: list[int]) -> Partial | None:
+    def load(self, key: str, round_no: int, k: int, seed: int, prompt: list[int]) -> list[Partial] | None:
         """The snapshot of this round, if one was taken with the same K, seed and prompt tokens."""
         return usable_snapshot(self.read(key, round_no), key, k, seed, prompt)
 

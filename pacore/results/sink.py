@@ -1,26 +1,26 @@
 """Where a runner's output goes: into the files itself, or back to the driver of a data-parallel run.
 
-A runner produces five kinds of output (a results record, a round checkpoint, a snapshot of a
-round in flight, the removal of that snapshot, a problem closed) and reads one (the snapshot a round
-continues from). ``FileSink`` writes them beside the results file; ``EventSink`` queues them as
+A runner's journal (journal.py) produces five kinds of output (a results record, a round checkpoint,
+a snapshot of a round in flight, the removal of that snapshot, a problem closed) and reads one (the
+snapshot a round continues from). ``FileSink`` writes them beside the results file; ``EventSink`` queues them as
 ``(method, args)`` events that the driver replays on its own ``FileSink``, in order, so the driver
 alone writes the files and a replica needs no shared filesystem.
 """
 from __future__ import annotations
 
-from .io import ResultsWriter, rounds_path
-from .partial import PartialStore
+from .files import ResultsWriter, rounds_path
+from .snapshots import SnapshotStore
 
 Event = tuple[str, tuple]  # a FileSink method name and its arguments
 
 
 class FileSink:
-    """The results file, its round checkpoints and its snapshot folder (pacore/io.py, pacore/partial.py)."""
+    """The results file, its round checkpoints and its snapshot folder (files.py, snapshots.py)."""
 
     def __init__(self, out_path: str):
         self._results = ResultsWriter(out_path)
         self._rounds = ResultsWriter(rounds_path(out_path))
-        self._partials = PartialStore(out_path)
+        self._snapshots = SnapshotStore(out_path)
 
     def record(self, record: dict) -> None:
         self._results.write(record)
@@ -29,13 +29,13 @@ class FileSink:
         self._rounds.write(record)
 
     def snapshot(self, record: dict) -> None:
-        self._partials.write(record)
+        self._snapshots.write(record)
 
     def drop_snapshot(self, key: str, round_no: int) -> None:
-        self._partials.drop(key, round_no)
+        self._snapshots.drop(key, round_no)
 
     def load_snapshot(self, key: str, round_no: int) -> dict | None:
-        return self._partials.read(key, round_no)
+        return self._snapshots.read(key, round_no)
 
     def closed(self, problem_key: str) -> None:
         pass  # only a driver needs to know: the problem left its replica

@@ -1,17 +1,19 @@
-"""``pacore serve``: its flags and entry point. Imports neither torch nor FastAPI until it runs."""
+"""The ``serve`` command: its flags and entry point (``pacore serve`` calls these). Imports neither
+torch nor FastAPI until it runs."""
 from __future__ import annotations
 
 import argparse
 import os
 import sys
 
+from engine.config import ENGINE_FLAGS, add_engine_flags, engine_kwargs, positive_int
+
 SERVE_EXTRA_HINT = "pacore serve needs the serve extra: pip install -e '.[serve]' (fastapi, uvicorn, prometheus-client)"
+SERVE_FLAGS = ENGINE_FLAGS + ("seed",)  # the engine seed, for requests without one
 
 
 def add_serve_parser(sub) -> argparse.ArgumentParser:
-    """Register ``pacore serve`` on the ``pacore`` subparsers."""
-    from pacore.cli import _positive, _seed, add_llm_flags  # the run command's checks and flags, one rule each
-
+    """Register the ``serve`` command on a command line's subparsers."""
     p = sub.add_parser(
         "serve", help="serve the model over an OpenAI-compatible HTTP API",
         description="Serve the model over an OpenAI-compatible HTTP API: /v1/chat/completions, /v1/completions, "
@@ -26,11 +28,9 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "smollm2-135m for the embedded model)")
     p.add_argument("--api-key", default=os.environ.get("PACORE_API_KEY"), metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on /v1 routes (default: $PACORE_API_KEY, else none)")
-    p.add_argument("--max-queue", type=_positive, default=1024, metavar="N",
+    p.add_argument("--max-queue", type=positive_int, default=1024, metavar="N",
                    help="generation requests held at once, running or waiting; more get 429 (default 1024)")
-    g = p.add_argument_group("engine")
-    add_llm_flags(g)
-    g.add_argument("--seed", type=_seed, default=0, help="engine seed for requests without one (default 0)")
+    add_engine_flags(p.add_argument_group("engine"), SERVE_FLAGS)
     return p
 
 
@@ -41,7 +41,7 @@ def served_name(model: str | None) -> str:
 
 
 def main(args) -> int:
-    """Run ``pacore serve`` until interrupted; returns the exit status."""
+    """Run the server until interrupted; returns the exit status."""
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
@@ -51,12 +51,11 @@ def main(args) -> int:
         return 2
     from engine import LLM
 
-    from ..cli import llm_options
     from .app import create_app
 
     model = None if args.model in (None, "default") else args.model
     try:
-        llm = LLM(model, seed=args.seed, **llm_options(args))
+        llm = LLM(model, seed=args.seed, **engine_kwargs(args, ENGINE_FLAGS))
     except (FileNotFoundError, ValueError) as e:  # a bad path or option, said before anything listens
         print(f"pacore: {e}", file=sys.stderr)
         return 2

@@ -5,6 +5,8 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from .keys import problem_key
+
 _BOM = b"\xef\xbb\xbf"
 
 
@@ -34,18 +36,6 @@ class BadLine:
     id: object
     error: str
     extra: dict = field(default_factory=dict)
-
-
-def problem_key(pid: object) -> str:
-    """The identity used for resume and duplicate checks (ids 7 and "7" are the same problem)."""
-    return str(pid)
-
-
-def run_key(pid: object, run: object = 0) -> str:
-    """The resume identity of run ``run`` of a problem (``pacore run --runs``): its problem key for run 0
-    (and for records without a "run"), the key and the run joined by a unit separator otherwise."""
-    key = problem_key(pid)
-    return key if not run else f"{key}\x1frun{run}"
 
 
 def _validate(obj: object) -> str | None:

@@ -1,25 +1,28 @@
 """One engine replica's side of a data-parallel run: problems in, events out, one slice at a time.
 
-The driver (pacore/dispatch.py) calls ``advance`` with the problems it hands this replica; the
+The driver (driver.py) calls ``advance`` with the problems it hands this replica; the
 replica runs engine steps until it has something to report (a record, a round checkpoint, a
 snapshot, a problem closed) or ``slice_s`` passes, and answers with those events and its session
 stats. The engine keeps its requests between calls. The same worker serves a local process
-(pacore/parallel.py) and a Ray actor (pacore/ray_replicas.py): only the transport differs.
+(processes.py) and a Ray actor (ray_actors.py): only the transport differs.
 """
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 import traceback
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
-from .config import RunConfig
-from .problems import Problem
-from .runner import PaCoReRunner
-from .runs import PriorWork
-from .session import profiled
-from .sink import Event, EventSink
+from engine.profiler import profiled
+from engine.spawn import use_threads
+
+from ..config import RunConfig
+from ..results.problems import Problem
+from ..results.resume import PriorWork
+from ..results.sink import Event, EventSink
+from ..runner import PaCoReRunner
 
 CTRL_C = "interrupted"  # Reply.error of a replica stopped by Ctrl-C (after snapshotting)
 
@@ -80,3 +83,11 @@ class ReplicaWorker:
 
     def _reply(self, error: str | None = None) -> Reply:
         return Reply(self._sink.take(), self.runner.session_stats(), error, self.runner.started)
+
+
+def build_worker(rank: int, cfg: RunConfig, build_llm, threads: int) -> ReplicaWorker:
+    """Replica ``rank``'s worker, in its own process or actor: ``build_llm(cfg)`` on ``threads`` torch
+    threads (0: torch's default), profiled into ``DIR/replicaR`` with ``--profile DIR``."""
+    use_threads(threads)
+    profile = cfg.profile_dir and os.path.join(cfg.profile_dir, f"replica{rank}")
+    return ReplicaWorker(build_llm(cfg), cfg, profile)

@@ -16,9 +16,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from engine.chat import chat_prompt_ids
 from engine.sampling_params import SamplingParams
 
-from ..prompts import chat_prompt_ids
 from .text import IncrementalText
 
 log = logging.getLogger("pacore.serve")
@@ -99,7 +99,7 @@ class EngineLoop:
         self._owner: dict[str, tuple[Job, int]] = {}  # engine request id -> (job, prompt index)
         self._rates_lock = threading.Lock()
         self._recent: deque[tuple[float, int, int]] = deque()  # (time, prefill, decode tokens) per step
-        self.snapshot: dict = self._stats()      # replaced whole after every change; read by /metrics
+        self.latest_stats: dict = self._stats()  # replaced whole after every change; read by /metrics
         self._thread = threading.Thread(target=self._run, name="pacore-engine", daemon=True)
 
     # -- any thread ------------------------------------------------------------------------
@@ -162,7 +162,7 @@ class EngineLoop:
                 inbox = []
                 if self.llm.has_unfinished():
                     self._step()
-                self.snapshot = self._stats()
+                self.latest_stats = self._stats()
         except BaseException as e:  # an engine bug: refuse new work, fail what is open
             log.exception("engine thread failed")
             self.error = e
@@ -229,7 +229,7 @@ class EngineLoop:
 
     def _step(self) -> None:
         from engine.llm import StepError
-        before = self.snapshot
+        before = self.latest_stats
         try:
             outputs = self.llm.step()
         except StepError as e:  # its requests are aborted; fail their jobs, every other one goes on
@@ -239,7 +239,7 @@ class EngineLoop:
                 if owner is not None and owner[0].id in self._jobs:
                     self._drop(owner[0])
                     owner[0].emit(Failed(500, f"engine step failed: {e.cause!r}"))
-        self.snapshot = stats = self._stats()  # before any reply leaves: /metrics then counts its tokens
+        self.latest_stats = stats = self._stats()  # before any reply leaves: /metrics then counts its tokens
         now = time.monotonic()
         with self._rates_lock:  # pruned here too: a server nobody scrapes must not keep every step
             self._forget_before(now - RATE_WINDOW_S)

@@ -4,7 +4,7 @@
 (kill -9 included): a lock file left behind by a dead run is taken over, never waited on. The
 holder's pid is written into the file only to name it in the message a second run gets.
 Data-parallel replicas never take this lock, nor write the results: they send their records to the
-parent (pacore/dispatch.py), which writes them under it.
+parent (replicas/driver.py), which writes them under it.
 """
 from __future__ import annotations
 
