@@ -62,7 +62,7 @@ def test_the_readme_command_reproducing_the_paper_parses_to_its_settings():
     import shlex
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme.split("## Reproduce the paper", 1)[1]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     argv = shlex.split(block.replace("\\\n", " "))

@@ -344,7 +344,7 @@ def test_an_engine_that_is_gone_answers_503_and_nobody_hangs(tiny_model_dir, how
 
 
 def test_the_readme_serve_commands_parse():
-    section = (Path(__file__).resolve().parent.parent / "README.md").read_text().split(
+    section = (Path(__file__).resolve().parents[2] / "README.md").read_text().split(
         "## Serve an OpenAI-compatible API", 1)[1]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     commands = [shlex.split(line, comments=True) for line in block.replace("\\\n", " ").splitlines() if line.strip()]

@@ -126,7 +126,7 @@ def test_ray_flags_are_documented_and_a_missing_ray_is_named(tmp_path, monkeypat
     run_help = parser._subparsers._group_actions[0].choices["run"].format_help()
     for flag in ("--ray [ADDRESS]", "--data-parallel D", "--tensor-parallel T"):
         assert flag in run_help
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme.split("## On a node of GPUs and on a cluster", 1)[1].split("\n## ", 1)[0]
     commands = [line.split("pacore ", 1)[1] for line in section.splitlines() if line.startswith(".venv/bin/pacore ")]
     assert len(commands) == 4

@@ -175,7 +175,7 @@ def test_workers_exit_when_rank0_is_killed(tmp_path):
     import sys
     folder = make_tiny_model(tmp_path / "m", "llama")
     proc = subprocess.Popen([sys.executable, "-c", _ORPHAN_SCRIPT, str(folder)], stdout=subprocess.PIPE, text=True,
-                            cwd=os.path.dirname(os.path.dirname(__file__)))
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     try:
         pids = [int(p) for p in proc.stdout.readline().split()]
         assert pids and all(_running(p) for p in pids)
