@@ -1,11 +1,15 @@
 """The round state machine: every run of every problem advances through its rounds on its own, sharing
-one engine. What it writes and continues from is its journal's (results/journal.py)."""
+one engine. What it writes and continues from is its journal's (results/journal.py); what it moves
+through the rounds is unit.py's.
+
+Over 300 lines: one class, whose session API (run, process, begin/add/step for a replica) and round
+transitions (start, submit, finish, fail) share its state and read best together.
+"""
 from __future__ import annotations
 
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 from engine.llm import StepError
 from engine.sampling_params import SamplingParams
@@ -15,83 +19,18 @@ from .compaction import Trajectory
 from .config import RunConfig
 from .evaluate.grading import grade, ground_truth_answer
 from .evaluate.records import bad_line_record, error_record, run_record, with_extra
-from .evaluate.runs import draw, drawn_round, planned, pool_seed, sample_seed, shuffle_seed, validate_runs
+from .evaluate.runs import draw, drawn_round, planned, shuffle_seed, validate_runs
 from .evaluate.stats import RoundStats, round_stats_from_output
 from .evaluate.summary import show_summary, write_summary
 from .progress import Progress
 from .prompts import order_responses
 from .results.journal import Journal
-from .results.keys import pool_key, request_id, unit_key
+from .results.keys import request_id
 from .results.preflight import INTERRUPTED, Pending, preflight
 from .results.problems import BadLine, Problem
 from .results.resume import PriorWork, runs_left
 from .results.sink import FileSink
-
-
-@dataclass(slots=True)
-class InFlight:
-    """A round in the engine: its prompt, the tokens it resumed, and what its stats report."""
-
-    prompt: list[int] = field(default_factory=list)
-    resumed_tokens: int = 0
-    references: int = 0
-    dropped: int = 0
-    truncated: int = 0
-    truncated_tokens: int = 0
-
-
-@dataclass(slots=True)
-class Unit:
-    """One run of a problem, advancing through its rounds."""
-
-    problem: Problem
-    gold: str | None
-    run: int = 0
-    round_idx: int = 0  # the round in flight, 0-based
-    rounds: list[list[Trajectory]] = field(default_factory=list)  # each in its recorded (reference) order
-    stats: list[RoundStats] = field(default_factory=list)
-    pool: dict | None = None  # a run drawn from a pool: what it drew, for its record
-    current: InFlight = field(default_factory=InFlight)
-
-    @property
-    def key(self) -> str:
-        return unit_key(self.problem.key, self.run)
-
-    @property
-    def runs(self) -> list[int]:
-        return [self.run]
-
-    def sampling(self, cfg: RunConfig) -> tuple[int, int]:
-        """(n, seed) of its round in flight; per problem, run and round, so results do not depend on
-        what else was scheduled."""
-        return cfg.schedule[self.round_idx], sample_seed(cfg.seed, self.problem.key, self.run, self.round_idx)
-
-    def left(self, cfg: RunConfig) -> tuple[int, int]:
-        """(trajectories, rounds) it still had to generate, for the progress bar."""
-        return sum(cfg.schedule[self.round_idx:]), len(cfg.schedule) - self.round_idx
-
-
-@dataclass(slots=True)
-class Pool:
-    """A problem's round-1 pool: one request with n=--pool whose trajectories its runs draw from."""
-
-    problem: Problem
-    gold: str | None
-    runs: list[int]  # the runs that draw from it
-    current: InFlight = field(default_factory=InFlight)
-    round_idx = 0  # a pool is always round 1
-    rounds = ()  # nor has it rounds before it
-    stats = ()
-
-    @property
-    def key(self) -> str:
-        return pool_key(self.problem.key)
-
-    def sampling(self, cfg: RunConfig) -> tuple[int, int]:
-        return cfg.pool, pool_seed(cfg.seed, self.problem.key)
-
-    def left(self, cfg: RunConfig) -> tuple[int, int]:
-        return planned(cfg, len(self.runs))
+from .unit import InFlight, Pool, Unit
 
 
 class PaCoReRunner:
