@@ -10,7 +10,7 @@ from engine.config import engine_kwargs
 from ..config import PRESETS, RunConfig
 from ..results.files import same_file
 from ..results.lock import ResultsLocked
-from ..results.preflight import Pending, check_settings, preflight
+from ..results.preflight import Pending, SettingsRefused, preflight
 from ..results.resume import OutputExistsError
 from .flags import EMBEDDED_MODEL_MAX_TOKENS
 
@@ -67,11 +67,11 @@ def refused_paths(args) -> str | None:
 
 def run(args, cfg: RunConfig) -> int:
     """Check, then run ``cfg``; returns the exit status. Everything that can be refused is refused before
-    a model loads: the settings, the model's context against the budget, the results lock and path."""
+    a model loads: the model's config (its context, whether --tensor-parallel splits it), then, in the
+    one preflight, the settings, the budget against that context, the results lock and path."""
     try:
-        check_settings(cfg, cfg.engine.max_model_len)  # known from the flags: said before reading the model
         context = _model_context(cfg)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, RuntimeError) as e:  # no such model, or a size that cannot split it
         print(f"pacore: {e}", file=sys.stderr)
         return 2
     try:
@@ -79,7 +79,7 @@ def run(args, cfg: RunConfig) -> int:
             if args.ray is not None or (args.data_parallel or 1) > 1:
                 return _run_replicated(cfg, pending, args.data_parallel, args.ray)
             return _run_one(cfg, pending)
-    except (OutputExistsError, ResultsLocked, ValueError) as e:
+    except (SettingsRefused, OutputExistsError, ResultsLocked) as e:
         print(f"pacore: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

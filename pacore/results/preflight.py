@@ -18,6 +18,10 @@ INTERRUPTED = ("pacore: interrupted; finished problems are saved in {out}. "
                "Run again with --resume to complete the rest.")
 
 
+class SettingsRefused(ValueError):
+    """Settings that cannot work (--runs/--pool, a --max-tokens beyond the context), refused before any work."""
+
+
 @dataclass(slots=True)
 class Pending:
     """What a session runs: the input lines not yet in the output, and what earlier sessions did of
@@ -39,10 +43,13 @@ def preflight(cfg: RunConfig, max_model_len: int | None) -> Iterator[Pending]:
     """Check ``cfg``, then hold the results lock while the run goes on and yield what it has to do.
 
     ``max_model_len``: the engine's context, when known before the run (None: the budget was checked
-    where it is known). Raises ValueError for bad settings, ResultsLocked when another run holds the
+    where it is known). Raises SettingsRefused (a ValueError) for bad settings, ResultsLocked when another run holds the
     results file, OutputExistsError for a non-empty output without --resume; all before any work.
     """
-    check_settings(cfg, max_model_len)
+    try:
+        check_settings(cfg, max_model_len)
+    except ValueError as e:
+        raise SettingsRefused(str(e)) from None
     with results_lock(cfg.out_path):
         prior = prepare_output(cfg.out_path, cfg.resume)
         todo, note = select_pending(read_problems(cfg.data_path), prior, cfg.skip_failed, cfg.runs)
