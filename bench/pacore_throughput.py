@@ -74,7 +74,8 @@ def problem_texts(tok, n: int, length: int, seed: int) -> list[str]:
 
 def round_prompts(tok, texts: list[str], previous: list[list[str]] | None, cap: int) -> list[list[int]]:
     from pacore.compaction import compact, keep_last_tokens
-    from pacore.prompts import chat_prompt_ids, round_messages
+    from engine.chat import chat_prompt_ids
+    from pacore.prompts import round_messages
     prompts = []
     for i, text in enumerate(texts):
         refs = [keep_last_tokens(compact(t).message, tok, cap)[0] for t in previous[i]] if previous else []

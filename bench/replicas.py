@@ -17,7 +17,7 @@ import tempfile
 
 from pacore.cli import build_llm
 from pacore.config import RunConfig, parse_rounds
-from pacore.demo import demo_records
+from pacore.cli.demo import demo_records
 
 
 def workload(path: str, problems: int) -> None:
@@ -33,11 +33,11 @@ def measure(cfg: RunConfig, replicas: int, ray: bool) -> dict:
     out = tempfile.mkdtemp(prefix="pacore_replicas_")
     run = dataclasses.replace(cfg, out_path=os.path.join(out, "results.jsonl"))
     if ray:
-        from pacore.ray_replicas import run_on_ray
+        from pacore.replicas.ray_actors import run_on_ray
 
         summary = run_on_ray(run, build_llm, replicas=replicas)
     else:
-        from pacore.parallel import run_data_parallel
+        from pacore.replicas.processes import run_data_parallel
 
         summary = run_data_parallel(run, replicas, build_llm)
     s = summary["run"]

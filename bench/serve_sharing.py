@@ -35,8 +35,8 @@ def measure(model: str | None, k: int, max_tokens: int, requests: int, n: int, p
     from prometheus_client.parser import text_string_to_metric_families
 
     from engine import LLM
-    from pacore.serve.app import create_app
-    from pacore.serve.background import serve_in_background
+    from engine.serve.app import create_app
+    from engine.serve.background import serve_in_background
 
     def prefill(base: str) -> float:
         families = text_string_to_metric_families(httpx.get(f"{base}/metrics").text)

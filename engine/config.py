@@ -1,16 +1,20 @@
 """Model and engine configuration: what the decoder needs from a Hugging Face folder, checked."""
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it is used: `pacore --help` reads the flags below without it
+    import torch
 
 # One decoder covers all three; the flags below say where they differ.
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
 SUPPORTED_ROPE_TYPES = {"default", "linear", "llama3", "yarn"}
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names
 
 
 @dataclass(slots=True)
@@ -95,6 +99,7 @@ class ModelConfig:
 
     def rope_cos_sin(self, max_positions: int) -> torch.Tensor:
         """fp32 [max_positions, head_dim]: cos | sin, scaling and attention factor folded in."""
+        import torch
         from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
         hf = self.hf_config
         if self.rope_type == "default":
@@ -127,15 +132,60 @@ def merged_rope_parameters(hf, rope_scaling: dict) -> dict:
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    import torch
+
     if isinstance(dtype, torch.dtype):
-        if dtype not in DTYPES.values():
+        if dtype not in {getattr(torch, name) for name in DTYPES}:
             raise ValueError(f"dtype {dtype} is not supported; use one of {list(DTYPES)}")
         return dtype
     if dtype in (None, "auto"):
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; use one of {list(DTYPES)} or 'auto'")
-    return DTYPES[dtype]
+    return getattr(torch, dtype)
+
+
+# -- command-line flags: argparse types (shared with pacore's own flags) ---------------------------
+_YARN_EXAMPLE = '{"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32768}'
+
+
+def positive_int(value: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be a positive integer")
+    return n
+
+
+def seed_int(value: str) -> int:
+    """argparse type: a seed in [0, 2**64)."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
+    if not 0 <= n < 2**64:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**64), got {value}")
+    return n
+
+
+def json_object(value: str) -> dict:
+    """argparse type: a non-empty JSON object (``--rope-scaling``)."""
+    try:
+        obj = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg}); quote it for the shell, e.g. "
+                                         f"'{_YARN_EXAMPLE}'") from None
+    if not isinstance(obj, dict) or not obj:
+        raise argparse.ArgumentTypeError(f"expected a non-empty JSON object such as '{_YARN_EXAMPLE}', got {value}")
+    return obj
+
+
+def _flag(help: str, *, name: str | None = None, type=None, metavar: str | None = None) -> dict:
+    """Field metadata making an EngineConfig field a command-line flag (``--field-name`` unless ``name``)."""
+    return {"flag": {"name": name, "help": help, "type": type, "metavar": metavar}}
 
 
 @dataclass(slots=True)
@@ -161,18 +211,26 @@ class EngineConfig:
     Rank 0 is this process; the others are worker processes the LLM starts and stops (``shutdown()``).
     """
     model: str | None = None
-    dtype: str | torch.dtype | None = None
+    dtype: str | torch.dtype | None = field(default=None, metadata=_flag(
+        "weights/activations dtype, e.g. float32, bfloat16 (default: the engine's choice)"))
     device: str | torch.device | None = None
     tokenizer: str | None = None
     skip_tokenizer_init: bool = False
     block_size: int = 16
-    num_kv_blocks: int | None = None
+    num_kv_blocks: int | None = field(default=None, metadata=_flag(
+        "KV-cache size in blocks (default: sized by the engine)", type=positive_int, metavar="N"))
     kv_cache_memory: int | None = None
     gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 256
+    max_num_seqs: int = field(default=256, metadata=_flag(
+        "most sequences (trajectories) decoded in one step (engine default 256)", type=positive_int, metavar="N"))
     max_num_batched_tokens: int = 2048
-    max_model_len: int | None = None
-    rope_scaling: dict | None = None
+    max_model_len: int | None = field(default=None, metadata=_flag(
+        "context limit in tokens, prompt + generation (default: the model's); 131072 for PaCoRe-8B as in the "
+        "paper, with --rope-scaling", type=positive_int, metavar="N"))
+    rope_scaling: dict | None = field(default=None, metadata=_flag(
+        "RoPE parameters laid over the checkpoint's (vLLM's --rope-scaling), e.g. the paper's YaRN x2: "
+        "'{\"rope_type\": \"yarn\", \"factor\": 2.0, \"original_max_position_embeddings\": 32768, "
+        "\"attention_factor\": 1.0}'", type=json_object, metavar="JSON"))
     enable_prefix_caching: bool = True
     enable_fork: bool = True
     cascade_attention: bool | None = None
@@ -180,11 +238,18 @@ class EngineConfig:
     cascade_min_prefix: int = 64
     cascade_min_shared_tokens: int = 1024
     attention_backend: str | None = None
-    enforce_eager: bool = False
-    batch_invariant: bool = False
+    enforce_eager: bool = field(default=False, metadata=_flag(
+        "run decode steps eagerly instead of replaying CUDA graphs (vLLM's flag; for a GPU setup where "
+        "capturing fails)"))
+    batch_invariant: bool = field(default=False, metadata=_flag(
+        "a token's logits do not depend on what else is batched, preemption or a restart, so seeded requests "
+        "and resumed or re-batched runs draw exactly the same tokens (slower; see README Guarantees)"))
     record_steps: bool = False
-    seed: int = 0
-    tensor_parallel_size: int = 1
+    seed: int = field(default=0, metadata=_flag(
+        "engine seed for requests without one (default 0)", type=seed_int))
+    tensor_parallel_size: int = field(default=1, metadata=_flag(
+        "split each engine over T GPUs (LLM(tensor_parallel_size=T)); pacore run with --data-parallel D uses "
+        "D x T GPUs (default 1)", name="--tensor-parallel", type=positive_int, metavar="T"))
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "kv_cache_memory",
@@ -196,3 +261,31 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.attention_backend not in (None, "torch", "triton"):
             raise ValueError(f"attention_backend must be 'torch', 'triton' or None, got {self.attention_backend!r}")
+
+
+# The flags of `pacore run`, `demo` and `serve`, in their --help order; `serve` adds the engine's "seed"
+# (`pacore run --seed` is the run's seed, which also seeds its engine).
+ENGINE_FLAGS = ("dtype", "max_model_len", "rope_scaling", "max_num_seqs", "num_kv_blocks", "tensor_parallel_size",
+                "batch_invariant", "enforce_eager")
+_FIELDS = {f.name: f for f in dataclasses.fields(EngineConfig)}
+
+
+def add_engine_flags(group, names: tuple[str, ...] = ENGINE_FLAGS) -> None:
+    """Add the EngineConfig fields ``names`` to an argparse parser or group as flags, derived from the
+    fields (help text in their metadata, default the field's), as vLLM derives its flags from EngineArgs."""
+    for name in names:
+        f = _FIELDS[name]
+        spec = f.metadata["flag"]
+        flag = spec["name"] or "--" + name.replace("_", "-")
+        if f.type == "bool":
+            group.add_argument(flag, dest=name, action="store_true", help=spec["help"])
+            continue
+        kwargs = {k: spec[k] for k in ("type", "metavar") if spec[k] is not None}
+        group.add_argument(flag, dest=name, default=f.default, help=spec["help"], **kwargs)
+
+
+def engine_kwargs(args: argparse.Namespace, names: tuple[str, ...] = ENGINE_FLAGS) -> dict:
+    """``LLM(**kwargs)`` from the flags ``add_engine_flags`` added: those left at their default are left
+    out, for the engine to choose."""
+    values = {name: getattr(args, name) for name in names}
+    return {name: v for name, v in values.items() if v is not None and v != _FIELDS[name].default}

@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 from engine.observers import StepObserver, StepRecord
@@ -135,6 +136,11 @@ class ProfileSession(StepObserver):
             except ImportError as e:  # matplotlib is a dev extra; the timeline has the same numbers
                 print(f"profile: no kv_blocks.png ({e}); pip install matplotlib", file=sys.stderr)
         return summary
+
+
+def profiled(llm, profile_dir: str | None):
+    """A ProfileSession around ``llm`` when ``profile_dir`` is set, else a context that does nothing."""
+    return ProfileSession(llm, profile_dir) if profile_dir else nullcontext()
 
 
 def _safe(label: str) -> str:

@@ -22,6 +22,7 @@ import torch
 
 from engine.distributed import TPGroup, check_divisible, connect, free_port, shard_of
 from engine.model_runner import ModelRunner
+from engine.spawn import spawn_on_pipe, split_threads, use_threads
 
 
 def start_ranks(runner_kwargs: dict, size: int, device: torch.device) -> ModelRunner:
@@ -38,8 +39,8 @@ def start_ranks(runner_kwargs: dict, size: int, device: torch.device) -> ModelRu
                              f"{torch.cuda.device_count()} are visible; lower it or set CUDA_VISIBLE_DEVICES")
         devices = [torch.device("cuda", first + r) for r in range(size)]
     else:  # ranks on one CPU split this process's threads rather than each oversubscribing the cores
-        threads = max(1, torch.get_num_threads() // size)
-        torch.set_num_threads(threads)
+        threads = split_threads(torch.get_num_threads(), size)
+        use_threads(threads)
     port = free_port()
     workers = TPWorkers(size, port, runner_kwargs, devices, threads)
     try:
@@ -60,17 +61,13 @@ class WorkerDied(RuntimeError):
 class TPWorkers:
     def __init__(self, size: int, port: int, runner_kwargs: dict, devices: list[torch.device],
                  threads: int | None):
-        ctx = mp.get_context("spawn")
         self.procs: list[mp.Process] = []
         self.conns: list[Connection] = []
-        for rank in range(1, size):
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=_worker_main, name=f"pacore-tp-rank{rank}", daemon=True,
-                            args=(rank, size, port, runner_kwargs, devices[rank], threads, child))
-            p.start()
-            child.close()  # rank 0 keeps only its end, so it reads EOF when the worker is gone
+        for rank in range(1, size):  # rank 0 reads EOF on a worker's pipe once the worker is gone
+            p, conn = spawn_on_pipe(_worker_main, (rank, size, port, runner_kwargs, devices[rank], threads),
+                                    f"pacore-tp-rank{rank}", daemon=True)
             self.procs.append(p)
-            self.conns.append(parent)
+            self.conns.append(conn)
         self.tp: TPGroup | None = None  # rank 0's group, once joined: what the watchdog aborts
         self.dead: str | None = None
         self._closing = False
@@ -164,8 +161,7 @@ def _worker_main(rank: int, size: int, port: int, runner_kwargs: dict, device: t
                  conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is rank 0's to handle
     try:
-        if threads:
-            torch.set_num_threads(threads)
+        use_threads(threads)
         tp = connect(port, rank, size, device)
         runner = ModelRunner(**runner_kwargs, device=device, shard=shard_of(runner_kwargs["cfg"], rank, size), tp=tp)
         while True:

@@ -6,7 +6,7 @@ conclusions as reference responses; a final K=1 round gives the answer.
 """
 from .compaction import Compacted, compact
 from .config import PRESETS, RunConfig, parse_rounds, round_schedule
-from .grading import answers_equal, extract_answer, majority_vote
+from .evaluate.grading import answers_equal, extract_answer, majority_vote
 from .prompts import CONTROLLER_TEMPLATE, render_controller_prompt
 
 

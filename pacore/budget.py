@@ -4,9 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from engine.chat import chat_prompt_ids
+
 from .compaction import keep_last_tokens
 from .config import MessageCap
-from .prompts import chat_prompt_ids, round_messages
+from .prompts import round_messages
 
 MaxTokens = int | Literal["auto"]
 

@@ -14,17 +14,11 @@ THINK_START = "<think>"
 THINK_END = "</think>"
 
 
-def reference_text(text: str) -> str:
-    """The text a trajectory contributes as a reference: everything after its last ``</think>``,
-    byte for byte (whitespace kept), or the whole text when it has none."""
-    return text.rpartition(THINK_END)[2]
-
-
 @dataclass(slots=True, frozen=True)
 class Compacted:
     """A trajectory split at its last ``</think>``."""
 
-    message: str  # reference_text(text): after the last </think>, unstripped
+    message: str  # after the last </think>, unstripped: what the next round sees
     reasoning: str  # before the last </think> ("" if none), without the opening <think>, stripped
 
 
@@ -38,6 +32,12 @@ def compact(text: str) -> Compacted:
     if reasoning.startswith(THINK_START):
         reasoning = reasoning[len(THINK_START):].strip()
     return Compacted(message=tail, reasoning=reasoning)
+
+
+def reference_text(text: str) -> str:
+    """The text a trajectory contributes as a reference: everything after its last ``</think>``,
+    byte for byte (whitespace kept), or the whole text when it has none (``compact(text).message``)."""
+    return compact(text).message
 
 
 @dataclass(slots=True, frozen=True)

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
 
 # The paper's / official repo's settings (playground/example_batch_inference_pacore_low_1210.py).
 PRESETS: dict[str, tuple[int, ...]] = {"low": (4,), "medium": (16,), "high": (32, 4)}
@@ -66,9 +69,25 @@ class RunConfig:
     show_progress: bool = True
     # Where `pacore run --profile` writes the step timeline and traces (engine/profiler.py).
     profile_dir: str | None = None
-    # Seconds between snapshots of the rounds in flight (pacore/partial.py); <= 0: only when stopped.
+    # Seconds between snapshots of the rounds in flight (results/snapshots.py); <= 0: only when stopped.
     checkpoint_every_s: float = 300.0
+    # The engine's options: EngineConfig's keyword arguments (engine/config.py), "model" included, as
+    # given (those left out are the engine's to choose). A plain dict, since it travels to replicas and
+    # into the summary; ``engine`` is the typed, checked view every reader uses.
     engine_options: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.engine  # unknown or bad engine options are refused here, before anything runs
+
+    @property
+    def engine(self) -> EngineConfig:
+        """The engine's configuration (checked by EngineConfig)."""
+        from engine.config import EngineConfig  # torch-free, but `import pacore` must not load the engine
+
+        unknown = sorted(set(self.engine_options) - set(EngineConfig.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown engine option(s) {unknown}; the options are the fields of EngineConfig")
+        return EngineConfig(**self.engine_options)
 
     @property
     def schedule(self) -> tuple[int, ...]:

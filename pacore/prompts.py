@@ -1,4 +1,7 @@
-"""Round prompts: the controller template and chat-template tokenisation."""
+"""Round prompts: the controller template, the round's conversation and the order of its references.
+
+The conversation is tokenised by the engine's chat-template rendering (engine/chat.py).
+"""
 from __future__ import annotations
 
 import copy
@@ -83,13 +86,3 @@ def order_responses(items: list, mode: str, seed: int, length=lambda item: len(i
         raise ValueError(f"unknown shuffle {mode!r}; expected one of {', '.join(SHUFFLES)}")
     return out
 
-
-def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
-    """Token ids of ``messages`` through the tokenizer's chat template, ready for generation."""
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    else:
-        # A base model without a chat template: a plain transcript is the most neutral fallback.
-        text = "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
-    # The rendered template already holds BOS and role tokens where the model expects them.
-    return tokenizer.encode(text, add_special_tokens=False)

@@ -1,4 +1,10 @@
-"""The driver loop: every run of every problem advances through its rounds on its own, sharing one engine."""
+"""The round state machine: every run of every problem advances through its rounds on its own, sharing
+one engine. What it writes and continues from is its journal's (results/journal.py); what it moves
+through the rounds is unit.py's.
+
+Over 300 lines: one class, whose session API (run, process, begin/add/step for a replica) and round
+transitions (start, submit, finish, fail) share its state and read best together.
+"""
 from __future__ import annotations
 
 import sys
@@ -8,21 +14,23 @@ from collections import deque
 from engine.llm import StepError
 from engine.sampling_params import SamplingParams
 
-from .budget import PromptTooLong, check_max_tokens, fit_round_prompt
+from .budget import PromptTooLong, fit_round_prompt
 from .compaction import Trajectory
 from .config import RunConfig
-from .grading import grade, ground_truth_answer
-from .lock import results_lock
-from .partial import snapshot_record, usable_snapshot
-from .problems import BadLine, Problem
+from .evaluate.grading import grade, ground_truth_answer
+from .evaluate.records import bad_line_record, error_record, run_record, with_extra
+from .evaluate.runs import draw, drawn_round, planned, shuffle_seed, validate_runs
+from .evaluate.stats import RoundStats, round_stats_from_output
+from .evaluate.summary import show_summary, write_summary
 from .progress import Progress
 from .prompts import order_responses
-from .records import error_record, run_record
-from .runs import (POOL, PriorWork, Unit, draw, drawn_round, planned, pool_seed, runs_left, sample_seed,
-                   shuffle_seed, usable_pool, usable_rounds, validate_runs)
-from .session import INTERRUPTED, pending_work
-from .sink import FileSink
-from .stats import RoundStats, round_stats_from_output, show_summary, write_summary
+from .results.journal import Journal
+from .results.keys import request_id
+from .results.preflight import INTERRUPTED, Pending, preflight
+from .results.problems import BadLine, Problem
+from .results.resume import PriorWork, runs_left
+from .results.sink import FileSink
+from .unit import InFlight, Pool, Unit
 
 
 class PaCoReRunner:
@@ -30,7 +38,7 @@ class PaCoReRunner:
 
     Each round of each run of a problem is one engine request with ``n=K``; when it finishes, the
     run's next round is submitted in the same loop iteration while the others keep decoding. Output
-    goes to ``sink`` (pacore/sink.py): the results files by default; a data-parallel replica's
+    goes to ``sink`` (results/sink.py): the results files by default; a data-parallel replica's
     events for the driver. A replica is driven with ``begin``, ``add`` and ``step`` instead of ``process``.
     """
 
@@ -43,12 +51,10 @@ class PaCoReRunner:
         self.schedule = cfg.schedule
         self.max_model_len = int(llm.max_model_len)
         self.max_tokens = cfg.max_tokens
-        check_max_tokens(self.max_tokens, self.max_model_len)
-        self._sink = sink
+        self._journal = Journal(cfg, sink)
         self._todo: deque[Problem | BadLine] = deque()
-        self._inflight: dict[str, Unit] = {}
+        self._inflight: dict[str, Unit | Pool] = {}
         self._open: dict[str, int] = {}  # problem key -> its runs not yet recorded
-        self._prior: dict[str, PriorWork] = {}
         self._started_at: float | None = None  # wall clock (time.time), comparable across replicas
         self._finished_at: float | None = None
         self._progress: Progress | None = None
@@ -57,11 +63,14 @@ class PaCoReRunner:
     # -- public ------------------------------------------------------------------------------
     def run(self) -> dict:
         """Run every problem not yet in the output; returns (and writes) the run summary."""
-        with results_lock(self.cfg.out_path):  # re-entrant: the CLI already holds it
-            todo, prior = pending_work(self.cfg)
-            start = time.perf_counter()
-            self.process(todo, prior)
-            return write_summary(self.cfg, time.perf_counter() - start, [self.session_stats()])
+        with preflight(self.cfg, self.max_model_len) as pending:
+            return self.run_pending(pending)
+
+    def run_pending(self, pending: Pending) -> dict:
+        """Run what a preflight found to do (the results lock held); returns (and writes) the summary."""
+        start = time.perf_counter()
+        self.process(pending.todo, pending.prior)
+        return write_summary(self.cfg, time.perf_counter() - start, [self.session_stats()])
 
     def process(self, items: list[Problem | BadLine], prior: dict[str, PriorWork] | None = None) -> None:
         """Run ``items`` to completion, appending one record per run of a problem as it ends.
@@ -75,9 +84,9 @@ class PaCoReRunner:
             if isinstance(item, Problem):
                 t, r = planned(self.cfg, len(runs_left(self.cfg, prior.get(item.key))))
                 trajectories, rounds = trajectories + t, rounds + r
-        own_sink = self._sink is None
+        own_sink = self._journal.sink is None
         if own_sink:
-            self._sink = FileSink(self.cfg.out_path)
+            self._journal.sink = FileSink(self.cfg.out_path)
         self.begin(prior, trajectories, rounds)
         self._todo.extend(items)
         try:
@@ -91,12 +100,12 @@ class PaCoReRunner:
         finally:
             self.end()
             if own_sink:
-                self._sink.close()
-                self._sink = None
+                self._journal.sink.close()
+                self._journal.sink = None
 
     def begin(self, prior: dict[str, PriorWork] | None = None, trajectories: int = 0, rounds: int = 0) -> None:
         """Start a session (its clock, progress bar and snapshot timer) before ``add`` and ``step``."""
-        self._prior = dict(prior or {})
+        self._journal.prior = dict(prior or {})
         self._started_at, self._finished_at = time.time(), None
         self._last_snapshot = time.monotonic()
         self._progress = Progress(self.llm, total_trajectories=trajectories, total_rounds=rounds,
@@ -109,7 +118,7 @@ class PaCoReRunner:
     def add(self, problem: Problem, prior: PriorWork | None = None) -> None:
         """Queue a problem for this session, with what earlier sessions (or a lost replica) finished of it."""
         if prior is not None:
-            self._prior[problem.key] = prior
+            self._journal.prior[problem.key] = prior
         self._todo.append(problem)
 
     @property
@@ -146,8 +155,7 @@ class PaCoReRunner:
         while self._todo and len(self._open) < self.cfg.max_problems_in_flight:
             item = self._todo.popleft()
             if isinstance(item, BadLine):
-                # keyed by its line, so it never counts as (or shadows) a problem of that id
-                self._write(error_record(item.id, None, item.error, item.line_no, input_error=True), item.extra)
+                self._journal.record(bad_line_record(item))
                 print(f"pacore: skipped {item.error}", file=sys.stderr)
                 continue
             self._start(item)
@@ -164,9 +172,9 @@ class PaCoReRunner:
                 f"returned: {sorted(self._inflight)[:5]}"
             )
         for out in finished:
-            unit = self._inflight.pop(out.request_id, None)
-            if unit is not None:  # requests someone else added are not ours to handle
-                self._round_finished(unit, out)
+            job = self._inflight.pop(out.request_id, None)
+            if job is not None:  # requests someone else added are not ours to handle
+                self._round_finished(job, out)
         self._progress.tick()
         every = self.cfg.checkpoint_every_s
         if every > 0 and time.monotonic() - self._last_snapshot >= every:
@@ -174,9 +182,9 @@ class PaCoReRunner:
 
     def _start(self, problem: Problem) -> None:
         """Begin a problem's runs left: each at its next round, or all at once from its pool."""
-        runs = runs_left(self.cfg, self._prior.get(problem.key))
+        runs = self._journal.runs_left(problem.key)
         if not runs:
-            self._sink.closed(problem.key)
+            self._journal.closed(problem.key)
             return
         self._open[problem.key] = len(runs)
         gold = ground_truth_answer(problem.extra)
@@ -184,12 +192,11 @@ class PaCoReRunner:
             for run in runs:
                 self._advance(self._restore(Unit(problem, gold, run)))
             return
-        pool = Unit(problem, gold, POOL, waiting=runs)
-        rec = usable_pool(self.cfg, self._prior.get(problem.key))
-        if rec is not None:
+        pool = Pool(problem, gold, runs)
+        done = self._journal.pool(problem.key)
+        if done is not None:
             self._progress.round_done(self.cfg.pool, 0)
-            self._pool_done(pool, [Trajectory.from_record(t, i) for i, t in enumerate(rec["responses"])],
-                            rec["stats"])
+            self._pool_done(pool, *done)
         else:
             self._submit(pool)
 
@@ -202,94 +209,85 @@ class PaCoReRunner:
     def _step_failed(self, error: StepError) -> None:
         """The engine aborted the rounds of a failed step: keep their tokens for --resume, record
         their runs as failed (so --resume runs them again, from those tokens), carry on with the rest."""
-        for request_id, partial in error.partial.items():
-            unit = self._inflight.pop(request_id, None)
-            if unit is None:
+        for rid, partial in error.partial.items():
+            job = self._inflight.pop(rid, None)
+            if job is None:
                 continue
-            self._save_partial(unit, partial)
-            self._fail(unit, f"round {unit.round_idx + 1}: {error}")
+            self._journal.snapshot(job.key, job.round_idx + 1, job.current.prompt, partial)
+            self._fail(job, f"round {job.round_idx + 1}: {error}")
 
     def snapshot(self) -> None:
         """Save every round in flight (its trajectories' tokens so far) for --resume."""
         self._last_snapshot = time.monotonic()
-        for request_id, unit in self._inflight.items():
+        for rid, job in self._inflight.items():
             try:
-                partial = self.llm.partial_outputs(request_id)
+                partial = self.llm.partial_outputs(rid)
             except KeyError:  # finished in the engine, its output not handled yet (a stop mid-step)
                 continue
-            self._save_partial(unit, partial)
+            self._journal.snapshot(job.key, job.round_idx + 1, job.current.prompt, partial)
 
-    def _save_partial(self, unit: Unit, partial: list) -> None:
-        if any(tokens for tokens, _ in partial):
-            self._sink.snapshot(snapshot_record(unit.key, unit.round_idx + 1, len(partial), self.cfg.seed,
-                                                unit.prompt, partial))
-
-    def _submit(self, unit: Unit) -> None:
-        """Build and add the engine request of ``unit``'s current round."""
-        r = unit.round_idx
-        problem = unit.problem
+    def _submit(self, job: Unit | Pool) -> None:
+        """Build and add the engine request of ``job``'s current round."""
+        r = job.round_idx
+        problem = job.problem
         refs: list[str] | None = None
-        unit.dropped = 0
+        job.current = now = InFlight()
         if r > 0:
             # Already in reference order (_complete_round); empty responses are left out.
-            refs = [t.message for t in unit.rounds[-1] if t.passes_on]
-            unit.dropped = len(unit.rounds[-1]) - len(refs)
+            refs = [t.message for t in job.rounds[-1] if t.passes_on]
+            now.dropped = len(job.rounds[-1]) - len(refs)
         try:
             prompt = fit_round_prompt(self.llm.tokenizer, problem.messages, refs, max_model_len=self.max_model_len,
                                       max_tokens=self.max_tokens, message_token_cap=self.cfg.message_token_cap)
-            # Per problem, run and round, so results do not depend on what else was scheduled.
-            seed = (pool_seed(self.cfg.seed, problem.key) if unit.run == POOL
-                    else sample_seed(self.cfg.seed, problem.key, unit.run, r))
-            params = SamplingParams(n=self.cfg.pool if unit.run == POOL else self.schedule[r],
-                                    temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+            n, seed = job.sampling(self.cfg)
+            params = SamplingParams(n=n, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
                                     max_tokens=prompt.max_tokens, seed=seed)
-            request_id = f"{unit.key}#r{r + 1}"
-            unit.prompt = prompt.token_ids
-            unit.resumed_tokens = self._add_request(unit, params, request_id)
+            rid = request_id(job.key, r + 1)
+            now.prompt = prompt.token_ids
+            now.resumed_tokens = self._add_request(job, params, rid)
         except (PromptTooLong, ValueError) as e:
             # PromptTooLong is ours; ValueError is the engine refusing a prompt it can never fit.
-            self._fail(unit, f"round {r + 1}: {e}")
+            self._fail(job, f"round {r + 1}: {e}")
             return
-        unit.references = len(refs or [])
-        unit.truncated, unit.truncated_tokens = prompt.truncated_messages, prompt.truncated_tokens
-        self._inflight[request_id] = unit
+        now.references = len(refs or [])
+        now.truncated, now.truncated_tokens = prompt.truncated_messages, prompt.truncated_tokens
+        self._inflight[rid] = job
 
-    def _add_request(self, unit: Unit, params: SamplingParams, request_id: str) -> int:
+    def _add_request(self, job: Unit | Pool, params: SamplingParams, rid: str) -> int:
         """Add the round's request, continuing its snapshot if there is one; returns the tokens resumed."""
-        r = unit.round_idx
-        resume = usable_snapshot(self._sink.load_snapshot(unit.key, r + 1), unit.key, params.n, self.cfg.seed,
-                                 unit.prompt)
+        r, prompt = job.round_idx, job.current.prompt
+        resume = self._journal.resume_tokens(job.key, r + 1, params.n, prompt)
         if resume is not None:
             try:
-                self.llm.add_request(unit.prompt, params, request_id=request_id, resume=resume)
+                self.llm.add_request(prompt, params, request_id=rid, resume=resume)
                 return sum(len(tokens) for tokens, _ in resume)
             except ValueError as e:
-                print(f"pacore: problem {unit.problem.id!r} round {r + 1}: snapshot not usable ({e}); "
+                print(f"pacore: problem {job.problem.id!r} round {r + 1}: snapshot not usable ({e}); "
                       f"starting the round over", file=sys.stderr)
-        self.llm.add_request(unit.prompt, params, request_id=request_id)
+        self.llm.add_request(prompt, params, request_id=rid)
         return 0
 
-    def _round_finished(self, unit: Unit, out) -> None:
-        r = unit.round_idx
+    def _round_finished(self, job: Unit | Pool, out) -> None:
+        r, now = job.round_idx, job.current
         trajectories = [Trajectory(c.index, c.text, c.finish_reason, len(c.token_ids))
                         for c in sorted(out.outputs, key=lambda c: c.index)]
         stats = round_stats_from_output(
-            r + 1, len(trajectories), out, references=unit.references, dropped=unit.dropped,
-            truncated=unit.truncated, truncated_tokens=unit.truncated_tokens, resumed=unit.resumed_tokens)
-        self.generated_tokens += stats.generated_tokens - unit.resumed_tokens  # this session's work
+            r + 1, len(trajectories), out, references=now.references, dropped=now.dropped,
+            truncated=now.truncated, truncated_tokens=now.truncated_tokens, resumed=now.resumed_tokens)
+        self.generated_tokens += stats.generated_tokens - now.resumed_tokens  # this session's work
         self._progress.round_done(len(trajectories), stats.generated_tokens)
-        if unit.run == POOL:
-            self._checkpoint(unit, trajectories, stats)
-            self._pool_done(unit, trajectories, stats.to_dict())
+        if isinstance(job, Pool):
+            self._journal.checkpoint(job.problem.id, None, 1, trajectories, stats)
+            self._pool_done(job, trajectories, stats.to_dict())
         else:
-            self._complete_round(unit, trajectories, stats)
-        self._sink.drop_snapshot(unit.key, r + 1)  # only once the round is safely on disk
+            self._complete_round(job, trajectories, stats)
+        self._journal.round_saved(job.key, r + 1)  # only once the round is safely on disk
 
-    def _pool_done(self, pool: Unit, trajectories: list[Trajectory], pool_stats: dict) -> None:
+    def _pool_done(self, pool: Pool, trajectories: list[Trajectory], pool_stats: dict) -> None:
         """Start each waiting run at round 2 with its own draw of K1 pool trajectories as round 1."""
         problem, k1 = pool.problem, self.schedule[0]
         generated = sum(t.tokens for t in trajectories)
-        for run in pool.waiting:
+        for run in pool.runs:
             unit = Unit(problem, pool.gold, run)
             indices = draw(len(trajectories), k1, self.cfg.seed, problem.key, run)
             drawn, stats = drawn_round(trajectories, pool_stats, indices, k1)
@@ -312,61 +310,44 @@ class PaCoReRunner:
         unit.stats.append(stats)
         if checkpoint and r + 1 < len(self.schedule):
             # A long round is not lost with a later one: resume continues from here.
-            self._checkpoint(unit, ordered, stats)
+            self._journal.checkpoint(unit.problem.id, unit.run, r + 1, ordered, stats)
         unit.round_idx += 1
         if unit.pool is not None and unit.round_idx == 1:
             self._restore(unit)
         self._advance(unit)
 
-    def _checkpoint(self, unit: Unit, trajectories: list[Trajectory], stats: RoundStats) -> None:
-        self._sink.checkpoint({"request_id": unit.problem.id, "run": unit.run, "round": unit.round_idx + 1,
-                                  "k": len(trajectories), "seed": self.cfg.seed, "shuffle": self.cfg.shuffle,
-                                  "pool": self.cfg.pool, "responses": [t.to_record() for t in trajectories],
-                                  "stats": stats.to_dict()})
-
     def _restore(self, unit: Unit) -> Unit:
-        """Put back the rounds an earlier session finished, if they match this run's settings."""
-        # unit.round_idx is 1 when round 1 was drawn from the pool
-        records, dropped = usable_rounds(self.cfg, self._prior.get(unit.problem.key), unit.run, unit.round_idx)
-        if dropped:
-            print(f"pacore: problem {unit.problem.id!r} run {unit.run}: its checkpointed rounds were run with "
-                  f"another --rounds/--seed/--shuffle/--pool; starting it over", file=sys.stderr)
-        for rec in records:
-            unit.rounds.append([Trajectory.from_record(t, i) for i, t in enumerate(rec["responses"])])
-            unit.stats.append(RoundStats(**rec["stats"]))
-            self._progress.round_done(rec["k"], 0)
-        unit.round_idx += len(records)
+        """Put back the rounds an earlier session finished (unit.round_idx is 1 when round 1 was drawn
+        from the pool)."""
+        for trajectories, stats, k in self._journal.restore(unit.problem, unit.run, unit.round_idx):
+            unit.rounds.append(trajectories)
+            unit.stats.append(stats)
+            unit.round_idx += 1
+            self._progress.round_done(k, 0)
         return unit
 
     # -- records -----------------------------------------------------------------------------
     def _finish(self, unit: Unit) -> None:
-        self._write(run_record(unit.problem.id, unit.run, unit.rounds, unit.stats, gold=unit.gold,
-                               graded=self.cfg.grade, k1=self.schedule[0], pool=unit.pool), unit.problem.extra)
+        self._journal.record(with_extra(run_record(unit.problem.id, unit.run, unit.rounds, unit.stats,
+                                                   gold=unit.gold, graded=self.cfg.grade, k1=self.schedule[0],
+                                                   pool=unit.pool), unit.problem.extra))
         self._closed(unit.problem)
 
-    def _fail(self, unit: Unit, error: str) -> None:
-        runs = unit.waiting if unit.run == POOL else [unit.run]
-        print(f"pacore: problem {unit.problem.id!r} failed: {error}", file=sys.stderr)
-        if unit.run == POOL:
-            self._progress.problem_failed(*planned(self.cfg, len(runs)))
-        else:
-            self._progress.problem_failed(sum(self.schedule[unit.round_idx:]), len(self.schedule) - unit.round_idx)
-        for run in runs:
-            self._write(error_record(unit.problem.id, run, error, unit.problem.line_no,
-                                     round_responses=[[t.to_record() for t in rnd] for rnd in unit.rounds],
-                                     rounds_stats=[s.to_dict() for s in unit.stats]), unit.problem.extra)
-            self._closed(unit.problem)
+    def _fail(self, job: Unit | Pool, error: str) -> None:
+        print(f"pacore: problem {job.problem.id!r} failed: {error}", file=sys.stderr)
+        self._progress.problem_failed(*job.left(self.cfg))
+        for run in job.runs:
+            self._journal.record(with_extra(error_record(
+                job.problem.id, run, error, job.problem.line_no,
+                round_responses=[[t.to_record() for t in rnd] for rnd in job.rounds],
+                rounds_stats=[s.to_dict() for s in job.stats]), job.problem.extra))
+            self._closed(job.problem)
 
     def _closed(self, problem: Problem) -> None:
         self._open[problem.key] -= 1
         if not self._open[problem.key]:
             del self._open[problem.key]
-            self._sink.closed(problem.key)
-
-    def _write(self, record: dict, extra: dict) -> None:
-        for key, value in extra.items():
-            record.setdefault(key, value)
-        self._sink.record(record)
+            self._journal.closed(problem.key)
 
 
 def _engine_stats(llm) -> dict:
@@ -376,9 +357,11 @@ def _engine_stats(llm) -> dict:
         return {"error": str(e)}
 
 
-def run_pacore(llm, cfg: RunConfig, print_summary: bool = True) -> dict:
-    """Run PaCoRe with ``cfg`` on ``llm``; prints and returns the summary."""
-    summary = PaCoReRunner(llm, cfg).run()
+def run_pacore(llm, cfg: RunConfig, print_summary: bool = True, pending: Pending | None = None) -> dict:
+    """Run PaCoRe with ``cfg`` on ``llm``; prints and returns the summary. ``pending``: what a preflight
+    already found to do (results/preflight.py), its lock held; without it the runner takes its own."""
+    runner = PaCoReRunner(llm, cfg)
+    summary = runner.run() if pending is None else runner.run_pending(pending)
     if print_summary:
         show_summary(summary, cfg)
     return summary

@@ -1,4 +1,4 @@
-"""Test environment for the kernel tests: import this FIRST in every tests/test_kernels_*.py.
+"""Test environment for the kernel tests: import this FIRST in every tests/kernels/test_kernels_*.py.
 
 - PACORE_TEST_DEVICE=cuda|cpu picks the device (default: cuda when available). On cpu the Triton
   interpreter runs the kernels (TRITON_INTERPRET must be set before the kernels are created, hence

@@ -6,7 +6,7 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from pacore.serve.background import serve_in_background as serving  # noqa: F401
+from engine.serve.background import serve_in_background as serving  # noqa: F401
 
 
 def wait_until(condition, what: str, limit_s: float = 60.0) -> None:

@@ -1,0 +1,65 @@
+"""The ``serve`` command: its flags and entry point (``pacore serve`` calls these). Imports neither
+torch nor FastAPI until it runs."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from engine.config import ENGINE_FLAGS, add_engine_flags, engine_kwargs, positive_int
+
+SERVE_EXTRA_HINT = "pacore serve needs the serve extra: pip install -e '.[serve]' (fastapi, uvicorn, prometheus-client)"
+SERVE_FLAGS = ENGINE_FLAGS + ("seed",)  # the engine seed, for requests without one
+
+
+def add_serve_parser(sub) -> argparse.ArgumentParser:
+    """Register the ``serve`` command on a command line's subparsers."""
+    p = sub.add_parser(
+        "serve", help="serve the model over an OpenAI-compatible HTTP API",
+        description="Serve the model over an OpenAI-compatible HTTP API: /v1/chat/completions, /v1/completions, "
+        "/v1/models, /health, /metrics (Prometheus). Needs the serve extra: pip install -e '.[serve]'.")
+    p.add_argument("--model", default=None, metavar="PATH|default",
+                   help="HF model folder (config.json, safetensors, tokenizer); 'default' or none: the embedded "
+                        "SmolLM2-135M-Instruct")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    p.add_argument("--served-model-name", default=None, metavar="NAME",
+                   help="the model name clients send and /v1/models lists (default: the model folder's name, "
+                        "smollm2-135m for the embedded model)")
+    p.add_argument("--api-key", default=os.environ.get("PACORE_API_KEY"), metavar="KEY",
+                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: $PACORE_API_KEY, else none)")
+    p.add_argument("--max-queue", type=positive_int, default=1024, metavar="N",
+                   help="generation requests held at once, running or waiting; more get 429 (default 1024)")
+    add_engine_flags(p.add_argument_group("engine"), SERVE_FLAGS)
+    return p
+
+
+def served_name(model: str | None) -> str:
+    if model is None or model == "default":
+        return "smollm2-135m"
+    return os.path.basename(os.path.normpath(model))
+
+
+def main(args) -> int:
+    """Run the server until interrupted; returns the exit status."""
+    try:
+        import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
+        import uvicorn
+    except ImportError as e:
+        print(f"pacore: {SERVE_EXTRA_HINT} ({e})", file=sys.stderr)
+        return 2
+    from engine import LLM
+
+    from .app import create_app
+
+    model = None if args.model in (None, "default") else args.model
+    try:
+        llm = LLM(model, seed=args.seed, **engine_kwargs(args, ENGINE_FLAGS))
+    except (FileNotFoundError, ValueError) as e:  # a bad path or option, said before anything listens
+        print(f"pacore: {e}", file=sys.stderr)
+        return 2
+    with llm:  # stops tensor-parallel workers when the server exits
+        app = create_app(llm, args.served_model_name or served_name(args.model), args.api_key, args.max_queue)
+        uvicorn.run(app, host=args.host, port=args.port)
+    return 0

@@ -1,0 +1,293 @@
+"""The one thread that owns the LLM: every engine call happens on it.
+
+HTTP handlers (on the asyncio loop) hand it commands through a locked inbox and sleep on an asyncio
+queue of their own; the thread posts events to that queue with ``loop.call_soon_threadsafe``. It
+steps while the engine has work and waits on a condition when idle, so requests arrive and leave
+between steps without ever blocking one.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from engine.chat import chat_prompt_ids
+from engine.checks import check_text
+from engine.sampling_params import SamplingParams
+
+from .text import IncrementalText
+
+log = logging.getLogger("pacore.serve")
+RATE_WINDOW_S = 10.0  # tokens/s gauges: tokens of the steps that ended in the last 10 seconds
+
+
+# -- events, engine thread -> handler ----------------------------------------------------------
+@dataclass(slots=True)
+class Accepted:
+    """Every prompt of the job is in the engine (a stream may start)."""
+
+
+@dataclass(slots=True)
+class TextDelta:
+    index: int
+    text: str
+
+
+@dataclass(slots=True)
+class ChoiceEnd:
+    index: int
+    text: str            # the choice's whole text, as the engine finished it
+    finish_reason: str
+    num_tokens: int
+
+
+@dataclass(slots=True)
+class JobDone:
+    prompt_tokens: int   # each prompt once, however many choices it has
+
+
+@dataclass(slots=True)
+class Failed:
+    status: int          # 400: the engine refused the request; 500: a failed step; 503: engine gone
+    message: str
+    param: str | None = None
+
+
+class EngineUnavailable(RuntimeError):
+    pass
+
+
+@dataclass(eq=False)
+class Job:
+    """One HTTP request: its prompts (chat messages, text or token ids), each an engine request
+    whose n choices are numbered prompt * n + child, as OpenAI numbers a batch."""
+    prompts: list
+    params: SamplingParams
+    chat: bool
+    stream: bool
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    request_ids: list[str] = field(default_factory=list)
+    texts: dict[int, IncrementalText] = field(default_factory=dict)  # streams: per choice
+    ended: set[int] = field(default_factory=set)  # streams: choices whose last chunk has gone
+    prompt_tokens: int = 0
+    unfinished: int = 0
+
+    def emit(self, event) -> None:
+        """Post an event to the handler; safe from any thread, a no-op once the loop is closed."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:
+            pass
+
+
+class EngineLoop:
+    """Runs ``llm`` on a thread of its own; ``submit`` and ``abort`` are safe from any thread."""
+
+    def __init__(self, llm):
+        self.llm = llm
+        self._cond = threading.Condition()
+        self._inbox: list[tuple[Callable[[Job], None], Job]] = []
+        self._stopping = False
+        self.error: BaseException | None = None  # why the thread died, if it did
+        self._jobs: dict[str, Job] = {}          # engine thread only
+        self._owner: dict[str, tuple[Job, int]] = {}  # engine request id -> (job, prompt index)
+        self._rates_lock = threading.Lock()
+        self._recent: deque[tuple[float, int, int]] = deque()  # (time, prefill, decode tokens) per step
+        self.latest_stats: dict = self._stats()  # replaced whole after every change; read by /metrics
+        self._thread = threading.Thread(target=self._run, name="pacore-engine", daemon=True)
+
+    # -- any thread ------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stopping
+
+    def submit(self, job: Job) -> None:
+        """Queue a job; its handler hears Accepted or Failed first. EngineUnavailable if stopped."""
+        self._post(self._start, job)
+
+    def abort(self, job: Job) -> None:
+        """Drop a job (its client went away) and free its blocks."""
+        self._post(self._drop, job)
+
+    def close(self) -> None:
+        """Stop the thread after its current step; jobs still open get 503."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def rates(self) -> tuple[float, float]:
+        """(prefill, decode) tokens per second over the last RATE_WINDOW_S seconds."""
+        now = time.monotonic()
+        with self._rates_lock:
+            self._forget_before(now - RATE_WINDOW_S)
+            prefill = sum(p for _, p, _ in self._recent)
+            decode = sum(d for _, _, d in self._recent)
+        return prefill / RATE_WINDOW_S, decode / RATE_WINDOW_S
+
+    def _forget_before(self, start: float) -> None:  # holding _rates_lock
+        while self._recent and self._recent[0][0] < start:
+            self._recent.popleft()
+
+    def _post(self, command: Callable[[Job], None], job: Job) -> None:
+        with self._cond:
+            if self._stopping or self.error is not None:
+                raise EngineUnavailable("the engine is not running" + (f" ({self.error!r})" if self.error else ""))
+            self._inbox.append((command, job))
+            self._cond.notify()
+
+    # -- the engine thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        inbox: list[tuple[Callable[[Job], None], Job]] = []
+        try:
+            while True:
+                with self._cond:
+                    while not (self._inbox or self._stopping or self.llm.has_unfinished()):
+                        self._cond.wait()
+                    if self._stopping:
+                        break
+                    inbox, self._inbox = self._inbox, []
+                for command, job in inbox:
+                    command(job)
+                inbox = []
+                if self.llm.has_unfinished():
+                    self._step()
+                self.latest_stats = self._stats()
+        except BaseException as e:  # an engine bug: refuse new work, fail what is open
+            log.exception("engine thread failed")
+            self.error = e
+        with self._cond:
+            self._stopping = True
+            inbox, self._inbox = inbox + self._inbox, []
+        reason = "the engine stopped" + (f": {self.error!r}" if self.error else "")
+        for job in {id(j): j for j in [*self._jobs.values(), *(job for _, job in inbox)]}.values():
+            job.emit(Failed(503, reason))  # nobody may wait forever (a handler reads only its first end)
+
+    def _start(self, job: Job) -> None:
+        try:
+            ids = [self._prompt_ids(job, p) for p in job.prompts]
+            for i, prompt_ids in enumerate(ids):
+                self._check_context(prompt_ids, job.params)
+                rid = f"{job.id}-{i}"
+                self.llm.add_request(prompt_ids, job.params, request_id=rid)
+                job.request_ids.append(rid)
+                self._owner[rid] = (job, i)
+        except ValueError as e:
+            self._drop(job)
+            job.emit(Failed(400, str(e)))
+            return
+        job.prompt_tokens = sum(len(p) for p in ids)
+        job.unfinished = len(ids)
+        self._jobs[job.id] = job
+        if job.stream:
+            tok = self.llm.tokenizer
+            job.texts = {c: IncrementalText(tok, job.params.stop) for c in range(len(ids) * job.params.n)}
+        job.emit(Accepted())
+
+    def _prompt_ids(self, job: Job, prompt) -> list[int]:
+        tok = self.llm.tokenizer
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            return prompt
+        if tok is None:
+            raise ValueError("this server has no tokenizer: send token ids to /v1/completions")
+        for text in [m["content"] for m in prompt] if job.chat else [prompt]:
+            check_text(text)  # JSON may escape a lone surrogate, which is no text and breaks tokenizers
+        try:
+            # Chat: as vLLM, and as `pacore run` builds its prompts. Text: special tokens added as the
+            # engine and vLLM add them.
+            return chat_prompt_ids(tok, prompt) if job.chat else tok.encode(prompt)
+        except Exception as e:  # e.g. a template that rejects these messages (roles, order)
+            raise ValueError(f"the prompt could not be tokenized: {e}") from None
+
+    def _check_context(self, ids: list[int], params: SamplingParams) -> None:
+        # The engine refuses this too; vLLM's wording is kept because clients act on it (the
+        # reference PaCoRe client retries without max_tokens on "reduce the length").
+        limit, budget = self.llm.max_model_len, params.max_tokens or 1  # None: the rest of the context
+        if len(ids) + budget > limit:
+            raise ValueError(f"This model's maximum context length is {limit} tokens. However, you requested "
+                             f"{len(ids) + budget} tokens ({len(ids)} in the messages, {budget} in the "
+                             "completion). Please reduce the length of the messages or completion.")
+
+    def _drop(self, job: Job) -> None:
+        for rid in job.request_ids:
+            self.llm.abort_request(rid)
+            self._owner.pop(rid, None)
+        self._jobs.pop(job.id, None)
+
+    def _step(self) -> None:
+        from engine.llm import StepError
+        before = self.latest_stats
+        try:
+            outputs = self.llm.step()
+        except StepError as e:  # its requests are aborted; fail their jobs, every other one goes on
+            outputs = []
+            for rid in e.partial:
+                owner = self._owner.get(rid)
+                if owner is not None and owner[0].id in self._jobs:
+                    self._drop(owner[0])
+                    owner[0].emit(Failed(500, f"engine step failed: {e.cause!r}"))
+        self.latest_stats = stats = self._stats()  # before any reply leaves: /metrics then counts its tokens
+        now = time.monotonic()
+        with self._rates_lock:  # pruned here too: a server nobody scrapes must not keep every step
+            self._forget_before(now - RATE_WINDOW_S)
+            self._recent.append((now, stats["prefill_tokens"] - before["prefill_tokens"],
+                                 stats["decode_tokens"] - before["decode_tokens"]))
+        for out in outputs:
+            self._finish(out)
+        for job in self._jobs.values():
+            if job.stream:
+                self._stream(job)
+
+    def _finish(self, out) -> None:
+        owner = self._owner.pop(out.request_id, None)
+        if owner is None:  # aborted meanwhile
+            return
+        job, i = owner
+        n = job.params.n
+        for o in out.outputs:
+            index = i * n + o.index
+            if index in job.ended:
+                continue
+            text = job.texts[index].rest(o.text) if job.stream else o.text
+            job.emit(ChoiceEnd(index, text, o.finish_reason, len(o.token_ids)))
+        job.unfinished -= 1
+        if job.unfinished == 0:
+            del self._jobs[job.id]
+            job.emit(JobDone(job.prompt_tokens))
+
+    def _stream(self, job: Job) -> None:
+        n = job.params.n
+        for i, rid in enumerate(job.request_ids):
+            if rid not in self._owner:
+                continue  # finished
+            texts = [job.texts[i * n + child] for child in range(n)]
+            for child, (tokens, reason) in enumerate(self.llm.new_tokens(rid, [t.seen for t in texts])):
+                index = i * n + child
+                if index in job.ended:
+                    continue
+                if reason is not None:
+                    # Finished while its siblings run: its last chunk goes now, not when they finish. Its
+                    # last token may be a stop token, so its rest comes from the engine's final text.
+                    job.ended.add(index)
+                    final = self.llm.finished_text(rid, child)
+                    job.emit(ChoiceEnd(index, texts[child].rest(final), reason, texts[child].seen + len(tokens)))
+                elif tokens:
+                    delta = texts[child].feed(tokens)
+                    if delta:
+                        job.emit(TextDelta(index, delta))
+
+    def _stats(self) -> dict:
+        stats = self.llm.stats()
+        stats["num_requests"] = len(self._jobs)
+        return stats

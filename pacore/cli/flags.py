@@ -1,0 +1,146 @@
+"""The flags of ``pacore run`` and ``pacore demo``: the PaCoRe method's, and the engine's (defined once,
+beside EngineConfig: engine/config.py) with how the engines are run (replicas, Ray, profiling)."""
+from __future__ import annotations
+
+import argparse
+import math
+
+from engine.config import add_engine_flags, positive_int, seed_int
+
+from ..config import PRESETS, parse_rounds
+
+# Without --model the embedded 135M model runs on a CPU: a budget that fills its 8k context would take long.
+EMBEDDED_MODEL_MAX_TOKENS = 512
+
+
+def _cap(value: str):
+    if value == "auto":
+        return "auto"
+    if value == "none":
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected 'auto', 'none' or a positive integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("a message token cap must be at least 1")
+    return n
+
+
+def _convert(value: str, kind: type):
+    try:
+        return kind(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
+                                         f"got {value!r}") from None
+
+
+def _finite(value: str) -> float:
+    x = _convert(value, float)
+    if not math.isfinite(x):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {value!r}")
+    return x
+
+
+def _sampling(name: str):
+    """An argparse type for a sampling flag, checked by the engine's own rule (SamplingParams), so
+    a bad value stops the command at once instead of costing a model load and an error per problem."""
+    def parse(value: str) -> float:
+        from engine.sampling_params import SamplingParams  # torch-free
+
+        x = _finite(value)
+        try:
+            SamplingParams(**{name: x})
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e).removeprefix(f"SamplingParams.{name} ")) from None
+        return x
+    return parse
+
+
+def _seconds(value: str) -> float:
+    s = _finite(value)
+    if s < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds (0: snapshot only when stopped), got {value}")
+    return s
+
+
+def _rounds(value: str) -> tuple[int, ...]:
+    try:
+        return parse_rounds(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _max_tokens(value: str):
+    if value == "auto":
+        return "auto"
+    try:
+        return positive_int(value)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive integer, got {value!r}") from None
+
+
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default=None, metavar="DIR",
+                   help="HF model folder (config.json, safetensors, tokenizer); default: the embedded SmolLM2-135M")
+    add_engine_flags(g)
+    g.add_argument("--data-parallel", type=positive_int, default=None, metavar="D",
+                   help="D engine replicas, each on --tensor-parallel GPUs of its own (replica r gets GPUs "
+                        "[r*T, (r+1)*T) in CUDA_VISIBLE_DEVICES order), problems handed to whichever has room; "
+                        "only this process writes the results; on a CPU host D processes that split the cores "
+                        "(default 1; with --ray: the cluster's GPUs // T, or one replica per node without GPUs)")
+    g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="run the replicas as Ray actors (pip install -e '.[ray]'): 'auto', HOST:PORT or "
+                        "ray://HOST:PORT joins a running cluster (`ray start` on each node); without ADDRESS a "
+                        "local one is started. The model folder must exist at the same path on every node; "
+                        "the records stream back here, so no shared filesystem is needed")
+    g.add_argument("--profile", default=None, metavar="DIR",
+                   help="write a per-step timeline (timeline.jsonl), torch.profiler traces and a KV-sharing "
+                        "plot (kv_blocks.png) of the run to DIR")
+
+
+def add_method_options(p: argparse.ArgumentParser, *, max_tokens: int | None, preset: str,
+                        temperature: float) -> None:
+    g = p.add_argument_group("PaCoRe")
+    rounds = g.add_mutually_exclusive_group()
+    rounds.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                        help="round schedule preset: " + ", ".join(f"{k}={list(v)}" for k, v in PRESETS.items())
+                        + f" (default: {preset}); a final K=1 round is always appended")
+    rounds.add_argument("--rounds", type=_rounds, default=None, metavar="K1,K2,...",
+                        help="trajectories per round, e.g. 32,4; a final K=1 round is always appended")
+    default = (f"{max_tokens}" if max_tokens else
+               f"auto with --model, {EMBEDDED_MODEL_MAX_TOKENS} for the embedded default model")
+    g.add_argument("--max-tokens", type=_max_tokens, default=max_tokens, metavar="auto|N",
+                   help=f"generation budget of each trajectory: 'auto' gives each request the context minus its "
+                   f"prompt, as the paper (references are then cut, ends kept, only to leave a quarter of the "
+                   f"context); N must be below the context (default: {default})")
+    g.add_argument("--temperature", type=_sampling("temperature"), default=temperature,
+                   help=f"sampling temperature (default {temperature}; the paper uses 1.0)")
+    g.add_argument("--top-p", type=_sampling("top_p"), default=1.0, help="nucleus sampling threshold (default 1.0, as the paper)")
+    g.add_argument("--seed", type=seed_int, default=0,
+                   help="run seed; sampling (and with --shuffle seeded, the reference order) derives per problem and round "
+                   "from it (default 0)")
+    g.add_argument("--message-token-cap", type=_cap, default="auto", metavar="auto|none|N",
+                   help="shorten each reference to its last N tokens; 'auto' (default) shortens just enough "
+                   "for the round prompt to fit the context (with --max-tokens auto: to leave a quarter of it to "
+                   "generate); 'none' never shortens, as the reference pipeline")
+    g.add_argument("--shuffle", choices=["official", "seeded"], default="official",
+                   help="order of a round's responses, recorded and given as references: 'official' (default) is the "
+                   "reference pipeline's (sorted by length, then one fixed Random(42) shuffle), so results compare with "
+                   "published ones; 'seeded' shuffles per problem and round from --seed")
+    g.add_argument("--runs", type=positive_int, default=1, metavar="R",
+                   help="independent runs of each problem, each with its own derived seeds and its own record "
+                   "(\"run\": r); the summary gives accuracy as the mean over runs and its std across runs, as the "
+                   "paper's pass@1 (64 runs on AIME 2025, HMMT 2025, Apex; default 1)")
+    g.add_argument("--pool", type=positive_int, default=None, metavar="M",
+                   help="sample M round-1 trajectories once per problem (one request, prompt prefilled once); each "
+                   "run draws its K1 from them without replacement, as the paper's evaluation (M=512 there); "
+                   "default: every run samples its own")
+    g.add_argument("--max-problems-in-flight", type=positive_int, default=64, metavar="N",
+                   help="problems with a round in the engine at once (default 64)")
+    g.add_argument("--checkpoint-every", type=_seconds, default=300.0, metavar="SECONDS",
+                   help="seconds between snapshots of the trajectories in flight, which --resume continues "
+                        "(default 300; 0: only when stopped by Ctrl-C or an error)")
+    g.add_argument("--no-grade", action="store_true", help="do not extract or grade answers")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -1,0 +1,61 @@
+"""Per-round statistics of a problem: what one round cost and produced."""
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+
+@dataclass(slots=True)
+class RoundStats:
+    """What one round (one engine request with n=K) of one problem cost and produced."""
+
+    round: int  # 1-based
+    k: int
+    prompt_tokens: int
+    generated_tokens: int
+    prefill_time_s: float  # first token - arrival: queueing + prefill
+    decode_time_s: float  # finished - first token
+    tokens_per_s: float  # generated tokens / (prefill + decode time) of this request
+    prefix_cache_hit_tokens: int
+    kv_blocks_saved_by_sharing: int
+    references: int  # reference messages in this round's prompt
+    dropped_messages: int  # previous-round messages dropped because they were empty
+    truncated_messages: int  # references shortened to fit the context
+    truncated_tokens: int = 0  # tokens those references lost
+    pool: int | None = None  # a round 1 drawn from a pool of this many trajectories (runs.py)
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+    answers: list[str | None] = field(default_factory=list)
+    accuracy: float | None = None  # mean correctness over the K trajectories
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def round_stats_from_output(round_no: int, k: int, out, *, references: int, dropped: int, truncated: int,
+                            truncated_tokens: int = 0, resumed: int = 0) -> RoundStats:
+    """RoundStats from an engine RequestOutput; ``resumed`` tokens came from an earlier session's snapshot
+    (counted as generated, but not in this session's tokens/s)."""
+    m = out.metrics
+    generated = sum(len(c.token_ids) for c in out.outputs)
+    first = m.first_token_time if m.first_token_time is not None else m.finished_time
+    prefill = max(0.0, first - m.arrival_time)
+    decode = max(0.0, m.finished_time - first)
+    total = prefill + decode
+    return RoundStats(
+        round=round_no,
+        k=k,
+        prompt_tokens=len(out.prompt_token_ids),
+        generated_tokens=generated,
+        prefill_time_s=round(prefill, 6),
+        decode_time_s=round(decode, 6),
+        tokens_per_s=round((generated - resumed) / total, 3) if total > 0 else 0.0,
+        prefix_cache_hit_tokens=int(out.num_cached_tokens or 0),
+        kv_blocks_saved_by_sharing=int(getattr(m, "kv_blocks_saved_by_sharing", 0) or 0),
+        references=references,
+        dropped_messages=dropped,
+        truncated_messages=truncated,
+        truncated_tokens=truncated_tokens,
+        finish_reasons=dict(Counter(c.finish_reason for c in out.outputs)),
+    )

@@ -1,0 +1,204 @@
+"""The run summary, built from the whole results file: accuracy per round and over runs, compute, KV saved."""
+from __future__ import annotations
+
+import statistics
+
+from ..config import RunConfig
+from ..results.files import read_results, summary_path, write_json
+from ..results.resume import latest_records
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _over_runs(records: list[dict], value) -> tuple[float | None, float | None]:
+    """The mean of ``value(record)`` over all records (pass@1 averaged over problems and runs, as the
+    paper reports it) and the standard deviation, over runs, of each run's mean (None with one run)."""
+    per_run: dict = {}
+    for rec in records:
+        v = value(rec)
+        if v is not None:
+            per_run.setdefault(rec.get("run", 0), []).append(float(v))
+    values = [v for vs in per_run.values() for v in vs]
+    means = [sum(vs) / len(vs) for vs in per_run.values()]
+    return _mean(values), statistics.stdev(means) if len(means) > 1 else None
+
+
+def _problem_of(rec: dict) -> tuple:
+    return ("line", rec.get("line")) if rec.get("input_error") else ("id", str(rec.get("request_id")))
+
+
+def summarize(records: list[dict], schedule: list[int]) -> dict:
+    """Aggregate the results file: accuracy per round vs self-consistency (mean and std over runs),
+    tokens/s, compute, KV saved.
+
+    Each run of a problem counts once (``latest_records``), however many sessions wrote records for it.
+    """
+    records = latest_records(records)
+    ok = [r for r in records if "error" not in r]
+    errors = [r for r in records if "error" in r]
+    graded = [r for r in ok if r.get("correct") is not None]
+    rounds = []
+    for i, k in enumerate(schedule):
+        has = [r for r in ok if len(r.get("rounds_stats", [])) > i]
+        rs = [r["rounds_stats"][i] for r in has]
+        accuracy, accuracy_std = _over_runs(has, lambda r: r["rounds_stats"][i].get("accuracy"))
+        rounds.append({
+            "round": i + 1,
+            "k": k,
+            "problems": len(rs),
+            "accuracy": accuracy,
+            "accuracy_std": accuracy_std,
+            "prompt_tokens": sum(s["prompt_tokens"] for s in rs),
+            "generated_tokens": sum(s["generated_tokens"] for s in rs),
+            "mean_tokens_per_s": _mean([s["tokens_per_s"] for s in rs]),
+            "mean_prefill_time_s": _mean([s["prefill_time_s"] for s in rs]),
+            "mean_decode_time_s": _mean([s["decode_time_s"] for s in rs]),
+            "prefix_cache_hit_tokens": sum(s["prefix_cache_hit_tokens"] for s in rs),
+            "kv_blocks_saved_by_sharing": sum(s["kv_blocks_saved_by_sharing"] for s in rs),
+            "dropped_messages": sum(s["dropped_messages"] for s in rs),
+            "truncated_messages": sum(s["truncated_messages"] for s in rs),
+            "truncated_tokens": sum(s.get("truncated_tokens", 0) for s in rs),
+        })
+    accuracy, accuracy_std = _over_runs(graded, lambda r: r["correct"])
+    sc, sc_std = _over_runs(ok, lambda r: (r.get("self_consistency") or {}).get("correct"))
+    compute = [r["effective_compute_tokens"] for r in ok if "effective_compute_tokens" in r]
+    # A pool's trajectories were generated once per problem, however many runs drew from them.
+    pools = {str(r["request_id"]): r["pool"] for r in ok if r.get("pool")}
+    generated = sum(s["generated_tokens"] for r in ok for s in r.get("rounds_stats", []) if not s.get("pool"))
+    generated += sum(p["generated_tokens"] for p in pools.values())
+    saved = sum(x["kv_blocks_saved_by_sharing"] for x in rounds)
+    saved += sum(p["stats"]["kv_blocks_saved_by_sharing"] for p in pools.values())
+    return {
+        "problems": len({_problem_of(r) for r in records}),
+        "runs": max((r.get("run", 0) for r in ok), default=0) + 1,
+        "completed": len(ok),
+        "errors": len(errors),
+        "graded": len(graded),
+        "accuracy": accuracy,
+        "accuracy_std": accuracy_std,
+        "self_consistency_accuracy": sc,
+        "self_consistency_accuracy_std": sc_std,
+        "self_consistency_k": schedule[0] if schedule else None,
+        "rounds": rounds,
+        "effective_compute_tokens_total": sum(compute),
+        "effective_compute_tokens_mean": _mean(compute),
+        "generated_tokens_total": generated,
+        "pool_generated_tokens": sum(p["generated_tokens"] for p in pools.values()),
+        # per request: the prompt blocks its fork shared instead of copying; summed, not a peak
+        "kv_blocks_saved_by_sharing_sum": saved,
+        "error_samples": [{"request_id": r.get("request_id"), "run": r.get("run"), "error": r["error"]}
+                          for r in errors[:10]],
+    }
+
+
+def _fmt(x: float | None, pct: bool = False) -> str:
+    if x is None:
+        return "n/a"
+    return f"{100 * x:.1f}%" if pct else f"{x:.1f}"
+
+
+def _acc(mean: float | None, std: float | None) -> str:
+    return _fmt(mean, True) + (f" ± {100 * std:.1f}" if std is not None else "")
+
+
+def format_summary(summary: dict) -> str:
+    """A human-readable summary for the terminal."""
+    runs = summary.get("runs", 1)
+    what = "problems" if runs == 1 else "runs"
+    total = summary["completed"] + summary["errors"] if runs > 1 else summary["problems"]
+    lines = [
+        f"PaCoRe run: {summary['completed']}/{total} {what} completed"
+        + (f" ({summary['problems']} problems x {runs} runs)" if runs > 1 else "")
+        + f", {summary['errors']} errors, {summary['graded']} graded",
+        f"  accuracy (final answer): {_acc(summary['accuracy'], summary.get('accuracy_std'))}   "
+        f"self-consistency (majority of {summary['self_consistency_k']} round-1 answers): "
+        f"{_acc(summary['self_consistency_accuracy'], summary.get('self_consistency_accuracy_std'))}"
+        + (f"   (pass@1 averaged over {runs} runs ± std over runs)" if runs > 1 else ""),
+        f"  {'round':>5} {'K':>4} {'acc':>13} {'prompt tok':>11} {'gen tok':>9} {'tok/s':>8} "
+        f"{'cache hit':>10} {'KV saved':>9} {'dropped':>8} {'cut (tokens)':>14}",
+    ]
+    for r in summary["rounds"]:
+        cut = f"{r['truncated_messages']} ({r['truncated_tokens']})"
+        lines.append(
+            f"  {r['round']:>5} {r['k']:>4} {_acc(r['accuracy'], r.get('accuracy_std')):>13} {r['prompt_tokens']:>11} "
+            f"{r['generated_tokens']:>9} {_fmt(r['mean_tokens_per_s']):>8} {r['prefix_cache_hit_tokens']:>10} "
+            f"{r['kv_blocks_saved_by_sharing']:>9} {r['dropped_messages']:>8} {cut:>14}"
+        )
+    lines.append(
+        f"  effective test-time compute: {summary['effective_compute_tokens_total']} tokens "
+        f"({_fmt(summary['effective_compute_tokens_mean'])} per {'run' if runs > 1 else 'problem'}); "
+        f"generated: {summary.get('generated_tokens_total', summary['effective_compute_tokens_total'])} tokens"
+        + (f" (pools: {summary['pool_generated_tokens']}, once per problem)" if summary.get("pool_generated_tokens")
+           else "")
+        + f"; KV blocks forks shared instead of copying (sum over requests): "
+          f"{summary['kv_blocks_saved_by_sharing_sum']}"
+    )
+    run = summary.get("run")
+    if run:
+        lines.append(
+            f"  this session: {run['generated_tokens']} tokens in {run['wall_time_s']:.1f}s "
+            f"= {run['tokens_per_s']:.1f} tok/s"
+            + _replicas(run)
+        )
+    dispatch = (run or {}).get("dispatch")
+    if dispatch and (dispatch["lost"] or dispatch["problems_reassigned"]):
+        lost = "; ".join(f"replica {r}: {why}" for r, why in dispatch["lost"].items())
+        lines.append(f"  replicas: {len(dispatch['lost'])} of {dispatch['replicas']} lost ({lost}), "
+                     f"{dispatch['problems_reassigned']} problems they held reassigned")
+    for e in summary["error_samples"]:
+        run_no = f" run {e['run']}" if runs > 1 and e.get("run") is not None else ""
+        lines.append(f"  error [{e['request_id']}{run_no}]: {e['error']}")
+    return "\n".join(lines)
+
+
+def _replicas(run: dict) -> str:
+    dispatch = run.get("dispatch")
+    if dispatch:  # handed out as each had room, so the counts say how the work was shared
+        return (f" on {dispatch['replicas']} replicas (problems handed to each: "
+                f"{', '.join(map(str, dispatch['problems_per_replica']))})")
+    return f" on {len(run['replicas'])} replicas" if run.get("replicas") else ""
+
+
+def write_summary(cfg: RunConfig, wall: float, sessions: list[dict], dispatch: dict | None = None) -> dict:
+    """Summarize the whole results file plus this session's engines (one per replica); write it.
+
+    ``dispatch``: a data-parallel run's replicas, those lost and the problems reassigned (replicas/driver.py).
+    """
+    summary = summarize(read_results(cfg.out_path), list(cfg.schedule))
+    tokens = sum(s["generated_tokens"] for s in sessions)
+    first = sessions[0] if sessions else {"max_tokens": cfg.max_tokens, "max_model_len": None, "engine_stats": {}}
+    summary["run"] = {
+        "wall_time_s": round(wall, 3),
+        "generated_tokens": tokens,
+        "tokens_per_s": round(tokens / wall, 3) if wall > 0 else 0.0,
+        "max_tokens": first["max_tokens"],
+        "max_model_len": first["max_model_len"],
+        "engine_stats": first["engine_stats"] if len(sessions) <= 1 else _sum_stats(sessions),
+    }
+    if len(sessions) > 1:
+        summary["run"]["replicas"] = sessions
+    if dispatch is not None:
+        summary["run"]["dispatch"] = dispatch
+    summary["config"] = cfg.to_dict()
+    write_json(summary_path(cfg.out_path), summary)
+    return summary
+
+
+def _sum_stats(sessions: list[dict]) -> dict:
+    """Engine counters added up over replicas (block size in bytes is the same for all)."""
+    total: dict = {}
+    for s in sessions:
+        for key, value in s["engine_stats"].items():
+            if isinstance(value, (int, float)) and key != "kv_bytes_per_block":
+                total[key] = total.get(key, 0) + value
+            else:
+                total.setdefault(key, value)
+    return total
+
+
+def show_summary(summary: dict, cfg: RunConfig) -> None:
+    """Print the summary and where the results are."""
+    print(format_summary(summary))
+    print(f"results: {cfg.out_path}\nsummary: {summary_path(cfg.out_path)}")

@@ -1,0 +1,50 @@
+"""Every key a run writes or matches, in one place: the names on disk must never change (a results file
+from an earlier version still resumes), so each format is spelled out once here.
+
+- ``problem_key``: a problem's identity (ids 7 and "7" are one problem).
+- ``run_key``: a run's identity in the results file, for resume (problem key, unit separator, ``run``).
+- ``unit_key``: the name of a run, or of a problem's pool, in request ids and snapshot files
+  (``KEY#runR``, ``KEY#pool``); run 0 keeps the bare key, as a single run was named before runs existed.
+- ``request_id``: the engine request of a unit's round (``UNIT#rN``).
+- ``record_key``: what a results record is about: a run of a problem, or an input line that is none.
+"""
+from __future__ import annotations
+
+POOL_RUN = "pool"  # the "run" of a pool's round checkpoint record
+
+
+def problem_key(pid: object) -> str:
+    """The identity used for resume and duplicate checks (ids 7 and "7" are the same problem)."""
+    return str(pid)
+
+
+def run_key(pid: object, run: object = 0) -> str:
+    """The resume identity of run ``run`` of a problem (``pacore run --runs``): its problem key for run 0
+    (and for records without a "run"), the key and the run joined by a unit separator otherwise."""
+    key = problem_key(pid)
+    return key if not run else f"{key}\x1frun{run}"
+
+
+def unit_key(key: str, run: int) -> str:
+    """The name of run ``run`` of the problem ``key`` in request ids and snapshots."""
+    return key if run == 0 else f"{key}#run{run}"
+
+
+def pool_key(key: str) -> str:
+    """The name of the problem ``key``'s round-1 pool in request ids and snapshots."""
+    return f"{key}#{POOL_RUN}"
+
+
+def request_id(unit: str, round_no: int) -> str:
+    """The engine request id of round ``round_no`` (1-based) of a unit (``unit_key`` or ``pool_key``)."""
+    return f"{unit}#r{round_no}"
+
+
+def record_key(rec: dict) -> tuple[str, str] | None:
+    """What a results record is about: ("problem", run_key), or ("line", N) for an input line that is no
+    problem (bad JSON, duplicate id, ...), so that such a line never counts as, or shadows, a problem."""
+    if rec.get("input_error") and isinstance(rec.get("line"), int):
+        return ("line", str(rec["line"]))
+    if "request_id" in rec:
+        return ("problem", run_key(rec["request_id"], rec.get("run", 0)))  # each run of a problem apart
+    return None

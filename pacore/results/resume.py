@@ -1,0 +1,183 @@
+"""Resume: what earlier sessions left in a results file, and what this session still has to do.
+
+``prepare_output`` reads the results file (a success record makes a run done, error records stay as
+history), ``select_pending`` picks the input lines to run, and ``read_prior_work`` gathers, per problem,
+its done runs, its checkpointed rounds and its pool, which the runner continues from (runner.py).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from ..config import RunConfig
+from .files import cut_torn_line, read_results, rounds_path, snapshot_dir
+from .keys import POOL_RUN, problem_key, record_key, run_key
+from .problems import BadLine, Problem
+
+
+class OutputExistsError(RuntimeError):
+    """The output file already holds results and --resume was not given."""
+
+
+@dataclass(slots=True)
+class PriorResults:
+    """What earlier sessions left in a results file: the basis of --resume."""
+
+    done: set[str] = field(default_factory=set)  # run keys (run_key) with a success record
+    failed: set[str] = field(default_factory=set)  # run keys with error records only
+    bad_lines: dict[int, str] = field(default_factory=dict)  # input line -> its latest recorded input error
+
+
+def latest_records(records: list[dict]) -> list[dict]:
+    """One record per problem (or bad input line): the latest, except that a success beats any error.
+
+    A results file is an append-only history (a failed problem retried on --resume has an error and
+    then a success); everything that counts problems reads it through this.
+    """
+    best: dict[tuple[str, str], dict] = {}
+    for rec in records:
+        key = record_key(rec)
+        if key is None:
+            continue
+        old = best.get(key)
+        if old is None or "error" not in rec or "error" in old:
+            best[key] = rec
+    return list(best.values())
+
+
+def prepare_output(path: str, resume: bool) -> PriorResults:
+    """Check the output path (and its round checkpoints) and return what earlier sessions finished.
+
+    Without ``resume`` a non-empty file is refused. With it, a torn last line (a kill in the middle
+    of a write) is cut off so the next append starts on a fresh line. Only a success record makes a
+    problem done; error records stay in the file as history.
+    """
+    held = [p for p in (path, rounds_path(path)) if os.path.exists(p) and os.path.getsize(p) > 0]
+    snapshots = snapshot_dir(path)
+    if not held and os.path.isdir(snapshots) and os.listdir(snapshots):
+        held = [snapshots]
+    if not held:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        return PriorResults()
+    if not resume:
+        raise OutputExistsError(
+            f"{held[0]} already holds results; pass --resume to skip the problems it has and finish "
+            f"the rest, or choose another --out path"
+        )
+    for p in held:
+        if os.path.isfile(p):
+            cut_torn_line(p)  # the torn line's problem (or round) is simply run again
+    prior = PriorResults()
+    for rec in latest_records(read_results(path)):
+        kind, key = record_key(rec)
+        if kind == "line":
+            prior.bad_lines[int(key)] = rec.get("error")
+        elif "error" in rec:
+            prior.failed.add(key)
+        else:
+            prior.done.add(key)
+    return prior
+
+
+def select_pending(items: Iterator[Problem | BadLine], prior: PriorResults, skip_failed: bool = False,
+                   runs: int = 1) -> tuple[list[Problem | BadLine], str | None]:
+    """The input items this session runs, and a note saying what a resume takes over (None if nothing).
+
+    Done problems (all ``runs`` of them done) are skipped; failed ones run again unless ``skip_failed``;
+    a bad line whose very error is already recorded is not recorded again (it has nothing new to say).
+    """
+    todo: list[Problem | BadLine] = []
+    done = retried = skipped = 0
+    for item in items:
+        if isinstance(item, BadLine):
+            if prior.bad_lines.get(item.line_no) != item.error:
+                todo.append(item)
+            continue
+        left = [k for k in (run_key(item.id, r) for r in range(runs)) if k not in prior.done]
+        if not left:
+            done += 1
+        elif skip_failed and all(k in prior.failed for k in left):
+            skipped += 1
+        else:
+            retried += any(k in prior.failed for k in left)
+            todo.append(item)
+    if not (done or retried or skipped):
+        return todo, None
+    if skip_failed:
+        return todo, f"resuming: {_n(done)} done, {_n(skipped)} failed earlier skipped (--skip-failed)"
+    return todo, f"resuming: {_n(done)} done, {_n(retried)} failed earlier will run again"
+
+
+def _n(count: int) -> str:
+    return f"{count} problem{'' if count == 1 else 's'}"
+
+
+@dataclass(slots=True)
+class PriorWork:
+    """What earlier sessions finished of one problem: done runs, checkpointed rounds, its pool."""
+
+    runs_done: set[int] = field(default_factory=set)
+    rounds: dict[int, list[dict]] = field(default_factory=dict)  # run -> checkpoint records of rounds 1..r
+    pool: dict | None = None  # the pool's checkpoint record
+
+
+def read_prior_work(cfg: RunConfig, todo: list, prior: PriorResults) -> dict[str, PriorWork]:
+    """Problem key -> what earlier sessions left of it, for the problems in ``todo``.
+
+    A run is done when it has a success record (or, with --skip-failed, only error records). Rounds
+    count only as a gapless sequence from round 1 (from round 2 with a pool: round 1 is the draw).
+    """
+    problems = {x.key: x for x in todo if isinstance(x, Problem)}
+    by_run: dict[str, dict[int, dict[int, dict]]] = {}
+    pools: dict[str, dict] = {}
+    for rec in read_results(rounds_path(cfg.out_path)):
+        key = problem_key(rec.get("request_id"))
+        if key not in problems or not isinstance(rec.get("round"), int):
+            continue
+        run = rec.get("run", 0)
+        if run == POOL_RUN:
+            pools[key] = rec
+        elif isinstance(run, int):
+            by_run.setdefault(key, {}).setdefault(run, {})[rec["round"]] = rec
+    out: dict[str, PriorWork] = {}
+    first = 2 if cfg.pool else 1
+    for key, problem in problems.items():
+        work = PriorWork(pool=pools.get(key))
+        for run in range(cfg.runs):
+            rk = run_key(problem.id, run)
+            if rk in prior.done or (cfg.skip_failed and rk in prior.failed):
+                work.runs_done.add(run)
+            rounds = by_run.get(key, {}).get(run, {})
+            seq = []
+            while first + len(seq) in rounds:
+                seq.append(rounds[first + len(seq)])
+            if seq:
+                work.rounds[run] = seq
+        if work.runs_done or work.rounds or work.pool:
+            out[key] = work
+    return out
+
+
+def runs_left(cfg: RunConfig, work: PriorWork | None) -> list[int]:
+    """The runs of a problem this session still has to do."""
+    done = work.runs_done if work else set()
+    return [run for run in range(cfg.runs) if run not in done]
+
+
+def usable_pool(cfg: RunConfig, work: PriorWork | None) -> dict | None:
+    """The problem's checkpointed pool, if it was sampled with this --pool and --seed."""
+    rec = work.pool if work else None
+    return rec if rec is not None and (rec.get("k"), rec.get("seed")) == (cfg.pool, cfg.seed) else None
+
+
+def usable_rounds(cfg: RunConfig, work: PriorWork | None, run: int, first: int) -> tuple[list[dict], bool]:
+    """A run's checkpointed rounds from round ``first`` + 1 on, short of the final round, and whether
+    they had to be dropped because they were run with other settings."""
+    schedule = cfg.schedule
+    records = (work.rounds.get(run, []) if work else [])[: len(schedule) - 1 - first]
+    expected = [(k, cfg.seed, cfg.shuffle, cfg.pool) for k in schedule[first:]]
+    if any((rec.get("k"), rec.get("seed"), rec.get("shuffle"), rec.get("pool")) != want
+           for rec, want in zip(records, expected)):
+        return [], True
+    return records, False

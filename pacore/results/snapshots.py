@@ -1,0 +1,91 @@
+"""Snapshots of the rounds in flight, so that a kill costs minutes of decoding, not whole rounds.
+
+One file per (problem, round) in ``OUT.partial/``: each trajectory's tokens so far and whether it
+finished. It is rewritten atomically at every snapshot and deleted when the round ends; on
+``--resume`` the round's request is re-added with it (``LLM.add_request(resume=...)``) and every
+trajectory continues where it stopped, drawing the same tokens as if it never had. A replica of a
+data-parallel run never writes these files: it sends the snapshot record to the driver
+(results/sink.py), which writes it here and ships it back with the problem when the problem moves.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from array import array
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .files import snapshot_dir
+
+if TYPE_CHECKING:
+    from engine.sequence import Partial  # one trajectory: its tokens so far, its finish reason
+
+
+def snapshot_record(key: str, round_no: int, k: int, seed: int, prompt: list[int], partial: list[Partial]) -> dict:
+    """What a snapshot holds: the trajectories' tokens and what they must match to be continued.
+
+    Tokens are int32 arrays: compact, and plain to pickle between processes (a tensor sent through a
+    multiprocessing pipe travels as a shared-memory handle that dies with its sender).
+    """
+    return {"key": key, "round": round_no, "k": k, "seed": seed, "prompt": _digest(prompt),
+            "tokens": [array("i", t) for t, _ in partial], "finish_reasons": [reason for _, reason in partial]}
+
+
+def usable_snapshot(rec: dict | None, key: str, k: int, seed: int, prompt: list[int]) -> list[Partial] | None:
+    """The trajectories of ``rec`` if it was taken with the same K, seed and prompt tokens, else None."""
+    if rec is None or (rec.get("key"), rec.get("k"), rec.get("seed"), rec.get("prompt")) != (key, k, seed,
+                                                                                           _digest(prompt)):
+        return None
+    return [(t.tolist(), reason) for t, reason in zip(rec["tokens"], rec["finish_reasons"])]
+
+
+class SnapshotStore:
+    """The snapshot files of a results file, one per (unit, round), in ``OUT.partial/``."""
+
+    def __init__(self, out_path: str):
+        self.dir = snapshot_dir(out_path)
+
+    def _path(self, key: str, round_no: int) -> str:
+        return os.path.join(self.dir, f"{hashlib.sha1(key.encode()).hexdigest()[:24]}.r{round_no}.pt")
+
+    def save(self, key: str, round_no: int, k: int, seed: int, prompt: list[int], partial: list[Partial]) -> None:
+        self.write(snapshot_record(key, round_no, k, seed, prompt, partial))
+
+    def write(self, record: dict) -> None:
+        os.makedirs(self.dir, exist_ok=True)
+        path = self._path(record["key"], record["round"])
+        # on disk as int32 tensors, which torch.load(weights_only=True) reads back
+        tensors = [torch.frombuffer(t, dtype=torch.int32).clone() if len(t) else torch.zeros(0, dtype=torch.int32)
+                   for t in record["tokens"]]
+        with open(path + ".tmp", "wb") as f:
+            torch.save({**record, "tokens": tensors}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+
+    def read(self, key: str, round_no: int) -> dict | None:
+        """The snapshot record of this round as saved, or None (none, or unreadable: the round starts over)."""
+        path = self._path(key, round_no)
+        if not os.path.exists(path):
+            return None
+        try:
+            rec = torch.load(path, weights_only=True)
+            return {**rec, "tokens": [array("i", t.to(torch.int32).numpy().tobytes()) for t in rec["tokens"]]}
+        except Exception:
+            return None
+
+    def load(self, key: str, round_no: int, k: int, seed: int, prompt: list[int]) -> list[Partial] | None:
+        """The snapshot of this round, if one was taken with the same K, seed and prompt tokens."""
+        return usable_snapshot(self.read(key, round_no), key, k, seed, prompt)
+
+    def drop(self, key: str, round_no: int) -> None:
+        try:
+            os.remove(self._path(key, round_no))
+        except FileNotFoundError:
+            pass
+
+
+def _digest(tokens: list[int]) -> str:
+    return hashlib.sha1(torch.tensor(tokens, dtype=torch.int64).numpy().tobytes()).hexdigest()

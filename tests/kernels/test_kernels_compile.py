@@ -1,0 +1,122 @@
+"""Ahead-of-time compile every Triton kernel for a Hopper GPU (sm_90) on a host without one.
+
+The interpreter tests check the maths; this catches what only the real compiler sees (types, dot
+shapes, shared memory over the 227 KiB limit). It runs itself in a subprocess, because the kernels
+must be created without TRITON_INTERPRET. Skips where triton or its bundled ptxas is missing.
+"""
+import os
+import sys
+
+if __name__ != "__main__":  # the subprocess body must not switch the interpreter on
+    import _triton_env as env  # noqa: F401  (must come first)
+else:
+    env = None
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SMEM_LIMIT = 232448  # bytes of shared memory one block may use on sm_90
+
+
+@pytest.mark.skipif(env is not None and env.DEVICE != "cpu",
+                    reason="on a GPU the real kernels run in the other tests")
+def test_kernels_compile_for_sm90():
+    pytest.importorskip("triton")
+    run_env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run_env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    proc = subprocess.run([sys.executable, __file__], cwd=ROOT, env=run_env, capture_output=True, text=True,
+                          timeout=900)
+    if proc.returncode == 3:
+        pytest.skip(proc.stdout.strip().splitlines()[-1])
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+# ------------------------------------------------------------------ subprocess body
+def _compile_all() -> int:
+    sys.path.insert(0, str(ROOT))
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels import activation, cascade_decode, paged_decode, prefill_attention, rmsnorm, rope, store_kvcache
+
+    target = GPUTarget("cuda", 90, 32)
+    tname = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
+             torch.int64: "i64"}
+
+    def compile_one(kernel, args: dict, consts: dict):
+        """args: name -> torch.dtype (a pointer to it), int (an i32/i64 scalar) or float (fp32)."""
+        sig = {}
+        for name in kernel.arg_names:
+            if name in consts:
+                sig[name] = "constexpr"
+            elif isinstance(args[name], torch.dtype):
+                sig[name] = "*" + tname[args[name]]
+            elif isinstance(args[name], float):
+                sig[name] = "fp32"
+            else:
+                sig[name] = "i64" if abs(args[name]) >= 2 ** 31 else "i32"
+        opts = {k: consts.pop(k) for k in ("num_warps", "num_stages") if k in consts}
+        c = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts), target=target, options=opts)
+        assert c.metadata.shared <= SMEM_LIMIT, f"{kernel.fn.__name__} {consts}: shared {c.metadata.shared}"
+        print(f"ok {kernel.fn.__name__:24s} shared={c.metadata.shared:6d} {consts}", flush=True)
+
+    f32, i32 = torch.float32, torch.int32
+    for dt, D, qpk, has_start in [(torch.bfloat16, 128, 8, True), (torch.float16, 64, 1, False),
+                                  (f32, 128, 4, True)]:
+        compile_one(paged_decode._decode_split_kernel,
+                    dict(q_ptr=dt, kc_ptr=dt, vc_ptr=dt, bt_ptr=i32, seq_ptr=i32, start_ptr=i32, o_ptr=f32,
+                         lse_ptr=f32, stride_qb=4096, stride_bt=64, stride_tok=1024, stride_ob=1, stride_oh=1,
+                         stride_os=1, stride_lb=1, stride_lh=1, stride_ls=1, split_off=3, NUM_SPLITS=5,
+                         qk_scale=0.1),
+                    dict(QPK=qpk, D=D, BS=16, BLOCK_M=max(16, qpk), BLOCK_N=64 if D <= 64 else 32, BLOCK_D=D,
+                         HAS_START=has_start, STORE_LSE=True, DOT_PREC=paged_decode.dot_precision(dt),
+                         **paged_decode.launch_opts(dt)))
+    compile_one(paged_decode._merge_splits_kernel,
+                dict(o_part_ptr=f32, lse_part_ptr=f32, out_ptr=torch.bfloat16, lse_ptr=f32, S=7, stride_pb=9,
+                     stride_ph=9, stride_ps=9, stride_lb=9, stride_lh=9, stride_ob=9, stride_oh=9, stride_fb=9),
+                dict(D=128, BLOCK_S=64, BLOCK_D=128, STORE_LSE=True, num_warps=4))
+    for dt, D, qpk in [(torch.bfloat16, 128, 8), (f32, 128, 4), (torch.float16, 64, 1), (torch.bfloat16, 128, 3)]:
+        block_m = 64
+        compile_one(cascade_decode._cascade_prefix_kernel,
+                    dict(q_ptr=dt, kc_ptr=dt, vc_ptr=dt, bt_ptr=i32, gs_ptr=i32, gp_ptr=i32, o_ptr=f32, lse_ptr=f32,
+                         stride_qb=4096, stride_bt=64, stride_tok=1024, stride_ob=9, stride_oh=9, stride_os=9,
+                         stride_lb=9, stride_lh=9, stride_ls=9, HKV=8, NUM_SPLITS=5, qk_scale=0.1),
+                    dict(QPK=qpk, MT=block_m // qpk, D=D, BS=16, BLOCK_M=block_m, BLOCK_N=64 if D <= 64 else 32,
+                         BLOCK_D=D, DOT_PREC=paged_decode.dot_precision(dt), **paged_decode.launch_opts(dt)))
+    for dt, D in [(torch.bfloat16, 128), (f32, 128)]:
+        compile_one(prefill_attention._prefill_kernel,
+                    dict(q_ptr=dt, kc_ptr=dt, vc_ptr=dt, bt_ptr=i32, cu_ptr=i32, seq_ptr=i32, tile_seq_ptr=i32,
+                         tile_idx_ptr=i32, o_ptr=dt, stride_qt=4096, stride_ot=4096, stride_bt=64, stride_tok=1024,
+                         S=3, qk_scale=0.1),
+                    dict(QPK=4, D=D, BS=16, BLOCK_M=64, BLOCK_N=64 if D <= 64 else 32, BLOCK_D=D,
+                         DOT_PREC=paged_decode.dot_precision(dt), **paged_decode.launch_opts(dt)))
+    bf = torch.bfloat16
+    compile_one(store_kvcache._store_kvcache_kernel,
+                dict(k_ptr=bf, v_ptr=bf, kc_ptr=bf, vc_ptr=bf, slot_ptr=torch.int64, stride_k=6144, stride_v=6144),
+                dict(HD=1024, BLOCK=1024))
+    for dt, res in [(bf, True), (f32, False)]:
+        compile_one(rmsnorm._rmsnorm_kernel,
+                    dict(x_ptr=dt, res_ptr=dt, w_ptr=dt, out_ptr=dt, res_out_ptr=dt, stride_x=4096, stride_r=4096,
+                         H=4096, eps=1e-5),
+                    dict(HAS_RES=res, BLOCK=4096, num_warps=4))
+    compile_one(rope._rope_kernel,
+                dict(pos_ptr=torch.int64, q_ptr=bf, k_ptr=bf, cs_ptr=f32, stride_q=6144, stride_k=6144, HQ=32, HKV=8),
+                dict(HALF=64, BLOCK_HQ=32, BLOCK_HKV=8, BLOCK_HALF=64, num_warps=4))
+    compile_one(activation._silu_and_mul_kernel, dict(x_ptr=bf, out_ptr=bf, stride_x=28672, I=14336),
+                dict(BLOCK=1024, num_warps=4))
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        import triton  # noqa: F401
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+    except Exception as e:  # pragma: no cover
+        print(f"triton's compiler is unavailable: {e}")
+        sys.exit(3)
+    sys.exit(_compile_all())

@@ -1,0 +1,35 @@
+import json
+
+import pytest
+
+from pacore.cli import main
+from pacore.cli.demo import demo_records, write_demo_jsonl
+from pacore.evaluate.grading import grade, ground_truth_answer
+from pacore.results.problems import Problem, read_problems
+
+
+def test_demo_problems_are_valid_and_gradable(tmp_path):
+    path = tmp_path / "demo.jsonl"
+    write_demo_jsonl(str(path))
+    items = list(read_problems(str(path)))
+    assert 4 <= len(items) <= 6 and all(isinstance(p, Problem) for p in items)
+    for rec in demo_records():
+        gold = ground_truth_answer(rec)
+        assert grade(f"So the answer is {gold}.", gold) == (gold, True)
+
+
+@pytest.mark.slow
+def test_demo_end_to_end_on_the_default_model(tmp_path, capsys):
+    pytest.importorskip("engine")
+    from engine.default_model import resolve_model
+
+    try:
+        resolve_model(None)
+    except Exception as e:  # the embedded model package is not installed here
+        pytest.skip(f"default model unavailable: {e}")
+    out = tmp_path / "demo.jsonl"
+    assert main(["demo", "--out", str(out), "--max-tokens", "4", "--no-progress"]) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(recs) == len(demo_records()) and all("error" not in r for r in recs)
+    assert all(len(r["round_responses"]) == 2 and len(r["round_responses"][0]) == 4 for r in recs)
+    assert "accuracy (final answer)" in capsys.readouterr().out
