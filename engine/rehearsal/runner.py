@@ -72,6 +72,7 @@ class Ledger:
 
     total: StepCost = field(default_factory=StepCost)
     by_request: dict[str, StepCost] = field(default_factory=dict)
+    generated: dict[str, int] = field(default_factory=dict)  # request id -> tokens sampled
     steps: list[StepSample] = field(default_factory=list)
     recompute_tokens: int = 0
 
@@ -166,6 +167,9 @@ class RehearsalRunner(ModelRunner):
         ledger.total.add(cost)
         for rid, c in per.items():
             ledger.by_request.setdefault(rid, StepCost()).add(c)
+        for seq in plan.sample_seqs:
+            rid = seq.request.request_id
+            ledger.generated[rid] = ledger.generated.get(rid, 0) + 1
         self.clock.now_s += cost.total
         return torch.empty(len(plan.sample_seqs), 0)  # the scripted sampler reads no logits
 
