@@ -1,8 +1,10 @@
 """LLM: the public engine. Requests in, a continuous-batching step loop, RequestOutputs out.
 
-A step is glue between three parts: the Scheduler plans it (and owns every sequence's life), the
-ModelRunner turns the plan into tensors and runs the model, the Sampler picks the tokens, and the
-Scheduler's postprocess appends them and finishes what stopped.
+A step is glue between its parts: the Scheduler plans it (and owns every sequence's life), the
+ModelRunner turns the plan into tensors and runs the model (on every tensor-parallel rank), the
+Sampler picks the tokens, the Scheduler's postprocess appends them and finishes what stopped, and
+the StepHooks (engine/observers.py) time it for the observers. What add_request refuses is in
+engine/checks.py; a Request assembles its own outputs (engine/sequence.py).
 """
 from __future__ import annotations
 
@@ -11,25 +13,22 @@ import itertools
 import numbers
 import time
 import weakref
-from contextlib import nullcontext
 
 import torch
 from tqdm.auto import tqdm
 
-from engine.attention import default_backend, with_ranges
+from engine.attention import default_backend
 from engine.block_manager import BlockManager
+from engine.checks import check_fits, check_resume, prompt_ids
 from engine.config import EngineConfig, ModelConfig, resolve_dtype
 from engine.default_model import resolve_model
-from engine.metrics import StepObserver, StepRecord
+from engine.observers import StepHooks, StepObserver, StepRecord
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import CascadePolicy, Scheduler, StepPlan
-from engine.sequence import CompletionOutput, Partial, Request, RequestOutput
+from engine.sequence import Partial, Request, RequestOutput
 from engine.stopping import StopChecker
 from engine.tp_workers import start_ranks
-
-_CPU_KV_BYTES = 2 << 30
-_MAX_CPU_BLOCKS = 1 << 16
 
 
 class StepError(RuntimeError):
@@ -73,12 +72,12 @@ class LLM:
             max_model_len=self.max_model_len, backend=opts.attention_backend or default_backend(self.device),
             cascade=cascade.enabled is not False, batch_invariant=opts.batch_invariant)
         self.runner = start_ranks(runner_kwargs, opts.tensor_parallel_size, self.device)
-        if self.runner.workers is not None:
-            weakref.finalize(self, self.runner.workers.shutdown)  # the registry keeps it; no handle needed
+        weakref.finalize(self, self.runner.shutdown)  # stops TP workers; the registry keeps it, no handle needed
         try:
             # kv_bytes_per_block counts every rank's share of a block: the memory one block costs.
             self.kv_bytes_per_block = self.runner.kv_bytes_per_block * opts.tensor_parallel_size
-            num_blocks = opts.num_kv_blocks or self._auto_blocks(opts)
+            num_blocks = opts.num_kv_blocks or self.runner.auto_num_blocks(opts.kv_cache_memory,
+                                                                           opts.gpu_memory_utilization)
             self.runner.allocate_kv_cache(num_blocks, cuda_graphs=not opts.enforce_eager)
         except BaseException:
             self.shutdown()
@@ -94,37 +93,27 @@ class LLM:
         self._ids = itertools.count()
         self._steps = 0
         self._cascade_steps = 0
-        self.observers: list[StepObserver] = []
-        self._ops, self._ranges = self.runner.ops, False
-        self.record_steps = opts.record_steps
-        self.step_log: list[StepRecord] = []  # filled when record_steps is on
+        self.hooks = StepHooks(opts.record_steps, self.device, self.runner.mark_ranges)
+
+    @property
+    def observers(self) -> list[StepObserver]:
+        """The attached StepObservers (add_observer / remove_observer change it)."""
+        return self.hooks.observers
+
+    @property
+    def step_log(self) -> list[StepRecord]:
+        """One StepRecord per step, kept when the LLM was made with record_steps=True."""
+        return self.hooks.log
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel worker processes (idempotent; also done when the LLM is collected)."""
-        if self.runner.workers is not None:
-            self.runner.workers.shutdown()
+        self.runner.shutdown()
 
     def __enter__(self) -> "LLM":
         return self
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
-
-    def _auto_blocks(self, opts: EngineConfig) -> int:
-        per_block, kv_bytes = self.runner.kv_bytes_per_block, opts.kv_cache_memory
-        if kv_bytes is not None:
-            kv_bytes //= opts.tensor_parallel_size  # the budget is for all ranks together
-        elif self.device.type == "cuda":  # weights are already loaded; the smallest rank's room decides
-            kv_bytes = self.runner.free_kv_bytes(opts.gpu_memory_utilization)
-            if self.runner.workers is not None:
-                kv_bytes = min([kv_bytes, *self.runner.workers.call("free_kv_bytes", opts.gpu_memory_utilization)])
-        if kv_bytes is None:
-            return min(_MAX_CPU_BLOCKS, _CPU_KV_BYTES // self.kv_bytes_per_block)
-        blocks = int(kv_bytes // per_block)
-        if blocks < 1:
-            raise ValueError(f"kv_cache_memory={kv_bytes} bytes holds no {self.block_size}-token block "
-                             f"({per_block} bytes each); give more memory or fewer tokens per block")
-        return blocks
 
     # -- requests ----------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
@@ -135,29 +124,15 @@ class LLM:
         resume: what ``partial_outputs`` returned for this request in an earlier session; each
         unfinished child continues after its tokens (a seeded child draws exactly what it would have).
         """
-        if self.runner.workers is not None:
-            self.runner.workers.check()  # a dead rank: say so now, not at the next step
+        self.runner.check_alive()  # a dead rank: say so now, not at the next step
         params = params or SamplingParams()
         params.validate()
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer: use stop_token_ids, or load one (tokenizer=...)")
-        text, ids = self._tokens(prompt)
+        text, ids = prompt_ids(prompt, self.tokenizer, self.config.vocab_size)
         if params.max_tokens is None:  # fill the context, as vLLM does
             params = dataclasses.replace(params, max_tokens=max(1, self.max_model_len - len(ids)))
-        total = len(ids) + params.max_tokens
-        if total > self.max_model_len:
-            raise ValueError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
-                             f"max_model_len={self.max_model_len}; shorten the prompt, lower max_tokens "
-                             "or raise max_model_len")
-        bm = self.block_manager
-        cache_tokens = bm.num_blocks * self.block_size
-        if total > cache_tokens:
-            raise ValueError(f"prompt ({len(ids)}) + max_tokens ({params.max_tokens}) needs more than the whole "
-                             f"KV cache ({cache_tokens} tokens); lower max_tokens or max_model_len, or give the "
-                             "cache more memory")
-        if params.n > bm.num_blocks:
-            raise ValueError(f"n={params.n} trajectories exceed the KV cache's {bm.num_blocks} blocks: each "
-                             f"trajectory decodes into blocks of its own, so lower n or give the cache more memory")
+        check_fits(len(ids), params, self.max_model_len, self.block_manager.num_blocks, self.block_size)
         if request_id is None:
             request_id = next(i for i in map(str, self._ids) if i not in self.requests)
         request_id = str(request_id)
@@ -166,76 +141,35 @@ class LLM:
         req = Request(request_id, text, ids, params)
         req.metrics.num_prompt_tokens = len(ids)
         if resume is not None:
-            self._check_resume(params, resume)
+            check_resume(params, resume, self.config.vocab_size)
         self.scheduler.add_request(req, resume)
         self.requests[request_id] = req
         return request_id
-
-    def _tokens(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("a text prompt needs a tokenizer (skip_tokenizer_init=True): pass token ids")
-            try:
-                prompt.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise ValueError(f"prompt is not valid Unicode text ({e.reason} at character {e.start}); "
-                                 "remove lone surrogates or pass token ids") from None
-            text, ids = prompt, self.tokenizer.encode(prompt)  # special tokens as vLLM adds them
-        else:
-            text = None
-            if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt):
-                raise ValueError("prompt must be a string or a list of integer token ids")
-            ids = [int(t) for t in prompt]
-        if not ids:
-            raise ValueError("empty prompt: give at least one token")
-        self._check_vocab("prompt", ids)
-        return text, ids
-
-    def _check_vocab(self, what: str, ids: list[int]) -> None:
-        if any(t < 0 or t >= self.config.vocab_size for t in ids):
-            raise ValueError(f"{what} has token ids outside the vocabulary [0, {self.config.vocab_size})")
-
-    def _check_resume(self, p: SamplingParams, resume: list[Partial]) -> None:
-        if len(resume) != p.n:
-            raise ValueError(f"resume has {len(resume)} children but the request has n={p.n}")
-        for i, (tokens, reason) in enumerate(resume):
-            if reason not in (None, "stop", "length"):
-                raise ValueError(f"resume[{i}]: finish reason must be None, 'stop' or 'length', got {reason!r}")
-            if len(tokens) > p.max_tokens or (reason is None and len(tokens) >= p.max_tokens):
-                raise ValueError(f"resume[{i}] has {len(tokens)} tokens, beyond max_tokens={p.max_tokens}")
-            self._check_vocab(f"resume[{i}]", tokens)
-        if all(reason is not None for _, reason in resume):
-            raise ValueError("resume: every child is already finished; there is nothing to run")
 
     def partial_outputs(self, request_id: str) -> list[Partial]:
         """Per child of a request in flight: (tokens generated so far, finish reason or None).
 
         A snapshot to continue from later with ``add_request(..., resume=...)``; children not forked
         yet have no tokens. KeyError for an id not in flight."""
-        req = self.requests[str(request_id)]
-        seqs = {s.index: s for s in req.seqs}
-        return [(list(seqs[i].generated), seqs[i].finish_reason) if i in seqs else ([], None)
-                for i in range(req.params.n)]
+        return self.requests[str(request_id)].partials()
 
     def new_tokens(self, request_id: str, seen: list[int]) -> list[Partial]:
         """Per child: (its generated tokens after the first ``seen[i]``, finish reason or None).
 
         What a stream has not sent yet, at a cost that follows the new tokens rather than the whole
         trajectory (``partial_outputs`` copies everything). KeyError for an id not in flight."""
-        req = self.requests[str(request_id)]
-        seqs = {s.index: s for s in req.seqs}
-        return [(seqs[i].token_ids[seqs[i].num_prompt_tokens + seen[i]:], seqs[i].finish_reason) if i in seqs
-                else ([], None) for i in range(req.params.n)]
+        return self.requests[str(request_id)].partials(seen)
 
     def finished_text(self, request_id: str, index: int) -> str:
         """The final text of child ``index`` once it has finished, while its siblings may still run
         (what its CompletionOutput will hold). KeyError for an id not in flight."""
-        seq = next(s for s in self.requests[str(request_id)].seqs if s.index == index)
+        seq = self.requests[str(request_id)].child(index)
         if seq.finish_reason is None:
             raise ValueError(f"child {index} of request {request_id!r} has not finished")
         return self.stop_checker.final_text(seq)
 
     def has_unfinished(self) -> bool:
+        """Whether any request is in flight."""
         return bool(self.requests)
 
     def abort_request(self, request_id: str) -> None:
@@ -246,23 +180,12 @@ class LLM:
 
     # -- observers ---------------------------------------------------------------------------
     def add_observer(self, observer: StepObserver) -> None:
-        """Call ``observer`` at fixed points of every step (engine/metrics.py: StepObserver)."""
-        self.observers.append(observer)
-        self._mark_ranges()
+        """Call ``observer`` at fixed points of every step (engine/observers.py: StepObserver)."""
+        self.hooks.add(observer)
 
     def remove_observer(self, observer: StepObserver) -> None:
-        self.observers.remove(observer)
-        self._mark_ranges()
-
-    def _mark_ranges(self) -> None:
-        self._ranges = any(o.ranges for o in self.observers)
-        self.runner.ops = with_ranges(self._ops) if self._ranges else self._ops
-
-    def _phase(self, name: str):
-        if not self._ranges:
-            return nullcontext()
-        from torch.profiler import record_function
-        return record_function(name)
+        """Detach an observer added with add_observer."""
+        self.hooks.remove(observer)
 
     # -- the step loop -----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -272,29 +195,33 @@ class LLM:
         If the step fails, the requests it was running are aborted, their KV blocks freed, and
         StepError reports them with their tokens so far; every other request carries on.
         """
-        for o in self.observers:
-            o.step_started()
-        t0 = time.perf_counter()
-        with self._phase("engine.schedule"):
+        hooks = self.hooks
+        hooks.started()
+        with hooks.phase("engine.schedule"):
             plan = self.scheduler.schedule()
         if not plan:
-            if self.scheduler.has_work():
-                raise RuntimeError("scheduler made no progress with work queued (engine bug)")
-            return self._take_outbox()
-        for o in self.observers:
-            o.step_planned(plan)
-        t1 = time.perf_counter()
+            return self._idle()
+        hooks.planned(plan)
         try:
-            with self._phase("engine.model"):
+            with hooks.phase("engine.model"):
                 logits = self.runner.run(plan)
-                if self.device.type == "cuda" and (self.record_steps or self.observers):
-                    torch.cuda.synchronize(self.device)
-            t2 = time.perf_counter()
-            with self._phase("engine.sample"):
+                hooks.model_done()
+            with hooks.phase("engine.sample"):
                 tokens = self.sampler(logits, plan.sample_seqs) if plan.sample_seqs else []
                 finished = self.scheduler.postprocess(plan, tokens)
         except Exception as e:
             raise self._fail_step(plan, e) from e
+        self._count_step(plan, finished)
+        hooks.finished(self._steps - 1, plan, self.block_manager)
+        return self._take_outbox()
+
+    def _idle(self) -> list[RequestOutput]:
+        if self.scheduler.has_work():
+            raise RuntimeError("scheduler made no progress with work queued (engine bug)")
+        return self._take_outbox()
+
+    def _count_step(self, plan: StepPlan, finished: list[Request]) -> None:
+        """Stamp first tokens, move finished requests to the outbox, count the step."""
         now = time.perf_counter()
         for seq in plan.sample_seqs:
             if seq.request.metrics.first_token_time is None:
@@ -302,16 +229,6 @@ class LLM:
         self._outbox.extend(self._finish_request(req, now) for req in finished)
         self._steps += 1
         self._cascade_steps += plan.cascade
-        if self.record_steps or self.observers:
-            bm = self.block_manager
-            record = StepRecord(self._steps - 1, plan.kind, len(plan.prefills), len(plan.decodes), plan.num_tokens,
-                                plan.cascade, t1 - t0, t2 - t1, time.perf_counter() - t2, bm.num_used,
-                                bm.num_shared, bm.num_logical)
-            if self.record_steps:
-                self.step_log.append(record)
-            for o in self.observers:
-                o.step_finished(record)
-        return self._take_outbox()
 
     def _take_outbox(self) -> list[RequestOutput]:
         done, self._outbox = self._outbox, []
@@ -321,7 +238,7 @@ class LLM:
         # The step's KV writes may be half done: its requests cannot continue, and blocks they
         # filled must not be found by the prefix cache.
         ids = {seq.request.request_id for seq, _ in plan.prefills} | {s.request.request_id for s in plan.decodes}
-        if self.runner.workers is not None and self.runner.workers.dead:
+        if self.runner.dead:
             ids = set(self.requests)  # no request can run another step: hand every one back
         partial = {}
         for rid in sorted(ids):
@@ -334,10 +251,7 @@ class LLM:
         del self.requests[req.request_id]
         req.metrics.finished_time = now
         req.metrics.num_generated_tokens = sum(s.num_generated for s in req.seqs)
-        outputs = [CompletionOutput(s.index, self.stop_checker.final_text(s), s.generated, s.finish_reason)
-                   for s in sorted(req.seqs, key=lambda s: s.index)]
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, outputs,
-                             req.metrics.num_cached_tokens, req.metrics)
+        return req.output(self.stop_checker.final_text)
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:

@@ -19,7 +19,7 @@ import dataclasses
 
 import torch
 
-from engine.attention import AttentionMetadata, batch_invariant_backend, get_backend
+from engine.attention import AttentionMetadata, batch_invariant_backend, get_backend, with_ranges
 from engine.config import ModelConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.distributed import Shard, TPGroup
@@ -28,6 +28,9 @@ from engine.loader import load_model
 from engine.model import tile_linears
 from engine.scheduler import StepPlan
 from engine.sequence import Sequence
+
+_CPU_KV_BYTES = 2 << 30  # the cache on CPU unless told: 2 GiB for all ranks, at most 64k blocks
+_MAX_CPU_BLOCKS = 1 << 16
 
 
 @dataclasses.dataclass(slots=True)
@@ -47,13 +50,21 @@ class StepInputs:
 
 
 class ModelRunner:
+    """One rank's model, KV cache and block-table buffer. Rank 0's runner also leads the group: it
+    holds ``workers`` (ranks 1..N-1) and its public methods cover them too (shutdown, check_alive,
+    dead, min_free_kv_bytes), so the LLM never reaches past it."""
+
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, block_size: int,
                  max_num_seqs: int, max_model_len: int, backend: str, cascade: bool = True,
                  batch_invariant: bool = False, shard: Shard | None = None, tp: TPGroup | None = None,
                  workers=None):
         self.cfg, self.dtype, self.device, self.block_size = cfg, dtype, device, block_size
         self.model = load_model(cfg, dtype, device, shard, tp)
-        self.workers = workers  # TPWorkers on rank 0 of a tensor-parallel group
+        # Two roles, two names: rank 0 of a group holds its TPWorkers (engine/tp_workers.py, which
+        # imports this module; None on one rank and on a worker); a worker (rank >= 1) mirrors the
+        # block-table writes rank 0 sends it.
+        self.workers = workers
+        self.is_worker = tp is not None and tp.rank > 0
         self.kv_cache: torch.Tensor | None = None
         self.cos_sin = cfg.rope_cos_sin(max_model_len).to(device)
         self.ops = get_backend(backend)
@@ -62,12 +73,14 @@ class ModelRunner:
         if batch_invariant:
             self.ops = batch_invariant_backend()
             tile_linears(self.model)
+        self._plain_ops = self.ops  # what mark_ranges(False) restores
         self.max_blocks = -(-max_model_len // block_size)
         self.tables = torch.zeros(max_num_seqs, self.max_blocks, dtype=torch.int32)
         self.synced = [0] * max_num_seqs  # entries of each row already written
         self.writes: list[tuple[int, int, list[int]]] = []  # for the workers' copies of the buffer
         self.free_rows = list(range(max_num_seqs - 1, -1, -1))
         self.max_num_seqs = max_num_seqs
+        self.tp_size = tp.size if tp is not None else 1
         self.graphs: DecodeGraphs | None = None
 
     @property
@@ -81,6 +94,49 @@ class ModelRunner:
         """Bytes this rank's GPU can give the cache, its weights loaded."""
         free, total = torch.cuda.mem_get_info(self.device)
         return int(free - total * (1 - gpu_memory_utilization))
+
+    def min_free_kv_bytes(self, gpu_memory_utilization: float) -> int:
+        """Bytes every rank's GPU can give the cache: the smallest rank's room decides."""
+        mine = self.free_kv_bytes(gpu_memory_utilization)
+        if self.workers is None:
+            return mine
+        return min([mine, *self.workers.call("free_kv_bytes", gpu_memory_utilization)])
+
+    def auto_num_blocks(self, kv_cache_memory: int | None, gpu_memory_utilization: float) -> int:
+        """Blocks that fit: kv_cache_memory bytes for all ranks together, or on CUDA what the
+        smallest rank's GPU has left at gpu_memory_utilization (weights loaded), or 2 GiB on CPU."""
+        per_block, kv_bytes = self.kv_bytes_per_block, kv_cache_memory
+        if kv_bytes is not None:
+            kv_bytes //= self.tp_size
+        elif self.device.type == "cuda":
+            kv_bytes = self.min_free_kv_bytes(gpu_memory_utilization)
+        if kv_bytes is None:
+            return min(_MAX_CPU_BLOCKS, _CPU_KV_BYTES // (per_block * self.tp_size))
+        blocks = int(kv_bytes // per_block)
+        if blocks < 1:
+            raise ValueError(f"kv_cache_memory={kv_bytes} bytes holds no {self.block_size}-token block "
+                             f"({per_block} bytes each); give more memory or fewer tokens per block")
+        return blocks
+
+    # -- the group of ranks ------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker ranks (idempotent; nothing to do on one rank)."""
+        if self.workers is not None:
+            self.workers.shutdown()
+
+    def check_alive(self) -> None:
+        """Raise WorkerDied (engine/tp_workers.py) if a worker rank is gone."""
+        if self.workers is not None:
+            self.workers.check()
+
+    @property
+    def dead(self) -> bool:
+        """Whether the group can run no more steps: a worker rank died, or rank 0 failed mid-step."""
+        return self.workers is not None and bool(self.workers.dead)
+
+    def mark_ranges(self, on: bool) -> None:
+        """Run each kernel op inside a torch.profiler range (for a profiling observer), or plainly."""
+        self.ops = with_ranges(self._plain_ops) if on else self._plain_ops
 
     def allocate_kv_cache(self, num_blocks: int, cuda_graphs: bool) -> None:
         """Allocate the cache; then capture decode graphs (they bake in the cache's address)."""
@@ -118,7 +174,7 @@ class ModelRunner:
             if n > have:
                 self.tables[seq.row, have:n] = torch.tensor(seq.block_table[have:n], dtype=torch.int32)
                 self.synced[seq.row] = n
-                if self.workers is not None:
+                if self.workers is not None:  # rank 0 sends its writes to the workers' buffers
                     self.writes.append((seq.row, have, seq.block_table[have:n]))
         return torch.tensor([s.row for s in seqs], dtype=torch.long)
 
@@ -136,7 +192,7 @@ class ModelRunner:
         meta = AttentionMetadata(slot_mapping=None, num_prefill_tokens=0)
         if plan.prefills:
             cu, lens = [0], []
-            for seq, chunk in plan.prefills:
+            for (seq, chunk), completes in zip(plan.prefills, plan.completes):
                 start, end = seq.num_computed, seq.num_computed + chunk
                 ids.extend(seq.token_ids[start:end])
                 p = torch.arange(start, end)
@@ -146,7 +202,7 @@ class ModelRunner:
                 pos.append(p)
                 cu.append(cu[-1] + chunk)
                 lens.append(end)
-                if end == seq.num_tokens:
+                if completes:
                     sample_idx.append(cu[-1] - 1)
             meta.num_prefill_tokens = cu[-1]
             meta.prefill_cu_seqlens_q = torch.tensor(cu, dtype=torch.int32)
@@ -178,7 +234,9 @@ class ModelRunner:
         """Forward one plan, then make its block copies; returns fp32 logits, one row per
         ``plan.sample_seqs`` entry."""
         if self.batch_invariant and plan.decodes:
-            plan = dataclasses.replace(plan, prefills=[*plan.prefills, *((s, 1) for s in plan.decodes)], decodes=[])
+            # a decode is a one-token chunk that completes what its sequence has
+            plan = dataclasses.replace(plan, prefills=[*plan.prefills, *((s, 1) for s in plan.decodes)],
+                                       completes=[*plan.completes, *[True] * len(plan.decodes)], decodes=[])
         inputs = self.prepare(plan)
         if self.workers is None:
             logits = self.execute(inputs)
@@ -197,7 +255,7 @@ class ModelRunner:
         """Run this rank's shard on one step's inputs; fp32 logits of the sampled rows (None when
         no row is sampled: a step of prompt chunks only)."""
         ids, positions, meta, sample_idx = inputs.ids, inputs.positions, inputs.meta, inputs.sample_idx
-        if self.workers is None:  # a worker rank (or no TP): mirror what rank 0 wrote to its buffer
+        if self.is_worker:  # mirror what rank 0 wrote to its buffer
             for row, start, blocks in inputs.table_writes:
                 self.tables[row, start:start + len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
         for kind, (rows, width) in inputs.tables.items():

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine.metrics import StepObserver, StepRecord
+from engine.observers import StepObserver, StepRecord
 from engine.step_shape import ModelShape, shape_of_plan
 
 

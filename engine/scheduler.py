@@ -43,10 +43,19 @@ class CascadePolicy:
         return prefix_len
 
 
+def prefill_completes(seq: Sequence, chunk: int) -> bool:
+    """Whether a prefill chunk of ``chunk`` tokens from ``seq.num_computed`` reaches the end of the
+    sequence's tokens (its prompt, or all it had before a recompute): then the chunk's last row gets
+    logits and is sampled. The rule's one statement: the scheduler records it in ``StepPlan.completes``
+    while it plans (the model runner reads that); engine/step_shape.py applies it to any plan."""
+    return seq.num_computed + chunk == seq.num_tokens
+
+
 @dataclass(slots=True)
 class StepPlan:
     """What one step computes; the model runner turns it into tensors."""
     prefills: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, chunk length)
+    completes: list[bool] = field(default_factory=list)  # per prefill chunk: prefill_completes(seq, chunk)
     decodes: list[Sequence] = field(default_factory=list)  # each request's rows contiguous
     # Cascade groups over `decodes` (CSR starts, shared prefix tokens, largest group); empty: none.
     group_starts: list[int] = field(default_factory=list)
@@ -234,8 +243,9 @@ class Scheduler:
 
     def _plan_samples(self, plan: StepPlan) -> None:
         row = 0
-        for seq, chunk in plan.prefills:
-            if seq.num_computed + chunk == seq.num_tokens:  # its prompt (or recompute) ends here
+        plan.completes = [prefill_completes(seq, chunk) for seq, chunk in plan.prefills]
+        for (seq, _), completes in zip(plan.prefills, plan.completes):
+            if completes:
                 group = self._fork(seq, plan) if seq.fork_pending else [seq]
                 plan.sample_seqs.extend(group)
                 plan.sample_rows.extend([row] * len(group))

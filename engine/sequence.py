@@ -5,6 +5,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 from enum import Enum, auto
+from typing import Callable
 
 from engine.rng import mix64
 from engine.sampling_params import SamplingParams
@@ -85,6 +86,31 @@ class Request:
         if self.params.seed is None or self.params.greedy:
             return None
         return mix64(mix64(self.params.seed) + index)
+
+    def child(self, index: int) -> Sequence:
+        """Child ``index``'s sequence (StopIteration if it is not forked yet)."""
+        return next(s for s in self.seqs if s.index == index)
+
+    def partials(self, seen: list[int] | None = None) -> list[Partial]:
+        """Per child: (its generated tokens after the first ``seen[i]``, or all of them without
+        ``seen``; its finish reason or None). Children not forked yet have no tokens."""
+        seqs = {s.index: s for s in self.seqs}
+        out: list[Partial] = []
+        for i in range(self.params.n):
+            seq = seqs.get(i)
+            if seq is None:
+                out.append(([], None))
+            else:
+                start = seq.num_prompt_tokens + (seen[i] if seen is not None else 0)
+                out.append((seq.token_ids[start:], seq.finish_reason))
+        return out
+
+    def output(self, final_text: Callable[[Sequence], str]) -> RequestOutput:
+        """The finished request as the API hands it back, children in index order."""
+        outputs = [CompletionOutput(s.index, final_text(s), s.generated, s.finish_reason)
+                   for s in sorted(self.seqs, key=lambda s: s.index)]
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outputs,
+                             self.metrics.num_cached_tokens, self.metrics)
 
 
 # One child's progress as a later session needs it: (generated token ids, finish reason or None).

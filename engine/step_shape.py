@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.scheduler import prefill_completes
+
 
 @dataclass(slots=True, frozen=True)
 class ModelShape:
@@ -75,7 +77,7 @@ def shape_of_plan(plan, block_size: int) -> StepShape:
     for seq, n in plan.prefills:
         start = seq.num_computed
         s.new_tokens += n
-        s.num_sampled += start + n == seq.num_tokens
+        s.num_sampled += prefill_completes(seq, n)
         s.prefill_ctx_read += start
         s.prefill_attn_pairs += n * start + n * (n + 1) // 2
     rows = [(seq.block_table, seq.num_computed + 1) for seq in plan.decodes]

@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from engine.checks import check_text
 from engine.sampling_params import SamplingParams
 
 from ..prompts import chat_prompt_ids
@@ -201,10 +202,7 @@ class EngineLoop:
         if tok is None:
             raise ValueError("this server has no tokenizer: send token ids to /v1/completions")
         for text in [m["content"] for m in prompt] if job.chat else [prompt]:
-            try:  # JSON may escape a lone surrogate, which is no text and breaks tokenizers
-                text.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise ValueError(f"the prompt is not valid Unicode text ({e.reason} at character {e.start})") from None
+            check_text(text)  # JSON may escape a lone surrogate, which is no text and breaks tokenizers
         try:
             # Chat: as vLLM, and as `pacore run` builds its prompts. Text: special tokens added as the
             # engine and vLLM add them.

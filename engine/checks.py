@@ -1,0 +1,73 @@
+"""What ``LLM.add_request`` refuses, each with an error that names the problem and the fix: prompts
+that are no text or no token ids, requests that can never fit, resumes that do not match."""
+from __future__ import annotations
+
+import numbers
+
+from engine.sampling_params import SamplingParams
+from engine.sequence import Partial
+
+
+def check_text(text: str) -> None:
+    """Raise ValueError if ``text`` is no Unicode text (a lone surrogate, which JSON can escape and
+    tokenizers break on). The engine checks every text prompt; the server checks each message."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"prompt is not valid Unicode text ({e.reason} at character {e.start}); "
+                         "remove lone surrogates or pass token ids") from None
+
+
+def prompt_ids(prompt: str | list[int], tokenizer, vocab_size: int) -> tuple[str | None, list[int]]:
+    """(text or None, token ids) of a prompt given as text or token ids, checked."""
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError("a text prompt needs a tokenizer (skip_tokenizer_init=True): pass token ids")
+        check_text(prompt)
+        text, ids = prompt, tokenizer.encode(prompt)  # special tokens as vLLM adds them
+    else:
+        text = None
+        if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in prompt):
+            raise ValueError("prompt must be a string or a list of integer token ids")
+        ids = [int(t) for t in prompt]
+    if not ids:
+        raise ValueError("empty prompt: give at least one token")
+    check_vocab("prompt", ids, vocab_size)
+    return text, ids
+
+
+def check_vocab(what: str, ids: list[int], vocab_size: int) -> None:
+    if any(t < 0 or t >= vocab_size for t in ids):
+        raise ValueError(f"{what} has token ids outside the vocabulary [0, {vocab_size})")
+
+
+def check_fits(num_prompt: int, params: SamplingParams, max_model_len: int, num_blocks: int,
+               block_size: int) -> None:
+    """Refuse a request that can never run: beyond the context, or the whole KV cache."""
+    total = num_prompt + params.max_tokens
+    if total > max_model_len:
+        raise ValueError(f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                         f"max_model_len={max_model_len}; shorten the prompt, lower max_tokens "
+                         "or raise max_model_len")
+    cache_tokens = num_blocks * block_size
+    if total > cache_tokens:
+        raise ValueError(f"prompt ({num_prompt}) + max_tokens ({params.max_tokens}) needs more than the whole "
+                         f"KV cache ({cache_tokens} tokens); lower max_tokens or max_model_len, or give the "
+                         "cache more memory")
+    if params.n > num_blocks:
+        raise ValueError(f"n={params.n} trajectories exceed the KV cache's {num_blocks} blocks: each "
+                         f"trajectory decodes into blocks of its own, so lower n or give the cache more memory")
+
+
+def check_resume(params: SamplingParams, resume: list[Partial], vocab_size: int) -> None:
+    """A resume must give each of the n children tokens within max_tokens, and leave one to run."""
+    if len(resume) != params.n:
+        raise ValueError(f"resume has {len(resume)} children but the request has n={params.n}")
+    for i, (tokens, reason) in enumerate(resume):
+        if reason not in (None, "stop", "length"):
+            raise ValueError(f"resume[{i}]: finish reason must be None, 'stop' or 'length', got {reason!r}")
+        if len(tokens) > params.max_tokens or (reason is None and len(tokens) >= params.max_tokens):
+            raise ValueError(f"resume[{i}] has {len(tokens)} tokens, beyond max_tokens={params.max_tokens}")
+        check_vocab(f"resume[{i}]", tokens, vocab_size)
+    if all(reason is not None for _, reason in resume):
+        raise ValueError("resume: every child is already finished; there is nothing to run")
