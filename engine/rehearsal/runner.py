@@ -100,6 +100,7 @@ class RehearsalRunner(ModelRunner):
         self.keep_steps = keep_steps
         self.used_blocks: Callable[[], int] = lambda: 0
         self.shared_prefix: Callable[[object], int] = lambda req: 0  # tokens a request's running rows share
+        self._plain_ops = self.ops = None
         self._computed: dict[int, int] = {}  # seq id -> positions computed once already (recompute below)
         self._prompt_done: dict[str, int] = {}  # request id -> prompt tokens computed once
 
@@ -107,9 +108,19 @@ class RehearsalRunner(ModelRunner):
     def kv_bytes_per_block(self) -> int:
         return self.shape.kv_bytes_per_token * self.block_size
 
-    def default_num_blocks(self, gpu_memory_utilization: float) -> int:
-        """The blocks the engine's sizing would give on the modelled device."""
+    def bind(self, scheduler, block_manager) -> None:
+        """Read the cache's occupancy and each request's shared prefix from the engine's own parts."""
+        self.used_blocks = lambda: block_manager.num_used
+        self.shared_prefix = scheduler.shared_prefix_tokens
+
+    def auto_num_blocks(self, kv_cache_memory: int | None, gpu_memory_utilization: float) -> int:
+        """The blocks the engine's sizing would give on the modelled device (or in kv_cache_memory)."""
+        if kv_cache_memory is not None:
+            return max(1, kv_cache_memory // self.kv_bytes_per_block)
         return max(1, self.shape.kv_tokens(self.device_params, gpu_memory_utilization) // self.block_size)
+
+    def mark_ranges(self, on: bool) -> None:
+        """No kernels run, so there are no op ranges to mark."""
 
     def allocate_kv_cache(self, num_blocks: int, cuda_graphs: bool) -> None:
         self.num_blocks = num_blocks  # bookkeeping only: no tensor

@@ -78,3 +78,44 @@ def test_parameters_from_a_gpu_run(tmp_path):
         DeviceParams.from_file(f)
     with pytest.raises(ValueError, match="'h200' or the path"):
         DeviceParams.named("a100")
+
+
+def _decode_rows(prompt: int, suffix: int, n: int, cascade: bool | None = None):
+    """A scheduler with one request's n rows sharing a prompt of ``prompt`` tokens, each ``suffix``
+    tokens past it; returns its next plan."""
+    from engine.block_manager import BlockManager
+    from engine.sampling_params import SamplingParams
+    from engine.scheduler import CascadePolicy, Scheduler
+    from engine.sequence import Request, Sequence, Status
+    from engine.stopping import StopChecker
+
+    bm = BlockManager(n * (prompt + suffix) // 16 + 64, 16)
+    sched = Scheduler(bm, StopChecker(None, [], 1 << 20), 256, 4096, CascadePolicy(cascade))
+    req = Request("r", None, list(range(prompt)), SamplingParams(n=n, max_tokens=1 << 19))
+    parent = Sequence(req, 0, list(range(prompt)), prompt)
+    bm.allocate(parent, prompt)
+    parent.num_computed = prompt
+    req.seqs.append(parent)
+    for i in range(n):
+        seq = parent if i == 0 else Sequence(req, i, list(range(prompt)), prompt)
+        if i:
+            bm.fork(parent, seq, prompt)
+            req.seqs.append(seq)
+        seq.token_ids += [7 + i] * suffix
+        bm.allocate(seq, prompt + suffix - 1)
+        seq.num_computed = prompt + suffix - 1
+        seq.status = Status.RUNNING
+        sched.running.append(seq)
+    return sched.schedule()
+
+
+def test_cascade_is_gated_by_the_share_of_bytes_it_saves():
+    # round 1 at PaCoRe-8B's lengths: 32 rows of a 512-token prompt, each 16k past it (~3% shared)
+    assert not _decode_rows(512, 16384, 32).cascade
+    # the same rows early in the round, 256 tokens in: the prompt is most of what they read
+    assert _decode_rows(512, 256, 32).cascade
+    # round 2: 4 rows of a 64k prompt, 1k past it
+    assert _decode_rows(65536, 1024, 4).cascade
+    # forced on, it is used whatever it saves; forced off, never
+    assert _decode_rows(512, 16384, 32, cascade=True).cascade
+    assert not _decode_rows(65536, 1024, 4, cascade=False).cascade
