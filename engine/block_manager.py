@@ -143,10 +143,11 @@ class BlockManager:
         need = self.blocks_needed(seq, num_tokens)
         if need > len(self.free):
             raise NoFreeBlocks(f"need {need} blocks, {len(self.free)} free")
-        for _ in range(need):
-            seq.block_table.append(self._new_block())
-        self.num_logical += need
-        self._track_peak()
+        if need:
+            for _ in range(need):
+                seq.block_table.append(self._new_block())
+            self.num_logical += need
+            self._track_peak()
         # Blocks this step fills completely are published now, so that another request admitted
         # in the same step can share them; a block the chunk only partly covers is not.
         self.publish(seq, min(num_tokens, seq.num_tokens))

@@ -198,7 +198,8 @@ class EngineConfig:
     ``--max-model-len`` / ``--rope-scaling``); rope_scaling keys are laid over the checkpoint's.
     cascade_attention: True/False forces prefix-shared decode attention on/off; None decides per step
     and group: >= cascade_min_group sequences sharing >= cascade_min_prefix tokens, with group size *
-    prefix length >= cascade_min_shared_tokens.
+    prefix length >= cascade_min_shared_tokens, in a step where cascade skips at least
+    cascade_min_saved_fraction of the KV the plain path would read (engine/scheduler.py, CascadePolicy).
     enable_fork=False turns a request with n=K into K independent prompts (an ablation).
     enforce_eager=True skips CUDA graphs (on CUDA, decode steps replay captured graphs by default).
     batch_invariant=True: a token's logits, hence seeded draws, do not depend on the batch, chunking,
@@ -209,6 +210,9 @@ class EngineConfig:
     tensor_parallel_size=N splits the model over N ranks (Megatron-style, engine/distributed.py):
     N GPUs from ``device`` on, or N processes on a CPU that share its cores (torch.set_num_threads).
     Rank 0 is this process; the others are worker processes the LLM starts and stops (``shutdown()``).
+    device_model: rehearse on a modelled device ('h200', or a parameters JSON a GPU run of bench/
+    wrote): no weights or KV tensors are allocated, each step advances a virtual clock by its
+    modelled cost, and tokens follow ``llm.sampler.workload`` (engine/rehearsal/).
     """
     model: str | None = None
     dtype: str | torch.dtype | None = field(default=None, metadata=_flag(
@@ -237,6 +241,7 @@ class EngineConfig:
     cascade_min_group: int = 2
     cascade_min_prefix: int = 64
     cascade_min_shared_tokens: int = 1024
+    cascade_min_saved_fraction: float = 0.05
     attention_backend: str | None = None
     enforce_eager: bool = field(default=False, metadata=_flag(
         "run decode steps eagerly instead of replaying CUDA graphs (vLLM's flag; for a GPU setup where "
@@ -250,6 +255,7 @@ class EngineConfig:
     tensor_parallel_size: int = field(default=1, metadata=_flag(
         "split each engine over T GPUs (LLM(tensor_parallel_size=T)); pacore run with --data-parallel D uses "
         "D x T GPUs (default 1)", name="--tensor-parallel", type=positive_int, metavar="T"))
+    device_model: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "kv_cache_memory",
@@ -259,6 +265,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if not 0 <= self.cascade_min_saved_fraction <= 1:
+            raise ValueError(f"cascade_min_saved_fraction must be in [0, 1], got {self.cascade_min_saved_fraction}")
         if self.attention_backend not in (None, "torch", "triton"):
             raise ValueError(f"attention_backend must be 'torch', 'triton' or None, got {self.attention_backend!r}")
 

@@ -27,7 +27,7 @@ from engine.observers import StepHooks, StepObserver, StepRecord
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import CascadePolicy, Scheduler, StepPlan
-from engine.sequence import Partial, Request, RequestOutput
+from engine.sequence import Partial, Request, RequestMetrics, RequestOutput
 from engine.stopping import StopChecker
 from engine.tp_workers import start_ranks
 
@@ -62,17 +62,25 @@ class LLM:
         path = resolve_model(model)
         self.config = cfg = ModelConfig.from_pretrained(path, rope_scaling=opts.rope_scaling)
         self.device = torch.device(opts.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.dtype = resolve_dtype(opts.dtype, self.device)
+        # A rehearsal models a GPU, so its dtype is a GPU's default.
+        self.dtype = resolve_dtype(opts.dtype, torch.device("cuda") if opts.device_model else self.device)
         self.tokenizer = None if opts.skip_tokenizer_init else _load_tokenizer(opts.tokenizer or path)
         self.max_model_len = opts.max_model_len or cfg.max_position_embeddings
         self.block_size = opts.block_size
         cascade = CascadePolicy(False if opts.batch_invariant else opts.cascade_attention, opts.cascade_min_group,
-                                opts.cascade_min_prefix, opts.cascade_min_shared_tokens)
+                                opts.cascade_min_prefix, opts.cascade_min_shared_tokens,
+                                opts.cascade_min_saved_fraction)
         runner_kwargs = dict(
             cfg=cfg, dtype=self.dtype, block_size=opts.block_size, max_num_seqs=opts.max_num_seqs,
             max_model_len=self.max_model_len, backend=opts.attention_backend or default_backend(self.device),
             cascade=cascade.enabled is not False, batch_invariant=opts.batch_invariant)
-        self.runner = start_ranks(runner_kwargs, opts.tensor_parallel_size, self.device)
+        if opts.device_model:
+            from engine.rehearsal.device_model import DeviceParams
+            from engine.rehearsal.runner import RehearsalRunner
+            self.runner = RehearsalRunner(**runner_kwargs, device=DeviceParams.named(opts.device_model))
+        else:
+            self.runner = start_ranks(runner_kwargs, opts.tensor_parallel_size, self.device)
+        self.clock = getattr(self.runner, "clock", time.perf_counter)  # a rehearsal's is virtual
         weakref.finalize(self, self.runner.shutdown)  # stops TP workers; the registry keeps it, no handle needed
         try:
             # kv_bytes_per_block counts every rank's share of a block: the memory one block costs.
@@ -88,7 +96,12 @@ class LLM:
         self.scheduler = Scheduler(self.block_manager, self.stop_checker, opts.max_num_seqs,
                                    opts.max_num_batched_tokens, cascade, enable_fork=opts.enable_fork,
                                    on_release=self.runner.release)
-        self.sampler = Sampler(self.device, opts.seed)
+        if opts.device_model:
+            from engine.rehearsal.runner import ScriptedSampler
+            self.sampler = ScriptedSampler(self.tokenizer, cfg.eos_token_ids[0] if cfg.eos_token_ids else 0)
+            self.runner.bind(self.scheduler, self.block_manager)
+        else:
+            self.sampler = Sampler(self.device, opts.seed)
         self.requests: dict[str, Request] = {}
         self._outbox: list[RequestOutput] = []  # finished, not yet returned by step()
         self._ids = itertools.count()
@@ -139,7 +152,7 @@ class LLM:
         request_id = str(request_id)
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
-        req = Request(request_id, text, ids, params)
+        req = Request(request_id, text, ids, params, metrics=RequestMetrics(self.clock()))
         req.metrics.num_prompt_tokens = len(ids)
         if resume is not None:
             check_resume(params, resume, self.config.vocab_size)
@@ -223,7 +236,7 @@ class LLM:
 
     def _close_step(self, plan: StepPlan, finished: list[Request]) -> None:
         """Stamp first tokens, move finished requests to the outbox, count the step."""
-        now = time.perf_counter()
+        now = self.clock()
         for seq in plan.sample_seqs:
             if seq.request.metrics.first_token_time is None:
                 seq.request.metrics.first_token_time = now

@@ -26,13 +26,19 @@ from engine.stopping import StopChecker
 class CascadePolicy:
     """When prefix-shared decode attention pays: forced on/off, or by thresholds.
 
-    The plain path reads a group's prefix once per member, cascade once per group plus a merge;
-    on CPU cascade breaks even near members * prefix_len = 1024 tokens (bench/bench_decode.py).
+    The plain path reads a group's prefix once per member, cascade once per group, but each layer
+    pays a second kernel and a merge of two partial states per row. So in auto mode a group takes
+    cascade when it is large enough (min_group, min_prefix, members * prefix >= min_shared_tokens;
+    on CPU cascade breaks even near 1024 tokens, bench/bench_decode.py), and a step uses it only
+    when the bytes it saves are at least ``min_saved_fraction`` of the KV the plain path would
+    read: round 1 of PaCoRe-8B, 32 rows of a 512-token prompt each 16k tokens long, saves ~3% and
+    stays on the plain path; round 2, 4 rows of a 64k prompt, saves ~74% and takes cascade.
     """
     enabled: bool | None = None
     min_group: int = 2
     min_prefix: int = 64
     min_shared_tokens: int = 1024  # group size * prefix length
+    min_saved_fraction: float = 0.05
 
     def prefix_for(self, group_size: int, prefix_len: int) -> int:
         if self.enabled is False or group_size < 2 or prefix_len == 0:
@@ -41,6 +47,13 @@ class CascadePolicy:
                                      or group_size * prefix_len < self.min_shared_tokens):
             return 0
         return prefix_len
+
+    def pays(self, saved_tokens: int, read_tokens: int) -> bool:
+        """Whether a step whose cascade groups would skip ``saved_tokens`` of the ``read_tokens`` the
+        plain path reads should take cascade (always when forced on)."""
+        if saved_tokens <= 0:
+            return False
+        return self.enabled is True or saved_tokens >= self.min_saved_fraction * read_tokens
 
 
 def prefill_completes(seq: Sequence, chunk: int) -> bool:
@@ -157,9 +170,11 @@ class Scheduler:
         for seq, chunk in plan.prefills:
             seq.num_computed += chunk
             self.prefill_tokens += chunk
+        bs = self.bm.block_size
         for seq in plan.decodes:
             seq.num_computed += 1
-            self.bm.publish(seq, seq.num_computed)
+            if seq.num_computed % bs == 0:  # a block just filled (usually published when planned)
+                self.bm.publish(seq, seq.num_computed)
         self.decode_tokens += len(plan.decodes)
         finished = []
         for seq, token in zip(plan.sample_seqs, tokens):
@@ -174,11 +189,22 @@ class Scheduler:
 
     def _schedule_running(self, plan: StepPlan, budget: int) -> int:
         scheduled: set[int] = set()
+        bs = self.bm.block_size
         for seq in list(self.running):
             if seq.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
             remaining = seq.num_tokens - seq.num_computed
             is_decode = remaining == 1 and seq.num_generated > 0
+            if is_decode and seq.num_computed < len(seq.block_table) * bs:
+                # The new token's slot is in a block it holds (15 decode steps in 16): nothing to
+                # allocate or preempt, only a block it fills to publish. The common case at batch
+                # 256 stays a few attribute reads.
+                if (seq.num_computed + 1) % bs == 0:
+                    self.bm.publish(seq, seq.num_computed + 1)
+                scheduled.add(seq.seq_id)
+                budget = max(0, budget - 1)
+                plan.decodes.append(seq)
+                continue
             chunk = 1 if is_decode else min(remaining, budget)
             if chunk == 0:
                 continue
@@ -286,19 +312,25 @@ class Scheduler:
             return
         decodes = plan.decodes
         decodes.sort(key=lambda s: s.request.seqs[0].seq_id)
-        starts, prefix_lens, largest = [0], [], 0
+        starts, prefix_lens, largest, saved = [0], [], 0, 0
         i = 0
         while i < len(decodes):
             req = decodes[i].request
             j = i
             while j < len(decodes) and decodes[j].request is req:
                 j += 1
-            prefix_lens.append(self.cascade.prefix_for(j - i, self._shared_prefix_blocks(req) * self.bm.block_size))
+            prefix = self.cascade.prefix_for(j - i, self._shared_prefix_blocks(req) * self.bm.block_size)
+            prefix_lens.append(prefix)
+            saved += (j - i - 1) * prefix
             largest = max(largest, j - i)
             starts.append(j)
             i = j
-        if any(prefix_lens):
+        if self.cascade.pays(saved, sum(s.num_computed + 1 for s in decodes)):
             plan.group_starts, plan.group_prefix_lens, plan.max_group_size = starts, prefix_lens, largest
+
+    def shared_prefix_tokens(self, req: Request) -> int:
+        """Tokens at the start of the request's running sequences that they hold in the same blocks."""
+        return self._shared_prefix_blocks(req) * self.bm.block_size
 
     def _shared_prefix_blocks(self, req: Request) -> int:
         """Leading blocks common to all the request's running sequences (cached until one joins or

@@ -1,0 +1,150 @@
+"""Rehearse PaCoRe at a real model's shape on this CPU, against a modelled GPU.
+
+    python -m bench.rehearsal --shape qwen3-8b --device h200 --preset high --problems 8
+    python -m bench.rehearsal --preset high --problems 2 --compare      # engine vs vLLM-style vs ablations
+    python -m bench.rehearsal --replay results.jsonl --preset high       # a real run's lengths
+
+Everything but the model's arithmetic is the real code: ``LLM`` with ``device_model`` set, the
+scheduler and block manager at the real block count, fork, the prefix cache, preemption,
+``ModelRunner.prepare``, stop checks, and the PaCoRe runner with compaction, prompts, budgets,
+results and checkpoints. What it prints is a model (engine/rehearsal/device_model.py): its figures
+are assumed unless ``--device`` names a parameters file that a GPU run wrote.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.rehearsal import report
+from bench.rehearsal.shapes import SHAPES, model_folder
+from bench.rehearsal.workload import CONTEXT, PaperLengths, ReplayLengths, mean_trajectory_tokens
+
+PRESETS = {"low": (4,), "medium": (16,), "high": (32, 4)}
+# name -> engine options; "engine" is this engine's default, "vllm-style" what a server without
+# fork or prefix caching does with K requests of one prompt.
+CONFIGS = {
+    "engine": {},
+    "vllm-style": {"enable_fork": False, "enable_prefix_caching": False, "cascade_attention": False},
+    "no-cascade": {"cascade_attention": False},
+    "no-fork": {"enable_fork": False},
+}
+
+
+def problems_file(folder: Path, n: int, prompt_tokens: int) -> Path:
+    """n problems whose prompts are about ``prompt_tokens`` tokens (round 1's shared prompt)."""
+    words = ("the sum of two primes is even when both are odd so consider each case in turn and "
+             "count the ways a number can be written as such a sum").split()
+    path = folder / "problems.jsonl"
+    with open(path, "w") as f:
+        for i in range(n):
+            body = " ".join(words[(i + j) % len(words)] for j in range(int(prompt_tokens * 0.9)))
+            f.write(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"Problem {i}. {body}"}]}) + "\n")
+    return path
+
+
+def rehearse(args, name: str, options: dict, out: Path) -> dict:
+    from engine import LLM
+    from pacore.config import RunConfig
+    from pacore.runner import run_pacore
+
+    folder = model_folder(args.shape, out.parent / "model")
+    engine_options = dict(tokenizer=str(folder / "tokenizer"), device_model=args.device,
+                          max_num_seqs=args.max_num_seqs, record_steps=True) | options
+    if args.kv_tokens:
+        engine_options["num_kv_blocks"] = args.kv_tokens // 16
+    llm = LLM(str(folder), **engine_options)
+    rounds = PRESETS[args.preset]
+    if args.replay:
+        llm.sampler.workload = ReplayLengths(args.replay, llm.tokenizer, replay_key)
+    else:
+        llm.sampler.workload = PaperLengths(mean_trajectory_tokens(args.preset, rounds), seed=args.seed,
+                                            context=llm.max_model_len)
+    out.mkdir(parents=True, exist_ok=True)
+    data = problems_file(out, args.problems, args.prompt_tokens)
+    results = out / "results.jsonl"
+    for stale in out.glob("results.jsonl*"):
+        if stale.is_file():
+            stale.unlink()
+    cfg = RunConfig(data_path=str(data), out_path=str(results), rounds=rounds, max_tokens="auto", grade=False,
+                    show_progress=not args.quiet, max_problems_in_flight=args.problems_in_flight, seed=args.seed)
+    t0 = time.perf_counter()
+    run_pacore(llm, cfg, print_summary=False)
+    wall = time.perf_counter() - t0
+    runner, ledger = llm.runner, llm.runner.ledger
+    log = llm.step_log
+    steps = len(ledger.steps)
+    host = [(r.schedule_s + s.prepare_s + r.sample_s) for r, s in zip(log, ledger.steps)]
+    res = {
+        "config": name, "options": {k: v for k, v in options.items()}, "device": runner.device_params.source,
+        "num_blocks": llm.block_manager.num_blocks, "kv_tokens": llm.block_manager.num_blocks * llm.block_size,
+        "rounds": {str(r): f for r, f in report.by_round(ledger, round_of).items()},
+        "overall": report.overall(ledger),
+        "preemptions": llm.scheduler.num_preemptions,
+        "recompute_tokens": ledger.recompute_tokens,
+        "recompute_fraction": ledger.recompute_tokens / max(1, sum(ledger.generated.values())),
+        "cascade_steps": sum(s.cascade for s in ledger.steps),
+        "steps": steps,
+        "host_ms_per_step": 1e3 * sum(host) / max(1, steps),
+        "device_ms_per_step": 1e3 * ledger.total.total / max(1, steps),
+        "wall_s": wall,
+        "loop_ms_per_step": 1e3 * (wall - sum(host)) / max(1, steps),
+        "occupancy": [(s.start_s, s.kv_blocks_used) for s in ledger.steps[:: max(1, steps // 400)]],
+    }
+    (out / "report.json").write_text(json.dumps(res, indent=1))
+    return res
+
+
+def round_of(request_id: str) -> int:
+    from pacore.results.keys import parse_request_id
+    return parse_request_id(request_id).round
+
+
+def replay_key(request_id: str, index: int) -> tuple:
+    from pacore.results.keys import parse_request_id
+    k = parse_request_id(request_id)
+    return (k.problem_id, k.run, k.round, index)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.rehearsal", description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
+    p.add_argument("--device", default="h200", help="'h200' or a parameters JSON a GPU run of bench/ wrote")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="high")
+    p.add_argument("--problems", type=int, default=8)
+    p.add_argument("--problems-in-flight", type=int, default=64)
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--replay", metavar="RESULTS", help="lengths from a results file of pacore run")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--kv-tokens", type=int, help="cache size in tokens (default: what the device's memory holds)")
+    p.add_argument("--config", action="append", choices=sorted(CONFIGS),
+                   help="configurations to run (default: engine; --compare: all)")
+    p.add_argument("--compare", action="store_true", help="run every configuration in CONFIGS")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs/rehearsal")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+    names = list(CONFIGS) if args.compare else (args.config or ["engine"])
+    out = Path(args.out)
+    results = {}
+    for name in names:
+        print(f"rehearsing {name} ...", file=sys.stderr)
+        results[name] = rehearse(args, name, CONFIGS[name], out / name)
+    table = report.markdown_table(results)
+    host = "\n".join(f"{n}: host {r['host_ms_per_step']:.2f} ms/step (engine), loop {r['loop_ms_per_step']:.2f} "
+                     f"ms/step (PaCoRe + rehearsal), modelled device {r['device_ms_per_step']:.2f} ms/step, "
+                     f"{r['steps']} steps, {r['wall_s']:.0f} s wall" for n, r in results.items())
+    (out / "table.md").write_text(table + "\n\n" + host + "\n")
+    report.plot(results, str(out / "rehearsal.png"))
+    print(table)
+    print(host)
+    print(f"written: {out / 'table.md'}, {out / 'rehearsal.png'}, {out}/*/report.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""What a rehearsal reports: per round, tokens/s and where the modelled time went, beside the floor.
+
+A step serves several rounds at once (problems advance independently), so each request's share of a
+step (engine/rehearsal/device_model.py) is added to its round's account.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from engine.rehearsal.device_model import PARTS, StepCost
+
+
+def by_round(ledger, round_of: Callable[[str], int]) -> dict[int, dict]:
+    """{round: {tokens, seconds, tokens_per_s, limit_tokens_per_s, parts: {part: seconds}}}."""
+    rounds: dict[int, tuple[StepCost, list[int]]] = {}
+    for rid, cost in ledger.by_request.items():
+        acc, tokens = rounds.setdefault(round_of(rid), (StepCost(), [0]))
+        acc.add(cost)
+        tokens[0] += ledger.generated.get(rid, 0)
+    out = {}
+    for r in sorted(rounds):
+        acc, (tokens,) = rounds[r]
+        out[r] = _figures(acc, tokens)
+    return out
+
+
+def overall(ledger) -> dict:
+    return _figures(ledger.total, sum(ledger.generated.values()))
+
+
+def _figures(cost: StepCost, tokens: int) -> dict:
+    return {"tokens": tokens, "seconds": cost.total, "limit_seconds": cost.limit,
+            "tokens_per_s": tokens / cost.total if cost.total else 0.0,
+            "limit_tokens_per_s": tokens / cost.limit if cost.limit else 0.0,
+            "parts": {p: getattr(cost, p) for p in PARTS}}
+
+
+def markdown_table(results: dict[str, dict]) -> str:
+    """One row per (configuration, round): tokens/s, the floor's tokens/s, and the time split."""
+    head = ["config", "round", "tokens", "virtual s", "tok/s", "limit tok/s", *PARTS, "preempt", "recompute %",
+            "cascade steps"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, res in results.items():
+        rows = [(str(r), f) for r, f in res["rounds"].items()] + [("all", res["overall"])]
+        for r, f in rows:
+            parts = [f"{100 * f['parts'][p] / f['seconds']:.0f}%" if f["seconds"] else "-" for p in PARTS]
+            tail = ([str(res["preemptions"]), f"{100 * res['recompute_fraction']:.1f}", str(res["cascade_steps"])]
+                    if r == "all" else ["", "", ""])
+            lines.append("| " + " | ".join([name, r, f"{f['tokens']:,}", f"{f['seconds']:.1f}", f"{f['tokens_per_s']:,.0f}",
+                                            f"{f['limit_tokens_per_s']:,.0f}", *parts, *tail]) + " |")
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, dict], path: str) -> None:
+    """Tokens/s per configuration beside its floor, and KV occupancy over virtual time."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    names = list(results)
+    xs = range(len(names))
+    ax1.bar([x - 0.2 for x in xs], [results[n]["overall"]["tokens_per_s"] for n in names], 0.4, label="modelled")
+    ax1.bar([x + 0.2 for x in xs], [results[n]["overall"]["limit_tokens_per_s"] for n in names], 0.4,
+            label="floor: bytes needed / bandwidth")
+    ax1.set_xticks(list(xs), names, rotation=15)
+    ax1.set_ylabel("generated tokens / virtual s")
+    ax1.legend()
+    for n in names:
+        t, used = zip(*results[n]["occupancy"]) if results[n]["occupancy"] else ((), ())
+        ax2.plot(t, [u / results[n]["num_blocks"] for u in used], label=n)
+    ax2.set_xlabel("virtual s")
+    ax2.set_ylabel("KV blocks in use / cache")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

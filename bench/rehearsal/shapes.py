@@ -1,0 +1,38 @@
+"""Model shapes a rehearsal can take: a config.json only (no weights), with SmolLM2's tokenizer.
+
+The rehearsal allocates no weights, so a shape is its Hugging Face config. Its text goes through the
+embedded SmolLM2 tokenizer (its 49,152 ids lie inside every vocabulary below; EOS is its id 2).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# Qwen3-8B's published config, which PaCoRe-8B keeps, with the context the paper runs at (YaRN to 131,072).
+QWEN3_8B = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
+    "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "vocab_size": 151936, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+    "tie_word_embeddings": False, "attention_bias": False, "torch_dtype": "bfloat16",
+    "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+    "rope_theta": 1000000.0,
+}
+# A small Qwen3 for tests: the same code paths at a size a test steps through in seconds.
+TINY = QWEN3_8B | {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 49152, "max_position_embeddings": 8192,
+                   "rope_scaling": None}
+SHAPES = {"qwen3-8b": QWEN3_8B, "tiny": TINY}
+
+
+def model_folder(shape: str, folder: Path) -> Path:
+    """A folder with the shape's config.json and the embedded tokenizer in ``folder/tokenizer``."""
+    from engine.default_model import resolve_model
+    smol = Path(resolve_model(None))
+    out = Path(folder) / shape
+    (out / "tokenizer").mkdir(parents=True, exist_ok=True)
+    cfg = {k: v for k, v in SHAPES[shape].items() if v is not None} | {"eos_token_id": 2, "bos_token_id": 1}
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (smol / name).is_file():
+            (out / "tokenizer" / name).write_bytes((smol / name).read_bytes())
+    return out

@@ -1,0 +1,250 @@
+"""The device model of a rehearsal: what one planned step would cost on a GPU, from bytes and FLOPs.
+
+A step's time is the sum of its parts, each at its own roofline:
+
+- ``weights``: every linear weight (and the LM head) read once, bytes / (bandwidth x linear_bw_eff);
+- ``matmul``: the linear layers' compute beyond that read, max(0, FLOPs / (peak x matmul_eff) -
+  weights), shared out by token: decode tokens' share here, prefill's in ``prefill``, recomputed
+  tokens' in ``recompute``;
+- ``kv_read``: decode attention's KV traffic, bytes / (bandwidth x attention_bw_eff), a cascade
+  group's shared prefix counted once; the KV stores of the step's new tokens are counted here too;
+- ``attention``: prefill attention, max(FLOPs / (peak x prefill_attention_eff), the context's KV
+  read once / bandwidth); a recomputed part's share goes to ``recompute``;
+- ``sampling``: the fp32 logits written once and read three times (softmax, CDF, draw) on the device;
+- ``overhead``: a fixed cost per step (launching a CUDA graph and the eager sampling kernels).
+
+``limit`` is the physical floor of the same work: the bytes it truly needs (weights once, each KV
+token a step reads once, a shared prefix once per request, no recompute) over the copy bandwidth, or
+its FLOPs at peak, whichever is larger. The efficiency factors are this model's assumptions until a
+GPU run of ``bench/`` writes measured ones (``DeviceParams.from_file``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_LOGIT_PASSES = 4  # write + softmax read + CDF read + draw read, fp32
+
+
+@dataclass(slots=True, frozen=True)
+class DeviceParams:
+    """One accelerator, as the model sees it. Defaults: an H200 (SXM, 141 GB of HBM3e)."""
+
+    name: str = "h200"
+    memory_bytes: float = 150.7e9          # 143,771 MiB, as nvidia-smi reports an H200
+    hbm_bytes_per_s: float = 4.0e12        # a measured device-to-device copy; the spec sheet says 4.8 TB/s
+    peak_flops: float = 989e12             # dense bf16 tensor-core peak
+    matmul_eff: float = 0.65               # attainable fraction of peak for the linear layers
+    linear_bw_eff: float = 0.85            # weight streaming of small-batch GEMMs, of copy bandwidth
+    attention_bw_eff: float = 0.75         # paged decode's KV read, of copy bandwidth
+    prefill_attention_eff: float = 0.40    # FlashAttention-2-class prefill, of peak
+    step_overhead_s: float = 1.5e-4        # graph launch + sampling kernels per step
+    activation_reserve_bytes: float = 2e9  # activations, graphs and workspace kept out of the KV cache
+    source: str = "assumed"                # "assumed" or the file the figures were read from
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "DeviceParams":
+        """Read the figures a GPU run of bench/ wrote (JSON, any subset of the fields); the others
+        keep their defaults. Unknown keys are refused, naming the known ones."""
+        raw = json.loads(Path(path).read_text())
+        known = {f.name for f in dataclasses.fields(cls)} - {"source"}
+        unknown = sorted(set(raw) - known - {"measured", "commit", "command"})
+        if unknown:
+            raise ValueError(f"{path}: unknown device parameter(s) {unknown}; known: {sorted(known)}")
+        return cls(**{k: v for k, v in raw.items() if k in known}, source=str(path))
+
+    @classmethod
+    def named(cls, name: str) -> "DeviceParams":
+        """'h200' or a path to a JSON file of parameters."""
+        if name == "h200":
+            return cls()
+        if Path(name).is_file():
+            return cls.from_file(name)
+        raise ValueError(f"unknown device {name!r}: use 'h200' or the path of a parameters JSON file "
+                         "(bench/gpu_kernels.py writes one on a GPU)")
+
+
+@dataclass(slots=True, frozen=True)
+class ModelShape:
+    """The sizes that set a decoder's bytes and FLOPs."""
+
+    num_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    dtype_bytes: int = 2
+    kv_dtype_bytes: int = 2
+
+    @classmethod
+    def from_config(cls, cfg, dtype_bytes: int = 2, kv_dtype_bytes: int | None = None) -> "ModelShape":
+        return cls(cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
+                   cfg.head_dim, cfg.vocab_size, cfg.tie_word_embeddings, dtype_bytes,
+                   dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes)
+
+    @property
+    def linear_params(self) -> int:
+        """q|k|v, o, gate|up and down of every layer (norms and biases are negligible)."""
+        h, d = self.hidden_size, self.head_dim
+        qkv = h * (self.num_heads + 2 * self.num_kv_heads) * d
+        return self.num_layers * (qkv + self.num_heads * d * h + 3 * h * self.intermediate_size)
+
+    @property
+    def lm_head_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes a step reads for the weights (the embedding table is gathered, not read whole)."""
+        return (self.linear_params + self.lm_head_params) * self.dtype_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
+
+    def attention_flops(self, start: int, length: int) -> float:
+        """QK^T and PV FLOPs of ``length`` causal queries at positions start.. (each sees itself and
+        everything before it)."""
+        keys = length * start + length * (length + 1) / 2
+        return 4.0 * self.num_layers * self.num_heads * self.head_dim * keys
+
+    def kv_tokens(self, device: DeviceParams, gpu_memory_utilization: float = 0.9) -> int:
+        """Tokens of KV the default sizing gives on ``device``: what is left of its memory after the
+        weights (embedding included) and the activation reserve."""
+        embedding = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+        weights = self.weight_bytes + embedding * self.dtype_bytes
+        room = device.memory_bytes * gpu_memory_utilization - weights - device.activation_reserve_bytes
+        return max(0, int(room // self.kv_bytes_per_token))
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    """``length`` prompt tokens at positions ``start..``; the first ``recompute`` of them were computed
+    once before (a sequence preempted, or resumed, and recomputed)."""
+
+    request_id: str
+    start: int
+    length: int
+    recompute: int = 0
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    """The decode rows of one request: each row's context (its new token included), the tokens of
+    the prefix its rows hold in common, and the tokens the cascade kernel reads once for the group
+    (0: each row reads its whole context)."""
+
+    request_id: str
+    seq_lens: list[int]
+    shared: int = 0
+    cascade: int = 0
+
+
+@dataclass(slots=True)
+class StepWork:
+    """What one step computes, as the device model needs it."""
+
+    prefills: list[PrefillChunk] = field(default_factory=list)
+    decodes: list[DecodeGroup] = field(default_factory=list)
+    sampled: int = 0  # rows that get logits and a draw
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.length for c in self.prefills) + sum(len(g.seq_lens) for g in self.decodes)
+
+
+PARTS = ("weights", "matmul", "prefill", "recompute", "kv_read", "attention", "sampling", "overhead")
+
+
+@dataclass(slots=True)
+class StepCost:
+    """Seconds, by part (see the module docstring); ``limit`` is the physical floor of the same work."""
+
+    weights: float = 0.0
+    matmul: float = 0.0
+    prefill: float = 0.0
+    recompute: float = 0.0
+    kv_read: float = 0.0
+    attention: float = 0.0
+    sampling: float = 0.0
+    overhead: float = 0.0
+    limit: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return sum(getattr(self, p) for p in PARTS)
+
+    def add(self, other: "StepCost", share: float = 1.0) -> None:
+        for p in (*PARTS, "limit"):
+            setattr(self, p, getattr(self, p) + share * getattr(other, p))
+
+    def to_dict(self) -> dict:
+        return {p: getattr(self, p) for p in (*PARTS, "limit")} | {"total": self.total}
+
+
+def step_cost(work: StepWork, shape: ModelShape, dev: DeviceParams) -> tuple[StepCost, dict[str, StepCost]]:
+    """The modelled cost of one step, and each request's share of it.
+
+    Shares: the weights, the overhead and the sampling by token (a request's tokens in the step over
+    the step's), the rest by the work each request itself asks for.
+    """
+    bw, peak = dev.hbm_bytes_per_s, dev.peak_flops
+    kvpt = shape.kv_bytes_per_token
+    tokens = work.num_tokens
+    cost = StepCost()
+    per: dict[str, StepCost] = {}
+    if tokens == 0:
+        return cost, per
+
+    weights = shape.weight_bytes / (bw * dev.linear_bw_eff)
+    mm_flops = 2.0 * shape.linear_params * tokens + 2.0 * shape.lm_head_params * work.sampled
+    excess_per_token = max(0.0, mm_flops / (peak * dev.matmul_eff) - weights) / tokens
+    logits = work.sampled * shape.vocab_size * 4 * _LOGIT_PASSES / bw
+    shared = dict(weights=weights / tokens, overhead=dev.step_overhead_s / tokens, sampling=logits / tokens)
+    needed_bytes, needed_flops = float(shape.weight_bytes), 2.0 * shape.linear_params * tokens
+
+    def part(rid: str) -> StepCost:
+        return per.setdefault(rid, StepCost())
+
+    for g in work.decodes:
+        c = part(g.request_id)
+        n = len(g.seq_lens)
+        for k, v in shared.items():
+            setattr(c, k, getattr(c, k) + n * v)
+        c.matmul += n * excess_per_token
+        read = sum(g.seq_lens) - (n - 1) * g.cascade if n > 1 else sum(g.seq_lens)
+        c.kv_read += (read + n) * kvpt / (bw * dev.attention_bw_eff)  # reads, plus the new tokens' stores
+        need = sum(g.seq_lens) - (n - 1) * g.shared if n > 1 else sum(g.seq_lens)
+        needed_bytes += (need + n) * kvpt
+    for ch in work.prefills:
+        c = part(ch.request_id)
+        for k, v in shared.items():
+            setattr(c, k, getattr(c, k) + ch.length * v)
+        redo = min(ch.recompute, ch.length)
+        c.recompute += redo * excess_per_token
+        c.prefill += (ch.length - redo) * excess_per_token
+        flops = shape.attention_flops(ch.start, ch.length)
+        flops_redo = shape.attention_flops(ch.start, redo)
+        t_flops = flops / (peak * dev.prefill_attention_eff)
+        t_bytes = (ch.start + 2 * ch.length) * kvpt / (bw * dev.attention_bw_eff)  # context read + stores
+        t = max(t_flops, t_bytes)
+        frac = flops_redo / flops if flops else 0.0
+        c.recompute += t * frac
+        c.attention += t * (1 - frac)
+        needed_bytes += (ch.start + 2 * ch.length) * kvpt
+        needed_flops += flops - flops_redo - 2.0 * shape.linear_params * redo
+    needed_bytes += work.sampled * shape.vocab_size * 4
+    needed_flops += 2.0 * shape.lm_head_params * work.sampled
+    limit = max(needed_bytes / bw, needed_flops / peak)
+    for c in per.values():
+        cost.add(c)
+    total = cost.total
+    for c in per.values():  # the floor shared out like the time
+        c.limit = limit * c.total / total
+    cost.limit = limit
+    return cost, per

@@ -1,0 +1,238 @@
+"""The rehearsal's model runner and sampler: the real step preparation, a modelled device behind it.
+
+``RehearsalRunner`` is a ModelRunner without weights or KV tensors: ``prepare`` (the persistent
+block-table rows, slot mappings, attention metadata) runs for real, then the step's cost comes from
+the device model and advances a virtual clock instead of running kernels. ``ScriptedSampler`` emits
+each trajectory's tokens from a workload: ``think`` filler tokens, the tokens of ``</think>``, a
+conclusion of the given length, then EOS, so the next PaCoRe round's prompt has its real size.
+"""
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import torch
+
+from engine.model_runner import ModelRunner
+from engine.rehearsal.device_model import (DecodeGroup, DeviceParams, ModelShape, PrefillChunk, StepCost, StepWork,
+                                           step_cost)
+from engine.scheduler import StepPlan
+from engine.sequence import Sequence
+
+END_THINK = "</think>"
+
+
+class Workload(Protocol):
+    """Lengths for each trajectory of a rehearsal."""
+
+    def lengths(self, request_id: str, index: int, prompt_tokens: int, max_tokens: int) -> tuple[int, int]:
+        """(tokens to generate, EOS included; tokens of the conclusion after ``</think>``)."""
+
+
+class RunToLimit:
+    """The default workload: every trajectory runs until its max_tokens (the context), with a
+    conclusion of ``conclusion`` tokens."""
+
+    def __init__(self, conclusion: int = 1024):
+        self.conclusion = conclusion
+
+    def lengths(self, request_id: str, index: int, prompt_tokens: int, max_tokens: int) -> tuple[int, int]:
+        return max_tokens + 1, min(self.conclusion, max(0, max_tokens - 1))
+
+
+@dataclass(slots=True)
+class VirtualClock:
+    """Seconds of modelled device time since the engine started."""
+
+    now_s: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+@dataclass(slots=True)
+class StepSample:
+    """One rehearsed step: its modelled cost, the host's real time, and the cache's state."""
+
+    step: int
+    start_s: float  # virtual
+    cost: StepCost
+    prepare_s: float  # host: ModelRunner.prepare, measured
+    num_decodes: int
+    num_prefill_tokens: int
+    kv_blocks_used: int = 0
+    cascade: bool = False
+
+
+@dataclass(slots=True)
+class Ledger:
+    """What a rehearsal accumulates: totals, each request's share, and a sample per step."""
+
+    total: StepCost = field(default_factory=StepCost)
+    by_request: dict[str, StepCost] = field(default_factory=dict)
+    generated: dict[str, int] = field(default_factory=dict)  # request id -> tokens sampled
+    steps: list[StepSample] = field(default_factory=list)
+    recompute_tokens: int = 0
+
+
+class RehearsalRunner(ModelRunner):
+    """A ModelRunner whose forward pass is the device model (see the module docstring)."""
+
+    def __init__(self, cfg, dtype: torch.dtype, block_size: int, max_num_seqs: int, max_model_len: int,
+                 device: DeviceParams, keep_steps: bool = True, **_ignored):
+        # No ModelRunner.__init__: it would load the weights. What prepare() needs is set here.
+        self.cfg, self.dtype, self.device, self.block_size = cfg, dtype, torch.device("cpu"), block_size
+        self.workers = None
+        self.graphs = None
+        self.cascade, self.batch_invariant = True, False
+        self.max_blocks = -(-max_model_len // block_size)
+        self.tables = torch.zeros(max_num_seqs, self.max_blocks, dtype=torch.int32)
+        self.synced = [0] * max_num_seqs
+        self.writes: list = []
+        self.free_rows = list(range(max_num_seqs - 1, -1, -1))
+        self.max_num_seqs = max_num_seqs
+        self.device_params = device
+        self.shape = ModelShape.from_config(cfg, torch.finfo(dtype).bits // 8)
+        self.clock = VirtualClock()
+        self.ledger = Ledger()
+        self.keep_steps = keep_steps
+        self.used_blocks: Callable[[], int] = lambda: 0
+        self.shared_prefix: Callable[[object], int] = lambda req: 0  # tokens a request's running rows share
+        self._plain_ops = self.ops = None
+        self._computed: dict[int, int] = {}  # seq id -> positions computed once already (recompute below)
+        self._prompt_done: dict[str, int] = {}  # request id -> prompt tokens computed once
+
+    @property
+    def kv_bytes_per_block(self) -> int:
+        return self.shape.kv_bytes_per_token * self.block_size
+
+    def bind(self, scheduler, block_manager) -> None:
+        """Read the cache's occupancy and each request's shared prefix from the engine's own parts."""
+        self.used_blocks = lambda: block_manager.num_used
+        self.shared_prefix = scheduler.shared_prefix_tokens
+
+    def auto_num_blocks(self, kv_cache_memory: int | None, gpu_memory_utilization: float) -> int:
+        """The blocks the engine's sizing would give on the modelled device (or in kv_cache_memory)."""
+        if kv_cache_memory is not None:
+            return max(1, kv_cache_memory // self.kv_bytes_per_block)
+        return max(1, self.shape.kv_tokens(self.device_params, gpu_memory_utilization) // self.block_size)
+
+    def mark_ranges(self, on: bool) -> None:
+        """No kernels run, so there are no op ranges to mark."""
+
+    def allocate_kv_cache(self, num_blocks: int, cuda_graphs: bool) -> None:
+        self.num_blocks = num_blocks  # bookkeeping only: no tensor
+
+    def release(self, seq: Sequence) -> None:
+        super().release(seq)
+        if seq.is_finished:
+            self._computed.pop(seq.seq_id, None)
+
+    def work(self, plan: StepPlan) -> StepWork:
+        """The plan as the device model reads it: recomputed positions found from what each sequence
+        (and each request's prompt) had computed before."""
+        work = StepWork(sampled=len(plan.sample_seqs))
+        for seq, chunk in plan.prefills:
+            rid = seq.request.request_id
+            start = seq.num_computed
+            done = max(self._computed.get(seq.seq_id, 0), self._prompt_done.get(rid, 0))
+            redo = max(0, min(done, start + chunk) - start)
+            self.ledger.recompute_tokens += redo
+            work.prefills.append(PrefillChunk(rid, start, chunk, redo))
+            end = start + chunk
+            self._computed[seq.seq_id] = max(self._computed.get(seq.seq_id, 0), end)
+            if end >= seq.num_prompt_tokens:
+                self._prompt_done[rid] = max(self._prompt_done.get(rid, 0), seq.num_prompt_tokens)
+        groups = iter(zip(plan.group_starts, plan.group_starts[1:], plan.group_prefix_lens)) if plan.cascade else None
+        i, decodes = 0, plan.decodes
+        while i < len(decodes):
+            req = decodes[i].request
+            j = i
+            while j < len(decodes) and decodes[j].request is req:
+                j += 1
+            cascade = 0
+            if groups is not None:
+                g_start, g_end, prefix = next(groups)
+                assert (g_start, g_end) == (i, j), "cascade groups are one request's contiguous rows"
+                cascade = prefix
+            lens = [s.num_computed + 1 for s in decodes[i:j]]
+            for s in decodes[i:j]:
+                self._computed[s.seq_id] = s.num_computed + 1
+            work.decodes.append(DecodeGroup(req.request_id, lens, self.shared_prefix(req) if j - i > 1 else 0,
+                                            cascade))
+            i = j
+        return work
+
+    @torch.inference_mode()
+    def run(self, plan: StepPlan) -> torch.Tensor:
+        t0 = time.perf_counter()
+        self.prepare(plan)  # the real host work of a step: table rows, slots, metadata
+        prepare_s = time.perf_counter() - t0
+        cost, per = step_cost(self.work(plan), self.shape, self.device_params)
+        ledger = self.ledger
+        if self.keep_steps:
+            ledger.steps.append(StepSample(len(ledger.steps), self.clock.now_s, cost, prepare_s, len(plan.decodes),
+                                           sum(n for _, n in plan.prefills), self.used_blocks(), plan.cascade))
+        ledger.total.add(cost)
+        for rid, c in per.items():
+            ledger.by_request.setdefault(rid, StepCost()).add(c)
+        for seq in plan.sample_seqs:
+            rid = seq.request.request_id
+            ledger.generated[rid] = ledger.generated.get(rid, 0) + 1
+        self.clock.now_s += cost.total
+        return torch.empty(len(plan.sample_seqs), 0)  # the scripted sampler reads no logits
+
+
+class ScriptedSampler:
+    """Tokens that follow a workload. A trajectory's first token is its child index (so siblings
+    never share a generated block, as sampled ones would not), then filler, ``</think>``, a
+    conclusion of filler and EOS."""
+
+    def __init__(self, tokenizer, eos_token_id: int, workload: Workload | None = None):
+        if tokenizer is None:
+            raise ValueError("a rehearsal needs a tokenizer (its trajectories are text): pass tokenizer=FOLDER")
+        self.workload = workload or RunToLimit()
+        self.filler = _single_token(tokenizer, " x")
+        self.end_think = tokenizer.encode(END_THINK, add_special_tokens=False)
+        self.eos = eos_token_id
+        self.first_ids = min(1000, tokenizer.vocab_size // 2)  # ids from here name the child index
+        self.vocab = tokenizer.vocab_size
+        self._plans: dict[int, tuple[int, int]] = {}  # seq id -> (end of thinking, end of conclusion)
+
+    def plan_for(self, seq: Sequence) -> tuple[int, int]:
+        p = self._plans.get(seq.seq_id)
+        if p is None:
+            total, conclusion = self.workload.lengths(seq.request.request_id, seq.index, seq.num_prompt_tokens,
+                                                      seq.params.max_tokens)
+            total = max(1, int(total))
+            conclusion = max(0, min(int(conclusion), total - 1 - len(self.end_think)))
+            think = max(0, total - 1 - conclusion - len(self.end_think))
+            p = self._plans[seq.seq_id] = (think, think + len(self.end_think) + conclusion)
+        return p
+
+    def token(self, seq: Sequence) -> int:
+        g = seq.num_generated
+        think_end, conclusion_end = self.plan_for(seq)
+        if g >= conclusion_end:
+            self._plans.pop(seq.seq_id, None)
+            return self.eos
+        if g == 0 and think_end > 0:
+            salt = zlib.crc32(seq.request.request_id.encode())
+            return self.first_ids + (seq.index + salt) % (self.vocab - self.first_ids)
+        if g < think_end:
+            return self.filler
+        if g < think_end + len(self.end_think):
+            return self.end_think[g - think_end]
+        return self.filler
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        return [self.token(s) for s in seqs]
+
+
+def _single_token(tokenizer, text: str) -> int:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) != 1:
+        raise ValueError(f"the rehearsal's filler {text!r} is {len(ids)} tokens in this tokenizer; it needs one")
+    return ids[0]
