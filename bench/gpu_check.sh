@@ -32,7 +32,7 @@ PY
 
 echo "== kernel tests on the GPU (fp32 + bf16 + fp16)"
 PACORE_TEST_DEVICE=cuda PACORE_TEST_DTYPES=bfloat16,float16 \
-    $PY -m pytest tests/test_kernels_*.py -q -p no:cacheprovider --noconftest 2>&1 | tee ${OUT_DIR:+"$OUT_DIR/gpu_tests.log"} \
+    $PY -m pytest tests/kernels/test_kernels_*.py -q -p no:cacheprovider --noconftest 2>&1 | tee ${OUT_DIR:+"$OUT_DIR/gpu_tests.log"} \
     | tail -n 30
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 

@@ -1,6 +1,6 @@
 """Data-parallel replicas against one: the same PaCoRe workload on 1 replica and on N, tokens/s of each.
 
-Every configuration goes through the same driver (pacore/dispatch.py), so the only difference is the
+Every configuration goes through the same driver (pacore/replicas/driver.py), so the only difference is the
 replicas: one process with all the cores, or N processes that split them (or N Ray actors with
 --ray). Tokens/s is the session's generated tokens over the span from the first replica ready to the
 end (model loading excluded, as in the run summary).

@@ -8,6 +8,7 @@ import sys
 from engine.config import engine_kwargs
 
 from ..config import PRESETS, RunConfig
+from ..evaluate.runs import validate_runs
 from ..results.files import same_file
 from ..results.lock import ResultsLocked
 from ..results.preflight import Pending, SettingsRefused, preflight
@@ -67,9 +68,10 @@ def refused_paths(args) -> str | None:
 
 def run(args, cfg: RunConfig) -> int:
     """Check, then run ``cfg``; returns the exit status. Everything that can be refused is refused before
-    a model loads: the model's config (its context, whether --tensor-parallel splits it), then, in the
-    one preflight, the settings, the budget against that context, the results lock and path."""
+    a model loads: --runs/--pool, the model's config (its context, whether --tensor-parallel splits it),
+    then, in the one preflight, the budget against that context, the results lock and path."""
     try:
+        validate_runs(cfg)  # flags alone: said before the model is looked for
         context = _model_context(cfg)
     except (ValueError, FileNotFoundError, RuntimeError) as e:  # no such model, or a size that cannot split it
         print(f"pacore: {e}", file=sys.stderr)
