@@ -58,6 +58,7 @@ def rehearse(args, name: str, options: dict, out: Path) -> dict:
     if args.kv_tokens:
         engine_options["num_kv_blocks"] = args.kv_tokens // 16
     llm = LLM(str(folder), **engine_options)
+    llm.runner.account_by = round_of
     rounds = PRESETS[args.preset]
     if args.replay:
         llm.sampler.workload = ReplayLengths(args.replay, llm.tokenizer, replay_key)
@@ -83,7 +84,7 @@ def rehearse(args, name: str, options: dict, out: Path) -> dict:
     res = {
         "config": name, "options": {k: v for k, v in options.items()}, "device": runner.device_params.source,
         "num_blocks": llm.block_manager.num_blocks, "kv_tokens": llm.block_manager.num_blocks * llm.block_size,
-        "rounds": {str(r): f for r, f in report.by_round(ledger, round_of).items()},
+        "rounds": {str(r): f for r, f in report.by_round(ledger).items()},
         "overall": report.overall(ledger),
         "preemptions": llm.scheduler.num_preemptions,
         "prefill_tokens": llm.scheduler.prefill_tokens,

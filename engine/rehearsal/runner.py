@@ -71,8 +71,8 @@ class Ledger:
     """What a rehearsal accumulates: totals, each request's share, and a sample per step."""
 
     total: StepCost = field(default_factory=StepCost)
-    by_request: dict[str, StepCost] = field(default_factory=dict)
-    generated: dict[str, int] = field(default_factory=dict)  # request id -> tokens sampled
+    by_account: dict[object, StepCost] = field(default_factory=dict)  # RehearsalRunner.account_by -> cost
+    generated: dict[object, int] = field(default_factory=dict)  # account -> tokens sampled
     steps: list[StepSample] = field(default_factory=list)
     recompute_tokens: int = 0
 
@@ -99,6 +99,7 @@ class RehearsalRunner(ModelRunner):
         self.clock = VirtualClock()
         self.ledger = Ledger()
         self.keep_steps = keep_steps
+        self.account_by: Callable[[str], object] = str  # request id -> the account its costs go to
         self.used_blocks: Callable[[], int] = lambda: 0
         self.shared_prefix: Callable[[object], int] = lambda req: 0  # tokens a request's running rows share
         self._plain_ops = self.ops = None
@@ -168,17 +169,18 @@ class RehearsalRunner(ModelRunner):
         t0 = time.perf_counter()
         self.prepare(plan)  # the real host work of a step: table rows, slots, metadata
         prepare_s = time.perf_counter() - t0
-        cost, per = step_cost(self.work(plan), self.shape, self.device_params)
+        cost, per = step_cost(self.work(plan), self.shape, self.device_params, self.account_by)
         ledger = self.ledger
         if self.keep_steps:
             ledger.steps.append(StepSample(len(ledger.steps), self.clock.now_s, cost, prepare_s, len(plan.decodes),
                                            sum(n for _, n in plan.prefills), self.used_blocks(), plan.cascade))
         ledger.total.add(cost)
-        for rid, c in per.items():
-            ledger.by_request.setdefault(rid, StepCost()).add(c)
+        for k, c in per.items():
+            ledger.by_account.setdefault(k, StepCost()).add(c)
+        generated = ledger.generated
         for seq in plan.sample_seqs:
-            rid = seq.request.request_id
-            ledger.generated[rid] = ledger.generated.get(rid, 0) + 1
+            k = self.account_by(seq.request.request_id)
+            generated[k] = generated.get(k, 0) + 1
         self.clock.now_s += cost.total
         return torch.empty(len(plan.sample_seqs), 0)  # the scripted sampler reads no logits
 
