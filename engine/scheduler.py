@@ -107,6 +107,8 @@ class Scheduler:
         self.on_release = on_release  # the model runner frees the sequence's block-table row
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        # Blocks kept free when admitting, for the running sequences' growth (vLLM keeps 1% too).
+        self.watermark = block_manager.num_blocks // 100
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order: the last is preempted first
         self._shared_blocks: dict[str, int] = {}  # request id -> leading blocks its running seqs share
@@ -236,7 +238,11 @@ class Scheduler:
             cached = self.bm.match_prefix(seq)
             seq.num_computed = cached
             chunk = min(seq.num_tokens - cached, budget)
-            if self.bm.blocks_needed(seq, cached + chunk) > self.bm.num_free:
+            # Admit only a sequence whose whole prefill fits, with room left to grow: one admitted
+            # for its first chunk into a nearly full cache is preempted before its prefill ends,
+            # and recomputed again and again (at PaCoRe-8B's shape: half the generated tokens).
+            whole = self.bm.blocks_needed(seq, seq.num_tokens) + (self.watermark if self.running else 0)
+            if max(whole, self.bm.blocks_needed(seq, cached + chunk)) > self.bm.num_free:
                 self.bm.free_seq(seq)
                 break
             self.bm.allocate(seq, cached + chunk)
