@@ -1,5 +1,5 @@
-"""Host-side costs: block manager fork / append / free at 10^4-10^5 blocks, scheduler step with 1k
-sequences. These are the per-step Python costs that sit between model forwards.
+"""Host-side costs: block manager fork / append / free at 10^4-10^5 blocks, and an engine step at
+PaCoRe-8B's shape (batch 32-256 with the cache full, 4 x 128k). These are the per-step Python costs that sit between model forwards.
 
     python -m pytest bench/bench_host.py --benchmark-only --benchmark-group-by=group
 """
@@ -11,8 +11,7 @@ import pytest
 
 from engine.block_manager import BlockManager, block_hash
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Request, Sequence, Status
+from engine.sequence import Request, Sequence
 
 BS = 16
 _ids = itertools.count()
@@ -82,30 +81,16 @@ def test_free(benchmark, total_blocks):
     benchmark.pedantic(free, setup=setup, rounds=5)
 
 
-@pytest.mark.parametrize("num_seqs", [1000])
-def test_scheduler_decode_step(benchmark, num_seqs):
-    """schedule() with num_seqs running decodes (block growth included), then the per-token advance
-    the engine does after the forward; no model."""
-    benchmark.group = "scheduler step"
-    bm = BlockManager(num_seqs * 64, BS)
-    sched = Scheduler(bm, max_num_seqs=num_seqs, max_num_batched_tokens=num_seqs * 128)
-    seqs = [_seq(100) for _ in range(num_seqs)]
-    for s in seqs:
-        sched.add(s)
-    assert len(sched.schedule().prefills) == num_seqs  # admit all: one prefill chunk each
-    for s in seqs:
-        s.num_computed = s.num_tokens
-        s.token_ids.append(1)  # the first sampled token: from now on every step is a decode
-
-    def step():
-        batch = sched.schedule()
-        for s in batch.decodes:
-            s.num_computed += 1
-            bm.publish(s, s.num_computed)
-            s.token_ids.append(1)
-        return batch
-    batch = benchmark.pedantic(step, rounds=200, warmup_rounds=5)
-    assert len(batch.decodes) == num_seqs and all(s.status is Status.RUNNING for s in seqs)
+@pytest.mark.parametrize("batch,context", [(32, 24_000), (128, 6_000), (256, 3_000), (4, 128_000)])
+def test_engine_decode_step(benchmark, batch, context, tmp_path):
+    """One engine step at PaCoRe-8B's shape with a full H200-sized cache (a rehearsal: the real
+    scheduler, block manager, ModelRunner.prepare and postprocess; the forward modelled). Reports
+    the host phases and the modelled device step (bench/rehearsal/host.py)."""
+    from bench.rehearsal.host import filled_engine, measure
+    benchmark.group = "engine step host time"
+    llm = filled_engine(batch, context, tmp_path)
+    benchmark.pedantic(llm.step, rounds=32, warmup_rounds=2)
+    benchmark.extra_info.update(measure(llm, 16))
 
 
 @pytest.mark.parametrize("hasher", ["sha256", "builtin"])

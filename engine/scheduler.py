@@ -107,6 +107,8 @@ class Scheduler:
         self.on_release = on_release  # the model runner frees the sequence's block-table row
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        # Blocks kept free when admitting, for the running sequences' growth (vLLM keeps 1% too).
+        self.watermark = block_manager.num_blocks // 100
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order: the last is preempted first
         self._shared_blocks: dict[str, int] = {}  # request id -> leading blocks its running seqs share
@@ -193,8 +195,9 @@ class Scheduler:
         for seq in list(self.running):
             if seq.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
-            remaining = seq.num_tokens - seq.num_computed
-            is_decode = remaining == 1 and seq.num_generated > 0
+            num_tokens = len(seq.token_ids)
+            remaining = num_tokens - seq.num_computed
+            is_decode = remaining == 1 and num_tokens > seq.num_prompt_tokens
             if is_decode and seq.num_computed < len(seq.block_table) * bs:
                 # The new token's slot is in a block it holds (15 decode steps in 16): nothing to
                 # allocate or preempt, only a block it fills to publish. The common case at batch
@@ -225,6 +228,8 @@ class Scheduler:
         return budget
 
     def _admit(self, plan: StepPlan, budget: int) -> None:
+        if not self.waiting or budget <= 0:
+            return  # the common decode step: nothing to count the running sequences for
         slots = sum(self._slots(s) for s in self.running)
         while self.waiting and budget > 0:
             seq = self.waiting[0]
@@ -233,7 +238,11 @@ class Scheduler:
             cached = self.bm.match_prefix(seq)
             seq.num_computed = cached
             chunk = min(seq.num_tokens - cached, budget)
-            if self.bm.blocks_needed(seq, cached + chunk) > self.bm.num_free:
+            # Admit only a sequence whose whole prefill fits, with room left to grow: one admitted
+            # for its first chunk into a nearly full cache is preempted before its prefill ends,
+            # and recomputed again and again (at PaCoRe-8B's shape: half the generated tokens).
+            whole = self.bm.blocks_needed(seq, seq.num_tokens) + (self.watermark if self.running else 0)
+            if max(whole, self.bm.blocks_needed(seq, cached + chunk)) > self.bm.num_free:
                 self.bm.free_seq(seq)
                 break
             self.bm.allocate(seq, cached + chunk)
@@ -319,13 +328,15 @@ class Scheduler:
             j = i
             while j < len(decodes) and decodes[j].request is req:
                 j += 1
-            prefix = self.cascade.prefix_for(j - i, self._shared_prefix_blocks(req) * self.bm.block_size)
+            prefix = 0
+            if j - i > 1:  # a lone row shares nothing: skip finding its prefix
+                prefix = self.cascade.prefix_for(j - i, self._shared_prefix_blocks(req) * self.bm.block_size)
+                saved += (j - i - 1) * prefix
             prefix_lens.append(prefix)
-            saved += (j - i - 1) * prefix
             largest = max(largest, j - i)
             starts.append(j)
             i = j
-        if self.cascade.pays(saved, sum(s.num_computed + 1 for s in decodes)):
+        if saved and self.cascade.pays(saved, sum(s.num_computed + 1 for s in decodes)):
             plan.group_starts, plan.group_prefix_lens, plan.max_group_size = starts, prefix_lens, largest
 
     def shared_prefix_tokens(self, req: Request) -> int:

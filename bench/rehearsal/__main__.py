@@ -58,11 +58,13 @@ def rehearse(args, name: str, options: dict, out: Path) -> dict:
     if args.kv_tokens:
         engine_options["num_kv_blocks"] = args.kv_tokens // 16
     llm = LLM(str(folder), **engine_options)
+    llm.runner.account_by = round_of
     rounds = PRESETS[args.preset]
     if args.replay:
         llm.sampler.workload = ReplayLengths(args.replay, llm.tokenizer, replay_key)
     else:
-        llm.sampler.workload = PaperLengths(mean_trajectory_tokens(args.preset, rounds), seed=args.seed,
+        mean = args.mean_tokens or mean_trajectory_tokens(args.preset, rounds)
+        llm.sampler.workload = PaperLengths(mean, seed=args.seed, conclusion_median=args.conclusion_tokens,
                                             context=llm.max_model_len)
     out.mkdir(parents=True, exist_ok=True)
     data = problems_file(out, args.problems, args.prompt_tokens)
@@ -82,9 +84,10 @@ def rehearse(args, name: str, options: dict, out: Path) -> dict:
     res = {
         "config": name, "options": {k: v for k, v in options.items()}, "device": runner.device_params.source,
         "num_blocks": llm.block_manager.num_blocks, "kv_tokens": llm.block_manager.num_blocks * llm.block_size,
-        "rounds": {str(r): f for r, f in report.by_round(ledger, round_of).items()},
+        "rounds": {str(r): f for r, f in report.by_round(ledger).items()},
         "overall": report.overall(ledger),
         "preemptions": llm.scheduler.num_preemptions,
+        "prefill_tokens": llm.scheduler.prefill_tokens,
         "recompute_tokens": ledger.recompute_tokens,
         "recompute_fraction": ledger.recompute_tokens / max(1, sum(ledger.generated.values())),
         "cascade_steps": sum(s.cascade for s in ledger.steps),
@@ -99,15 +102,19 @@ def rehearse(args, name: str, options: dict, out: Path) -> dict:
     return res
 
 
+def _parts(request_id: str) -> tuple[str, int, int]:
+    """(problem key, run, round) of a PaCoRe round's request id (pacore/results/keys.py)."""
+    unit, round_no = request_id.rsplit("#r", 1)
+    key, sep, run = unit.rpartition("#run")
+    return (key, int(run), int(round_no)) if sep and run.isdigit() else (unit, 0, int(round_no))
+
+
 def round_of(request_id: str) -> int:
-    from pacore.results.keys import parse_request_id
-    return parse_request_id(request_id).round
+    return _parts(request_id)[2]
 
 
 def replay_key(request_id: str, index: int) -> tuple:
-    from pacore.results.keys import parse_request_id
-    k = parse_request_id(request_id)
-    return (k.problem_id, k.run, k.round, index)
+    return (*_parts(request_id), index)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--problems-in-flight", type=int, default=64)
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--replay", metavar="RESULTS", help="lengths from a results file of pacore run")
+    p.add_argument("--mean-tokens", type=float, help="mean trajectory length (default: the paper's per preset)")
+    p.add_argument("--conclusion-tokens", type=float, default=1500, help="median conclusion length (default 1500)")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--kv-tokens", type=int, help="cache size in tokens (default: what the device's memory holds)")
     p.add_argument("--config", action="append", choices=sorted(CONFIGS),

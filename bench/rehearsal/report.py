@@ -1,27 +1,17 @@
 """What a rehearsal reports: per round, tokens/s and where the modelled time went, beside the floor.
 
-A step serves several rounds at once (problems advance independently), so each request's share of a
-step (engine/rehearsal/device_model.py) is added to its round's account.
+A step serves several rounds at once (problems advance independently), so each round's share of a
+step (engine/rehearsal/device_model.py) is added to that round's account.
 """
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from engine.rehearsal.device_model import PARTS, StepCost
 
 
-def by_round(ledger, round_of: Callable[[str], int]) -> dict[int, dict]:
-    """{round: {tokens, seconds, tokens_per_s, limit_tokens_per_s, parts: {part: seconds}}}."""
-    rounds: dict[int, tuple[StepCost, list[int]]] = {}
-    for rid, cost in ledger.by_request.items():
-        acc, tokens = rounds.setdefault(round_of(rid), (StepCost(), [0]))
-        acc.add(cost)
-        tokens[0] += ledger.generated.get(rid, 0)
-    out = {}
-    for r in sorted(rounds):
-        acc, (tokens,) = rounds[r]
-        out[r] = _figures(acc, tokens)
-    return out
+def by_round(ledger) -> dict[int, dict]:
+    """{round: {tokens, seconds, tokens_per_s, limit_tokens_per_s, parts: {part: seconds}}}, from a
+    ledger whose accounts are rounds (RehearsalRunner.account_by)."""
+    return {r: _figures(ledger.by_account[r], ledger.generated.get(r, 0)) for r in sorted(ledger.by_account)}
 
 
 def overall(ledger) -> dict:

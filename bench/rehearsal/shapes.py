@@ -32,7 +32,10 @@ def model_folder(shape: str, folder: Path) -> Path:
     (out / "tokenizer").mkdir(parents=True, exist_ok=True)
     cfg = {k: v for k, v in SHAPES[shape].items() if v is not None} | {"eos_token_id": 2, "bos_token_id": 1}
     (out / "config.json").write_text(json.dumps(cfg, indent=1))
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+    for name in ("tokenizer.json", "chat_template.jinja"):
         if (smol / name).is_file():
             (out / "tokenizer" / name).write_bytes((smol / name).read_bytes())
+    tok_cfg = json.loads((smol / "tokenizer_config.json").read_text())
+    tok_cfg["model_max_length"] = cfg["max_position_embeddings"]  # the shape's context, not SmolLM2's 8k
+    (out / "tokenizer" / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
     return out

@@ -80,7 +80,9 @@ class ReplayLengths:
                     text = t.get("content", "")
                     message = text.rsplit(END_THINK, 1)[-1]
                     conclusion = len(tokenizer.encode(message, add_special_tokens=False)) if message else 0
-                    self.table[(rec["request_id"], rec.get("run", 0), r, t["index"])] = (int(t["tokens"]), conclusion)
+                    # a trajectory cut at its length limit ran on: give it one token more than it had
+                    total = int(t["tokens"]) + (t.get("finish_reason") == "length")
+                    self.table[(str(rec["request_id"]), rec.get("run", 0), r, t["index"])] = (total, conclusion)
 
     def lengths(self, request_id: str, index: int, prompt_tokens: int, max_tokens: int) -> tuple[int, int]:
         k = self.key(request_id, index)

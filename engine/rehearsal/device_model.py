@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -187,64 +188,57 @@ class StepCost:
         return {p: getattr(self, p) for p in (*PARTS, "limit")} | {"total": self.total}
 
 
-def step_cost(work: StepWork, shape: ModelShape, dev: DeviceParams) -> tuple[StepCost, dict[str, StepCost]]:
-    """The modelled cost of one step, and each request's share of it.
+def step_cost(work: StepWork, shape: ModelShape, dev: DeviceParams,
+              key: Callable[[str], object] = str) -> tuple[StepCost, dict[object, StepCost]]:
+    """The modelled cost of one step, and the share of it of each ``key(request_id)`` (by default
+    each request; a rehearsal of PaCoRe passes the request's round).
 
-    Shares: the weights, the overhead and the sampling by token (a request's tokens in the step over
-    the step's), the rest by the work each request itself asks for.
+    Shares: the weights, the overhead and the sampling by token (a share's tokens in the step over
+    the step's), the rest by the work its own requests ask for.
     """
     bw, peak = dev.hbm_bytes_per_s, dev.peak_flops
     kvpt = shape.kv_bytes_per_token
     tokens = work.num_tokens
-    cost = StepCost()
-    per: dict[str, StepCost] = {}
     if tokens == 0:
-        return cost, per
-
+        return StepCost(), {}
     weights = shape.weight_bytes / (bw * dev.linear_bw_eff)
     mm_flops = 2.0 * shape.linear_params * tokens + 2.0 * shape.lm_head_params * work.sampled
-    excess_per_token = max(0.0, mm_flops / (peak * dev.matmul_eff) - weights) / tokens
-    logits = work.sampled * shape.vocab_size * 4 * _LOGIT_PASSES / bw
-    shared = dict(weights=weights / tokens, overhead=dev.step_overhead_s / tokens, sampling=logits / tokens)
+    excess = max(0.0, mm_flops / (peak * dev.matmul_eff) - weights) / tokens  # per token
+    kv_s = kvpt / (bw * dev.attention_bw_eff)  # per token of KV read or stored
     needed_bytes, needed_flops = float(shape.weight_bytes), 2.0 * shape.linear_params * tokens
-
-    def part(rid: str) -> StepCost:
-        return per.setdefault(rid, StepCost())
-
+    # per key: [decode tokens, new prefill tokens, recomputed tokens, kv_read, attention, recompute attention]
+    acc: dict[object, list[float]] = {}
     for g in work.decodes:
-        c = part(g.request_id)
-        n = len(g.seq_lens)
-        for k, v in shared.items():
-            setattr(c, k, getattr(c, k) + n * v)
-        c.matmul += n * excess_per_token
-        read = sum(g.seq_lens) - (n - 1) * g.cascade if n > 1 else sum(g.seq_lens)
-        c.kv_read += (read + n) * kvpt / (bw * dev.attention_bw_eff)  # reads, plus the new tokens' stores
-        need = sum(g.seq_lens) - (n - 1) * g.shared if n > 1 else sum(g.seq_lens)
-        needed_bytes += (need + n) * kvpt
+        a = acc.setdefault(key(g.request_id), [0.0] * 6)
+        n, total = len(g.seq_lens), sum(g.seq_lens)
+        a[0] += n
+        a[3] += (total - (n - 1) * g.cascade + n) * kv_s  # reads (a cascade prefix once), plus the stores
+        needed_bytes += (total - (n - 1) * g.shared + n) * kvpt
     for ch in work.prefills:
-        c = part(ch.request_id)
-        for k, v in shared.items():
-            setattr(c, k, getattr(c, k) + ch.length * v)
+        a = acc.setdefault(key(ch.request_id), [0.0] * 6)
         redo = min(ch.recompute, ch.length)
-        c.recompute += redo * excess_per_token
-        c.prefill += (ch.length - redo) * excess_per_token
+        a[1] += ch.length - redo
+        a[2] += redo
         flops = shape.attention_flops(ch.start, ch.length)
         flops_redo = shape.attention_flops(ch.start, redo)
-        t_flops = flops / (peak * dev.prefill_attention_eff)
-        t_bytes = (ch.start + 2 * ch.length) * kvpt / (bw * dev.attention_bw_eff)  # context read + stores
-        t = max(t_flops, t_bytes)
+        t = max(flops / (peak * dev.prefill_attention_eff), (ch.start + 2 * ch.length) * kv_s)  # context + stores
         frac = flops_redo / flops if flops else 0.0
-        c.recompute += t * frac
-        c.attention += t * (1 - frac)
+        a[4] += t * (1 - frac)
+        a[5] += t * frac
         needed_bytes += (ch.start + 2 * ch.length) * kvpt
         needed_flops += flops - flops_redo - 2.0 * shape.linear_params * redo
     needed_bytes += work.sampled * shape.vocab_size * 4
     needed_flops += 2.0 * shape.lm_head_params * work.sampled
     limit = max(needed_bytes / bw, needed_flops / peak)
-    for c in per.values():
-        cost.add(c)
-    total = cost.total
-    for c in per.values():  # the floor shared out like the time
-        c.limit = limit * c.total / total
+    logits = work.sampled * shape.vocab_size * 4 * _LOGIT_PASSES / bw
+    def cost_of(dec, new, redo, kv, attn, attn_redo) -> StepCost:
+        share = (dec + new + redo) / tokens
+        return StepCost(weights=weights * share, matmul=dec * excess, prefill=new * excess,
+                        recompute=redo * excess + attn_redo, kv_read=kv, attention=attn,
+                        sampling=logits * share, overhead=dev.step_overhead_s * share)
+    cost = cost_of(*map(sum, zip(*acc.values())))
     cost.limit = limit
+    per = {k: cost_of(*a) for k, a in acc.items()}
+    for c in per.values():  # the floor shared out like the time
+        c.limit = limit * c.total / cost.total
     return cost, per

@@ -71,8 +71,8 @@ class Ledger:
     """What a rehearsal accumulates: totals, each request's share, and a sample per step."""
 
     total: StepCost = field(default_factory=StepCost)
-    by_request: dict[str, StepCost] = field(default_factory=dict)
-    generated: dict[str, int] = field(default_factory=dict)  # request id -> tokens sampled
+    by_account: dict[object, StepCost] = field(default_factory=dict)  # RehearsalRunner.account_by -> cost
+    generated: dict[object, int] = field(default_factory=dict)  # account -> tokens sampled
     steps: list[StepSample] = field(default_factory=list)
     recompute_tokens: int = 0
 
@@ -84,8 +84,9 @@ class RehearsalRunner(ModelRunner):
                  device: DeviceParams, keep_steps: bool = True, **_ignored):
         # No ModelRunner.__init__: it would load the weights. What prepare() needs is set here.
         self.cfg, self.dtype, self.device, self.block_size = cfg, dtype, torch.device("cpu"), block_size
-        self.workers = None
+        self.workers, self.is_worker, self.tp_size = None, False, 1
         self.graphs = None
+        self.kv_cache = None  # no tensor: the cache is the block manager's bookkeeping only
         self.cascade, self.batch_invariant = True, False
         self.max_blocks = -(-max_model_len // block_size)
         self.tables = torch.zeros(max_num_seqs, self.max_blocks, dtype=torch.int32)
@@ -98,11 +99,13 @@ class RehearsalRunner(ModelRunner):
         self.clock = VirtualClock()
         self.ledger = Ledger()
         self.keep_steps = keep_steps
+        self.account_by: Callable[[str], object] = str  # request id -> the account its costs go to
         self.used_blocks: Callable[[], int] = lambda: 0
         self.shared_prefix: Callable[[object], int] = lambda req: 0  # tokens a request's running rows share
         self._plain_ops = self.ops = None
-        self._computed: dict[int, int] = {}  # seq id -> positions computed once already (recompute below)
-        self._prompt_done: dict[str, int] = {}  # request id -> prompt tokens computed once
+        # seq id -> positions it has computed once (a forked child: from its first decode); a prefill
+        # below that mark is recompute, after a preemption
+        self._computed: dict[int, int] = {}
 
     @property
     def kv_bytes_per_block(self) -> int:
@@ -131,20 +134,16 @@ class RehearsalRunner(ModelRunner):
             self._computed.pop(seq.seq_id, None)
 
     def work(self, plan: StepPlan) -> StepWork:
-        """The plan as the device model reads it: recomputed positions found from what each sequence
-        (and each request's prompt) had computed before."""
+        """The plan as the device model reads it, recomputed positions found from what each sequence
+        had computed before."""
         work = StepWork(sampled=len(plan.sample_seqs))
         for seq, chunk in plan.prefills:
             rid = seq.request.request_id
             start = seq.num_computed
-            done = max(self._computed.get(seq.seq_id, 0), self._prompt_done.get(rid, 0))
-            redo = max(0, min(done, start + chunk) - start)
+            redo = max(0, min(self._computed.get(seq.seq_id, 0), start + chunk) - start)
             self.ledger.recompute_tokens += redo
             work.prefills.append(PrefillChunk(rid, start, chunk, redo))
-            end = start + chunk
-            self._computed[seq.seq_id] = max(self._computed.get(seq.seq_id, 0), end)
-            if end >= seq.num_prompt_tokens:
-                self._prompt_done[rid] = max(self._prompt_done.get(rid, 0), seq.num_prompt_tokens)
+            self._computed[seq.seq_id] = max(self._computed.get(seq.seq_id, 0), start + chunk)
         groups = iter(zip(plan.group_starts, plan.group_starts[1:], plan.group_prefix_lens)) if plan.cascade else None
         i, decodes = 0, plan.decodes
         while i < len(decodes):
@@ -170,17 +169,18 @@ class RehearsalRunner(ModelRunner):
         t0 = time.perf_counter()
         self.prepare(plan)  # the real host work of a step: table rows, slots, metadata
         prepare_s = time.perf_counter() - t0
-        cost, per = step_cost(self.work(plan), self.shape, self.device_params)
+        cost, per = step_cost(self.work(plan), self.shape, self.device_params, self.account_by)
         ledger = self.ledger
         if self.keep_steps:
             ledger.steps.append(StepSample(len(ledger.steps), self.clock.now_s, cost, prepare_s, len(plan.decodes),
                                            sum(n for _, n in plan.prefills), self.used_blocks(), plan.cascade))
         ledger.total.add(cost)
-        for rid, c in per.items():
-            ledger.by_request.setdefault(rid, StepCost()).add(c)
+        for k, c in per.items():
+            ledger.by_account.setdefault(k, StepCost()).add(c)
+        generated = ledger.generated
         for seq in plan.sample_seqs:
-            rid = seq.request.request_id
-            ledger.generated[rid] = ledger.generated.get(rid, 0) + 1
+            k = self.account_by(seq.request.request_id)
+            generated[k] = generated.get(k, 0) + 1
         self.clock.now_s += cost.total
         return torch.empty(len(plan.sample_seqs), 0)  # the scripted sampler reads no logits
 
@@ -194,7 +194,7 @@ class ScriptedSampler:
         if tokenizer is None:
             raise ValueError("a rehearsal needs a tokenizer (its trajectories are text): pass tokenizer=FOLDER")
         self.workload = workload or RunToLimit()
-        self.filler = _single_token(tokenizer, " x")
+        self.filler = _single_token(tokenizer, (" x", "x"))
         self.end_think = tokenizer.encode(END_THINK, add_special_tokens=False)
         self.eos = eos_token_id
         self.first_ids = min(1000, tokenizer.vocab_size // 2)  # ids from here name the child index
@@ -206,10 +206,13 @@ class ScriptedSampler:
         if p is None:
             total, conclusion = self.workload.lengths(seq.request.request_id, seq.index, seq.num_prompt_tokens,
                                                       seq.params.max_tokens)
-            total = max(1, int(total))
-            conclusion = max(0, min(int(conclusion), total - 1 - len(self.end_think)))
-            think = max(0, total - 1 - conclusion - len(self.end_think))
-            p = self._plans[seq.seq_id] = (think, think + len(self.end_think) + conclusion)
+            body = max(1, int(total)) - 1  # the tokens before EOS
+            if body < len(self.end_think):  # too short to conclude: filler only
+                p = (body, body)
+            else:
+                conclusion = max(0, min(int(conclusion), body - len(self.end_think)))
+                p = (body - len(self.end_think) - conclusion, body)
+            self._plans[seq.seq_id] = p
         return p
 
     def token(self, seq: Sequence) -> int:
@@ -231,8 +234,12 @@ class ScriptedSampler:
         return [self.token(s) for s in seqs]
 
 
-def _single_token(tokenizer, text: str) -> int:
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    if len(ids) != 1:
-        raise ValueError(f"the rehearsal's filler {text!r} is {len(ids)} tokens in this tokenizer; it needs one")
-    return ids[0]
+def _single_token(tokenizer, candidates: tuple[str, ...]) -> int:
+    """The first candidate that is one token, and decodes and re-encodes to one per repeat (so a
+    conclusion of C filler tokens is C tokens again in the next round's prompt)."""
+    for text in candidates:
+        ids = tokenizer.encode(text * 8, add_special_tokens=False)
+        if len(ids) == 8 and len(set(ids)) == 1:
+            return ids[0]
+    raise ValueError(f"none of the rehearsal's fillers {candidates} is a token that repeats as itself in this "
+                     "tokenizer; give the rehearsal another tokenizer (tokenizer=FOLDER)")

@@ -40,3 +40,34 @@ def test_max_num_seqs_smaller_than_n(tiny_model_dir):
     params = SamplingParams(n=5, temperature=0, max_tokens=6, ignore_eos=True)
     out = LLM(model, num_kv_blocks=128, max_num_seqs=2).generate([prompt], params, use_tqdm=False)[0]
     assert len(out.outputs) == 5 and len({tuple(o.token_ids) for o in out.outputs}) == 1
+
+
+def test_a_prompt_is_admitted_only_when_its_whole_prefill_fits():
+    """A sequence admitted for its first chunk into a nearly full cache would be preempted before its
+    prefill ends: it waits until all of it fits, with the 1% watermark kept free for growth."""
+    from engine.block_manager import BlockManager
+    from engine.scheduler import CascadePolicy, Scheduler
+    from engine.sequence import Request, Sequence
+    from engine.stopping import StopChecker
+
+    bm = BlockManager(200, 16)
+    sched = Scheduler(bm, StopChecker(None, [], 1 << 20), 8, 64, CascadePolicy())
+    assert sched.watermark == 2
+
+    def add(rid, tokens, first=0):
+        req = Request(rid, None, list(range(first, first + tokens)), SamplingParams(max_tokens=8))
+        sched.add_request(req)
+        return req.seqs[0]
+    running = add("a", 16 * 150)
+    for _ in range(200):  # prefill it: 150 of the 200 blocks
+        if running.num_generated:
+            break
+        plan = sched.schedule()
+        sched.postprocess(plan, [5] * len(plan.sample_seqs))
+    assert running.num_generated == 1
+    waiting = add("b", 16 * 48, first=5000)  # 49 blocks are free: its first 64-token chunk fits, the whole prompt would leave 1
+    plan = sched.schedule()
+    assert [s for s, _ in plan.prefills] == [] and list(sched.waiting) == [waiting]
+    sched.finish(running)
+    plan = sched.schedule()
+    assert [s for s, _ in plan.prefills] == [waiting]

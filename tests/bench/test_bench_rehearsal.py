@@ -1,0 +1,53 @@
+"""bench.rehearsal: the PaCoRe loop on a rehearsed engine, and a real run's lengths replayed."""
+import json
+
+from engine import LLM
+from pacore.config import RunConfig
+from pacore.runner import run_pacore
+
+from bench.rehearsal.__main__ import main, replay_key
+from bench.rehearsal.workload import ReplayLengths
+
+
+def _problems(path, n):
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"Add {i} and {i}."}]}) + "\n")
+
+
+def _tokens(path):
+    out = {}
+    for line in open(path):
+        rec = json.loads(line)
+        for r, rnd in enumerate(rec["round_responses"], start=1):
+            for t in rnd:
+                out[(rec["request_id"], r, t["index"])] = t["tokens"]
+    return out
+
+
+def test_replayed_lengths_equal_the_results_files(tiny_model_dir, tmp_path):
+    model = str(tiny_model_dir("qwen3"))
+    _problems(tmp_path / "in.jsonl", 3)
+    cfg = dict(rounds=(3,), max_tokens=24, temperature=1.0, grade=False, show_progress=False, seed=5)
+    run_pacore(LLM(model, num_kv_blocks=256), RunConfig(str(tmp_path / "in.jsonl"), str(tmp_path / "real.jsonl"), **cfg),
+               print_summary=False)
+    rehearsal = LLM(model, num_kv_blocks=256, device_model="h200")
+    rehearsal.sampler.workload = ReplayLengths(tmp_path / "real.jsonl", rehearsal.tokenizer, replay_key)
+    run_pacore(rehearsal, RunConfig(str(tmp_path / "in.jsonl"), str(tmp_path / "rehearsed.jsonl"), **cfg),
+               print_summary=False)
+    real, rehearsed = _tokens(tmp_path / "real.jsonl"), _tokens(tmp_path / "rehearsed.jsonl")
+    assert len(real) == 3 * (3 + 1) and rehearsed == real
+
+
+def test_the_command_reports_rounds_baseline_and_host_time(tmp_path):
+    out = tmp_path / "r"
+    assert main(["--shape", "tiny", "--preset", "low", "--problems", "2", "--prompt-tokens", "64", "--mean-tokens", "300",
+                 "--conclusion-tokens", "20", "--kv-tokens", "20000", "--config", "engine", "--config", "vllm-style",
+                 "--out", str(out), "--quiet"]) == 0
+    engine, baseline = (json.loads((out / n / "report.json").read_text()) for n in ("engine", "vllm-style"))
+    assert set(engine["rounds"]) == {"1", "2"} and engine["overall"]["tokens"] == baseline["overall"]["tokens"]
+    # fork and the prefix cache prefill each round-1 prompt once; the baseline prefills it K times
+    assert engine["prefill_tokens"] < baseline["prefill_tokens"]
+    assert engine["overall"]["limit_tokens_per_s"] >= engine["overall"]["tokens_per_s"] > 0
+    assert engine["host_ms_per_step"] > 0 and (out / "rehearsal.png").stat().st_size > 0
+    assert "| engine | 1 |" in (out / "table.md").read_text()

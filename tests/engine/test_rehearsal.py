@@ -1,0 +1,90 @@
+"""The rehearsal (LLM(device_model=...)) makes the engine's own decisions: a rehearsal given a real
+run's trajectory lengths admits, preempts, forks and finishes exactly as that run did."""
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.observers import StepObserver
+
+
+class Plans(StepObserver):
+    """Each step's decisions, by request id and child index (sequence ids differ between engines)."""
+
+    def __init__(self):
+        self.steps = []
+
+    def step_planned(self, plan):
+        self.steps.append((
+            tuple((s.request.request_id, s.index, s.num_computed, n) for s, n in plan.prefills),
+            tuple((s.request.request_id, s.index, s.num_computed) for s in plan.decodes),
+            len(plan.copies), plan.cascade,
+            tuple((s.request.request_id, s.index) for s in plan.sample_seqs)))
+
+
+class Lengths:
+    def __init__(self, table):
+        self.table = table
+
+    def lengths(self, request_id, index, prompt_tokens, max_tokens):
+        return self.table[(request_id, index)], 0
+
+
+PROMPTS = ["The quick brown fox " * 9, "Jumps over the lazy dog " * 7, "Pack my box with five dozen " * 5]
+OPTIONS = dict(num_kv_blocks=26, max_num_seqs=6, max_num_batched_tokens=64, cascade_min_prefix=16,
+               cascade_min_shared_tokens=0)
+
+
+def _run(llm, observer):
+    llm.add_observer(observer)
+    for i, p in enumerate(PROMPTS):
+        llm.add_request(p, SamplingParams(n=3, temperature=1.0, seed=i, max_tokens=60), request_id=f"q{i}")
+    outs, finished = {}, []
+    while llm.has_unfinished():
+        for out in llm.step():
+            finished.append(out.request_id)
+            outs[out.request_id] = out
+    return outs, finished
+
+
+def test_a_rehearsal_makes_the_real_runs_decisions(tiny_model_dir):
+    model = str(tiny_model_dir("qwen3"))
+    real_plans = Plans()
+    real = LLM(model, **OPTIONS)
+    outs, real_order = _run(real, real_plans)
+    assert real.scheduler.num_preemptions > 0  # the cache is small enough to preempt
+    table = {}
+    for rid, out in outs.items():
+        for c in out.outputs:
+            # a trajectory cut at max_tokens had no EOS: script one more token for the engine to cut
+            table[(rid, c.index)] = len(c.token_ids) + (c.finish_reason == "length")
+
+    rehearsal_plans = Plans()
+    rehearsal = LLM(model, device_model="h200", **OPTIONS)
+    rehearsal.sampler.workload = Lengths(table)
+    routs, rehearsal_order = _run(rehearsal, rehearsal_plans)
+
+    assert rehearsal.scheduler.num_preemptions == real.scheduler.num_preemptions
+    assert rehearsal_plans.steps == real_plans.steps  # admissions, chunks, forks, cascade, samples
+    assert rehearsal_order == real_order
+    for rid, out in outs.items():
+        assert [len(c.token_ids) for c in routs[rid].outputs] == [len(c.token_ids) for c in out.outputs]
+        assert [c.finish_reason for c in routs[rid].outputs] == [c.finish_reason for c in out.outputs]
+    # no weights, no KV tensor: only bookkeeping
+    assert not hasattr(rehearsal.runner, "model") and rehearsal.runner.kv_cache is None
+    assert rehearsal.runner.ledger.total.total == pytest.approx(rehearsal.clock())
+
+
+def test_a_rehearsed_trajectory_ends_in_a_conclusion_of_its_length(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir("llama")), device_model="h200", num_kv_blocks=64)
+    llm.sampler.workload = Lengths({("a", i): 40 + 5 * i for i in range(3)})
+
+    class Conclusions(Lengths):
+        def lengths(self, request_id, index, prompt_tokens, max_tokens):
+            return self.table[(request_id, index)], 12
+    llm.sampler.workload = Conclusions(llm.sampler.workload.table)
+    llm.add_request("hello", SamplingParams(n=3, max_tokens=100), request_id="a")
+    while llm.has_unfinished():
+        for out in llm.step():
+            for c in out.outputs:
+                assert len(c.token_ids) == 40 + 5 * c.index and c.finish_reason == "stop"
+                message = c.text.rsplit("</think>", 1)[1]
+                assert len(llm.tokenizer.encode(message, add_special_tokens=False)) == 12
