@@ -3,13 +3,14 @@ replicas of it."""
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
 from engine.config import engine_kwargs
 
 from ..config import PRESETS, RunConfig
 from ..results.files import same_file
-from ..results.lock import ResultsLocked
+from ..results.lock import OutputUnusable, ResultsLocked
 from ..results.preflight import Pending, SettingsRefused, preflight
 from ..results.resume import OutputExistsError
 from .flags import EMBEDDED_MODEL_MAX_TOKENS
@@ -52,10 +53,18 @@ def build_llm(cfg: RunConfig):
 
 def refused_paths(args) -> str | None:
     """Why ``pacore run`` cannot use its paths and flags as given, or None."""
-    if os.path.isdir(args.data):
-        return f"--data {args.data} is a directory; pass a problems file (JSONL, or a JSON array of problems)"
-    if not os.path.isfile(args.data):
+    try:
+        mode = os.stat(args.data).st_mode
+    except FileNotFoundError:
         return f"no such input file: {args.data}"
+    except OSError as e:
+        return f"cannot read --data {args.data}: {e.strerror}"
+    if stat.S_ISDIR(mode):
+        return f"--data {args.data} is a directory; pass a problems file (JSONL, or a JSON array of problems)"
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):  # a pipe (<(...), mkfifo) is read once, whole
+        kind = "character device" if stat.S_ISCHR(mode) else "block device" if stat.S_ISBLK(mode) else "socket"
+        return (f"--data {args.data} is a {kind}, not a problems file; pass a file, or pipe one in "
+                f"(--data <(cat problems.jsonl))")
     if os.path.isdir(args.out):
         return f"--out {args.out} is a directory; pass a file path such as {os.path.join(args.out, 'results.jsonl')}"
     if same_file(args.data, args.out):
@@ -79,7 +88,7 @@ def run(args, cfg: RunConfig) -> int:
             if args.ray is not None or (args.data_parallel or 1) > 1:
                 return _run_replicated(cfg, pending, args.data_parallel, args.ray)
             return _run_one(cfg, pending)
-    except (SettingsRefused, OutputExistsError, ResultsLocked) as e:
+    except (SettingsRefused, OutputExistsError, ResultsLocked, OutputUnusable) as e:
         print(f"pacore: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

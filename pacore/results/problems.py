@@ -1,6 +1,7 @@
 """Problems in: JSONL or a JSON array of PaCoRe problems; a bad line is reported, never fatal."""
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -64,6 +65,8 @@ def read_problems(path: str) -> Iterator[Problem | BadLine]:
     problem, and every repeat of an id, are BadLines; they never stop the others.
     """
     with open(path, "rb") as f:
+        if not f.seekable():  # a pipe (<(...), a FIFO): read once, whole, then parsed as a file
+            f = io.BytesIO(f.read())
         head = f.read(len(_BOM))
         if head != _BOM:
             f.seek(0)
