@@ -59,11 +59,18 @@ class SnapshotStore:
         # on disk as int32 tensors, which torch.load(weights_only=True) reads back
         tensors = [torch.frombuffer(t, dtype=torch.int32).clone() if len(t) else torch.zeros(0, dtype=torch.int32)
                    for t in record["tokens"]]
-        with open(path + ".tmp", "wb") as f:
-            torch.save({**record, "tokens": tensors}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(path + ".tmp", path)
+        try:
+            with open(path + ".tmp", "wb") as f:
+                torch.save({**record, "tokens": tensors}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(path + ".tmp", path)
+        except BaseException:  # a full disk: leave no half-written file to fill it further
+            try:
+                os.remove(path + ".tmp")
+            except FileNotFoundError:
+                pass
+            raise
 
     def read(self, key: str, round_no: int) -> dict | None:
         """The snapshot record of this round as saved, or None (none, or unreadable: the round starts over)."""

@@ -354,3 +354,22 @@ def test_a_full_disk_at_a_snapshot_warns_and_carries_on(tmp_path, capsys, monkey
     cfg.out_path = str(tmp_path / "other.jsonl")
     with pytest.raises(OSError, match="No space left"):
         PaCoReRunner(FakeLLM(default_script), cfg).run()
+
+
+def fake_llm(cfg):  # built inside a spawned replica
+    return FakeLLM(default_script)
+
+
+def test_a_full_disk_at_a_replicas_snapshot_warns_and_carries_on(tmp_path, capsys, monkeypatch):
+    from pacore.replicas.processes import run_data_parallel
+
+    data = _jsonl(tmp_path / "in.jsonl", [_problem(f"p{i}") for i in range(2)])
+    cfg = _cfg(tmp_path, data, checkpoint_every_s=1e-6)
+
+    def full(self, record):  # the driver writes the replicas' snapshots
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(SnapshotStore, "write", full)
+    summary = run_data_parallel(cfg, 1, fake_llm)
+    assert summary["completed"] == 2
+    assert "could not save a snapshot" in capsys.readouterr().err
