@@ -37,6 +37,20 @@ def same_file(a: str, b: str) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
+def loads_json(data: str | bytes) -> object:
+    """``json.loads`` with every way it can fail as a ValueError: bad JSON (JSONDecodeError), bytes
+    that are not UTF-8, a number too long to convert, or nesting too deep for the parser
+    (RecursionError), so that one line read back or in can only cost that line."""
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise
+    except RecursionError:
+        raise ValueError("nested too deeply to parse") from None
+    except MemoryError:
+        raise ValueError("too large to parse in memory") from None
+
+
 def cut_torn_line(path: str) -> None:
     with open(path, "rb+") as f:
         data = f.read()
@@ -53,7 +67,7 @@ def read_results(path: str) -> list[dict]:
     with open(path, "rb") as f:
         for line in f:
             try:
-                rec = json.loads(line)
+                rec = loads_json(line)
             except ValueError:  # a torn or corrupted line (bad JSON or not UTF-8) is skipped
                 continue
             if isinstance(rec, dict):
