@@ -59,20 +59,27 @@ def cut_torn_line(path: str) -> None:
             f.truncate(end)
 
 
-def read_results(path: str) -> list[dict]:
-    """All well-formed records of a results file."""
-    out = []
+def read_jsonl(path: str) -> tuple[list[object], int]:
+    """The JSON values of a JSONL file's lines, and how many lines could not be read (a torn or
+    corrupted line: bad JSON, not UTF-8, too deep or too large to parse)."""
+    values, unreadable = [], 0
     if not os.path.exists(path):
-        return out
+        return values, unreadable
     with open(path, "rb") as f:
         for line in f:
-            try:
-                rec = loads_json(line)
-            except ValueError:  # a torn or corrupted line (bad JSON or not UTF-8) is skipped
+            if not line.strip():
                 continue
-            if isinstance(rec, dict):
-                out.append(rec)
-    return out
+            try:
+                values.append(loads_json(line))
+            except ValueError:
+                unreadable += 1
+    return values, unreadable
+
+
+def read_results(path: str) -> list[dict]:
+    """All records (JSON objects) of a results file; what they hold is checked where it is used
+    (shapes.py)."""
+    return [rec for rec in read_jsonl(path)[0] if isinstance(rec, dict)]
 
 
 class ResultsWriter:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from array import array
 
 from typing import TYPE_CHECKING
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .files import snapshot_dir
+from .shapes import usable_snapshot_record
 
 if TYPE_CHECKING:
     from engine.sequence import Partial  # one trajectory: its tokens so far, its finish reason
@@ -79,9 +81,13 @@ class SnapshotStore:
             return None
         try:
             rec = torch.load(path, weights_only=True)
-            return {**rec, "tokens": [array("i", t.to(torch.int32).numpy().tobytes()) for t in rec["tokens"]]}
-        except Exception:
-            return None
+            why = usable_snapshot_record(rec)
+            if why is None:
+                return {**rec, "tokens": [array("i", t.to(torch.int32).numpy().tobytes()) for t in rec["tokens"]]}
+        except Exception as e:  # torn, garbage, or tokens that are no tensors
+            why = f"unreadable: {e}"
+        print(f"pacore: the snapshot {path} cannot be used ({why}); its round starts over", file=sys.stderr)
+        return None
 
     def load(self, key: str, round_no: int, k: int, seed: int, prompt: list[int]) -> list[Partial] | None:
         """The snapshot of this round, if one was taken with the same K, seed and prompt tokens."""

@@ -181,14 +181,14 @@ def test_results_records_of_the_wrong_shape_never_crash_resume_or_the_summary(tm
 
     _rewrite(cfg.out_path, edit)
     with open(cfg.out_path, "a") as f:
-        f.write('[1, 2]\n{"request_id": {"a": 1}}\n{"request_id": "p2", "error": "x", "line": "one"}\n')
+        f.write('[1, 2]\n{"request_id": {"a": 1}}\n{"request_id": "p2", "error": "x", "line": "one", "input_error": true}\n')
     cfg.resume = True
     capsys.readouterr()
     llm = FakeLLM(_boxed)
     summary = PaCoReRunner(llm, cfg).run()
     err = capsys.readouterr().err
     assert "ignored 5 records" in err
-    assert sorted(rid for rid, _, _ in llm.calls if rid.endswith("#r1")) == ["p0#r1", "p1#r1"]  # redone
+    assert sorted(rid for rid, _, _ in llm.calls) == ["p0#r2", "p1#r2"]  # redone, from their round-1 checkpoints
     assert summary["completed"] == 3 and summary["problems"] == 3
 
 
