@@ -13,6 +13,7 @@ from ..results.files import same_file
 from ..results.lock import OutputUnusable, ResultsLocked
 from ..results.preflight import Pending, SettingsRefused, preflight
 from ..results.resume import OutputExistsError
+from ..results.settings import SettingsChanged
 from .flags import EMBEDDED_MODEL_MAX_TOKENS
 
 
@@ -31,6 +32,7 @@ def _config(args, data_path: str, out_path: str, resume: bool) -> RunConfig:
         seed=args.seed,
         resume=resume,
         skip_failed=getattr(args, "skip_failed", False),  # `pacore demo` has no such flag
+        override_settings=getattr(args, "override_settings", False),
         max_problems_in_flight=args.max_problems_in_flight,
         message_token_cap=args.message_token_cap,
         shuffle=args.shuffle,
@@ -71,6 +73,8 @@ def refused_paths(args) -> str | None:
         return f"--out {args.out} is the input file; results would be appended to the problems. Choose another --out"
     if args.skip_failed and not args.resume:
         return "--skip-failed only applies with --resume"
+    if args.override_settings and not args.resume:
+        return "--override-settings only applies with --resume"
     return None
 
 
@@ -88,7 +92,7 @@ def run(args, cfg: RunConfig) -> int:
             if args.ray is not None or (args.data_parallel or 1) > 1:
                 return _run_replicated(cfg, pending, args.data_parallel, args.ray)
             return _run_one(cfg, pending)
-    except (SettingsRefused, OutputExistsError, ResultsLocked, OutputUnusable) as e:
+    except (SettingsRefused, SettingsChanged, OutputExistsError, ResultsLocked, OutputUnusable) as e:
         print(f"pacore: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

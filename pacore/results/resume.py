@@ -29,6 +29,7 @@ class PriorResults:
     done: set[str] = field(default_factory=set)  # run keys (run_key) with a success record
     failed: set[str] = field(default_factory=set)  # run keys with error records only
     bad_lines: dict[int, str] = field(default_factory=dict)  # input line -> its latest recorded input error
+    fresh: bool = True  # the output held nothing: no results, checkpoints or snapshots
 
 
 def latest_records(records: list[dict]) -> list[dict]:
@@ -70,7 +71,7 @@ def prepare_output(path: str, resume: bool) -> PriorResults:
     for p in held:
         if os.path.isfile(p):
             cut_torn_line(p)  # the torn line's problem (or round) is simply run again
-    prior = PriorResults()
+    prior = PriorResults(fresh=False)
     records, ignored = read_usable(path, usable_result)
     if ignored:
         print(f"pacore: ignored {_count(ignored, 'record')} of {path} that cannot be used (unreadable, or not "
