@@ -11,8 +11,11 @@ Every name is injective, whatever the id: in names, the key has its ``%`` and ``
 ``%23``), so the first ``#`` of a name always ends the key. An id holding neither keeps the very names
 earlier versions wrote, so their snapshots still resume.
 - ``record_key``: what a results record is about: a run of a problem, or an input line that is none.
+- ``parse_request_id``: a request id read back into its problem key, run and round (bench/rehearsal/).
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 POOL_RUN = "pool"  # the "run" of a pool's round checkpoint record
 
@@ -47,6 +50,36 @@ def pool_key(key: str) -> str:
 def request_id(unit: str, round_no: int) -> str:
     """The engine request id of round ``round_no`` (1-based) of a unit (``unit_key`` or ``pool_key``)."""
     return f"{unit}#r{round_no}"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestKey:
+    """What a request id names: a round of a run (or of the pool, run ``POOL_RUN``) of a problem."""
+
+    problem_id: str  # the problem key
+    run: int | str
+    round: int
+
+
+def parse_request_id(rid: str) -> RequestKey:
+    """The inverse of ``request_id(unit_key(key, run) or pool_key(key), round)``; ValueError for an id
+    that is none of them."""
+    name, *suffixes = rid.split("#")  # the key's own '#' are escaped, so the first one ends it
+    key = name.replace("%23", "#").replace("%25", "%")
+    if _name(key) != name or not suffixes or not suffixes[-1].startswith("r") or len(suffixes) > 2:
+        raise ValueError(f"{rid!r} is not a PaCoRe request id (KEY[#runR|#pool]#rN)")
+    run: int | str = 0
+    if len(suffixes) == 2:
+        run = POOL_RUN if suffixes[0] == POOL_RUN else _number(suffixes[0].removeprefix("run"), rid)
+        if run != POOL_RUN and (not suffixes[0].startswith("run") or run == 0):
+            raise ValueError(f"{rid!r} is not a PaCoRe request id (KEY[#runR|#pool]#rN)")
+    return RequestKey(key, run, _number(suffixes[-1][1:], rid))
+
+
+def _number(text: str, rid: str) -> int:
+    if not text.isdigit():
+        raise ValueError(f"{rid!r} is not a PaCoRe request id (KEY[#runR|#pool]#rN)")
+    return int(text)
 
 
 def record_key(rec: dict) -> tuple[str, object] | None:

@@ -14,7 +14,7 @@ import pytest
 from pacore.cli import build_parser, main
 from pacore.cli.run import _config, refused_paths
 from pacore.results.files import ResultsWriter, read_results, rounds_path, snapshot_dir
-from pacore.results.keys import pool_key, request_id, run_key, unit_key
+from pacore.results.keys import RequestKey, parse_request_id, pool_key, request_id, run_key, unit_key
 from pacore.results.lock import OutputUnusable, ResultsLocked, lock_path, results_lock
 from pacore.results.problems import BadLine, Problem, read_problems
 from pacore.results.snapshots import SnapshotStore
@@ -257,6 +257,12 @@ def test_ids_that_look_like_keys_never_collide(tmp_path):
     assert len(set(rids)) == len(rids)
     runs = [run_key(i, r) for i in ids for r in range(3)]
     assert len(set(runs)) == len(runs)
+    for i in ids:  # and a request id reads back as what it names
+        for unit, run in [(unit_key(i, r), r) for r in range(3)] + [(pool_key(i), "pool")]:
+            assert parse_request_id(request_id(unit, 12)) == RequestKey(i, run, 12)
+    for bad in ("a", "a#x#r1", "a#run0#r1", "a#run1#x", "a%2#r1"):
+        with pytest.raises(ValueError, match="not a PaCoRe request id"):
+            parse_request_id(bad)
 
 
 def test_results_written_by_the_previous_version_still_resume(tmp_path):
