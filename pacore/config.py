@@ -53,6 +53,8 @@ class RunConfig:
     seed: int = 0
     resume: bool = False
     skip_failed: bool = False  # on resume, leave problems whose only records are errors (default: rerun them)
+    # on resume, continue although settings that change results differ from those recorded (results/settings.py)
+    override_settings: bool = False
     max_problems_in_flight: int = 64
     # "auto": shorten references (keeping their ends) just enough for the round prompt to fit (with
     # max_tokens "auto": to leave a quarter of the context to generate, budget.reserved_room);

@@ -131,12 +131,14 @@ class PaCoReRunner:
         """The keys of the problems started and not yet closed (queued ones are not started)."""
         return list(self._open)
 
-    def snapshot_safely(self) -> None:
-        """``snapshot``, reporting (never raising) a failure: it runs while another error unwinds."""
+    def snapshot_safely(self, then: str = "") -> None:
+        """``snapshot``, reporting (never raising) a failure: it runs while another error unwinds, or
+        periodically, where a failure (a full disk) must not stop the run."""
         try:
             self.snapshot()
         except Exception as snap_error:
-            print(f"pacore: could not snapshot the rounds in flight: {snap_error}", file=sys.stderr)
+            print(f"pacore: could not snapshot the rounds in flight: {snap_error}" + (f"; {then}" if then else ""),
+                  file=sys.stderr)
 
     def session_stats(self) -> dict:
         """What this runner generated, with the engine's counters (one entry of the summary's run)."""
@@ -178,7 +180,9 @@ class PaCoReRunner:
         self._progress.tick()
         every = self.cfg.checkpoint_every_s
         if every > 0 and time.monotonic() - self._last_snapshot >= every:
-            self.snapshot()
+            # A snapshot is a shortcut for --resume, not a result: a full disk here is said, and the
+            # next one tries again; only a results record that cannot be written stops the run.
+            self.snapshot_safely(then="the next snapshot tries again")
 
     def _start(self, problem: Problem) -> None:
         """Begin a problem's runs left: each at its next round, or all at once from its pool."""

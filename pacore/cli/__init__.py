@@ -40,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "whose earlier tries ended in an error (without it a non-empty --out is refused)")
     run.add_argument("--skip-failed", action="store_true",
                      help="with --resume: also skip problems whose earlier tries all ended in an error")
+    run.add_argument("--override-settings", action="store_true",
+                     help="with --resume: continue although settings that change results (--model, --dtype, "
+                          "--temperature, --top-p, --max-tokens, --message-token-cap, --max-model-len, "
+                          "--rope-scaling) differ from those recorded in RESULTS.jsonl.settings.json; the change is "
+                          "recorded there (without it such a resume is refused)")
     add_method_options(run, max_tokens=None, preset="low", temperature=1.0)
     add_engine_options(run)
 

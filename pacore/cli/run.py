@@ -3,6 +3,7 @@ replicas of it."""
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
 from engine.config import engine_kwargs
@@ -10,9 +11,10 @@ from engine.config import engine_kwargs
 from ..config import PRESETS, RunConfig
 from ..evaluate.runs import validate_runs
 from ..results.files import same_file
-from ..results.lock import ResultsLocked
+from ..results.lock import OutputUnusable, ResultsLocked
 from ..results.preflight import Pending, SettingsRefused, preflight
 from ..results.resume import OutputExistsError
+from ..results.settings import SettingsChanged
 from .flags import EMBEDDED_MODEL_MAX_TOKENS
 
 
@@ -31,6 +33,7 @@ def _config(args, data_path: str, out_path: str, resume: bool) -> RunConfig:
         seed=args.seed,
         resume=resume,
         skip_failed=getattr(args, "skip_failed", False),  # `pacore demo` has no such flag
+        override_settings=getattr(args, "override_settings", False),
         max_problems_in_flight=args.max_problems_in_flight,
         message_token_cap=args.message_token_cap,
         shuffle=args.shuffle,
@@ -53,16 +56,26 @@ def build_llm(cfg: RunConfig):
 
 def refused_paths(args) -> str | None:
     """Why ``pacore run`` cannot use its paths and flags as given, or None."""
-    if os.path.isdir(args.data):
-        return f"--data {args.data} is a directory; pass a problems file (JSONL, or a JSON array of problems)"
-    if not os.path.isfile(args.data):
+    try:
+        mode = os.stat(args.data).st_mode
+    except FileNotFoundError:
         return f"no such input file: {args.data}"
+    except OSError as e:
+        return f"cannot read --data {args.data}: {e.strerror}"
+    if stat.S_ISDIR(mode):
+        return f"--data {args.data} is a directory; pass a problems file (JSONL, or a JSON array of problems)"
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):  # a pipe (<(...), mkfifo) is read once, whole
+        kind = "character device" if stat.S_ISCHR(mode) else "block device" if stat.S_ISBLK(mode) else "socket"
+        return (f"--data {args.data} is a {kind}, not a problems file; pass a file, or pipe one in "
+                f"(--data <(cat problems.jsonl))")
     if os.path.isdir(args.out):
         return f"--out {args.out} is a directory; pass a file path such as {os.path.join(args.out, 'results.jsonl')}"
     if same_file(args.data, args.out):
         return f"--out {args.out} is the input file; results would be appended to the problems. Choose another --out"
     if args.skip_failed and not args.resume:
         return "--skip-failed only applies with --resume"
+    if args.override_settings and not args.resume:
+        return "--override-settings only applies with --resume"
     return None
 
 
@@ -81,7 +94,7 @@ def run(args, cfg: RunConfig) -> int:
             if args.ray is not None or (args.data_parallel or 1) > 1:
                 return _run_replicated(cfg, pending, args.data_parallel, args.ray)
             return _run_one(cfg, pending)
-    except (SettingsRefused, OutputExistsError, ResultsLocked) as e:
+    except (SettingsRefused, SettingsChanged, OutputExistsError, ResultsLocked, OutputUnusable) as e:
         print(f"pacore: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -6,6 +6,7 @@ import statistics
 from ..config import RunConfig
 from ..results.files import read_results, summary_path, write_json
 from ..results.resume import latest_records
+from ..results.shapes import usable_result
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -33,9 +34,10 @@ def summarize(records: list[dict], schedule: list[int]) -> dict:
     """Aggregate the results file: accuracy per round vs self-consistency (mean and std over runs),
     tokens/s, compute, KV saved.
 
-    Each run of a problem counts once (``latest_records``), however many sessions wrote records for it.
+    Each run of a problem counts once (``latest_records``), however many sessions wrote records for it;
+    a record not of the shape of a result (shapes.py; resume warns of them) is left out.
     """
-    records = latest_records(records)
+    records = latest_records([r for r in records if usable_result(r)])
     ok = [r for r in records if "error" not in r]
     errors = [r for r in records if "error" in r]
     graded = [r for r in ok if r.get("correct") is not None]

@@ -168,10 +168,16 @@ class _Driver:
                 self._record(*args)
             elif name == "closed":
                 self.assigned.get(rank, {}).pop(args[0], None)
+            elif name == "snapshot":
+                try:
+                    self.sink.snapshot(*args)
+                except OSError as e:  # a full disk: a snapshot is a shortcut, not a result (runner.step)
+                    print(f"pacore: could not save a snapshot of a round in flight: {e}; the next snapshot "
+                          f"tries again", file=sys.stderr)
             else:
                 if name == "checkpoint":
                     self._checkpointed(*args)
-                getattr(self.sink, name)(*args)  # snapshot, drop_snapshot, checkpoint
+                getattr(self.sink, name)(*args)  # drop_snapshot, checkpoint
 
     def _record(self, rec: dict) -> None:
         run = rec.get("run", 0)

@@ -1,24 +1,32 @@
-"""Results out: the files beside a results file, durable appends, atomic JSON documents."""
+"""Results out: the files beside a results file, durable appends, atomic JSON documents.
+
+The side files belong to the results file, not to its name: they sit beside its real path, so a run
+reaching it through a symlink or another spelling uses the same checkpoints, snapshots and lock.
+"""
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 
 
+def side_path(out_path: str, suffix: str) -> str:
+    """``suffix`` appended to the real path of ``out_path``."""
+    return f"{os.path.realpath(out_path)}{suffix}"
+
+
 def rounds_path(out_path: str) -> str:
     """The checkpoint file beside ``out_path``: one line per finished non-final round of a problem."""
-    return f"{out_path}.rounds.jsonl"
+    return side_path(out_path, ".rounds.jsonl")
 
 
 def snapshot_dir(out_path: str) -> str:
     """The folder beside ``out_path`` holding snapshots of unfinished rounds (results/snapshots.py)."""
-    return f"{out_path}.partial"
+    return side_path(out_path, ".partial")
 
 
 def summary_path(out_path: str) -> str:
     """Where the run summary of ``out_path`` is written."""
-    return f"{out_path}.summary.json"
+    return side_path(out_path, ".summary.json")
 
 
 def same_file(a: str, b: str) -> bool:
@@ -29,6 +37,20 @@ def same_file(a: str, b: str) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
+def loads_json(data: str | bytes) -> object:
+    """``json.loads`` with every way it can fail as a ValueError: bad JSON (JSONDecodeError), bytes
+    that are not UTF-8, a number too long to convert, or nesting too deep for the parser
+    (RecursionError), so that one line read back or in can only cost that line."""
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise
+    except RecursionError:
+        raise ValueError("nested too deeply to parse") from None
+    except MemoryError:
+        raise ValueError("too large to parse in memory") from None
+
+
 def cut_torn_line(path: str) -> None:
     with open(path, "rb+") as f:
         data = f.read()
@@ -37,27 +59,34 @@ def cut_torn_line(path: str) -> None:
             f.truncate(end)
 
 
-def read_results(path: str) -> list[dict]:
-    """All well-formed records of a results file."""
-    out = []
+def read_jsonl(path: str) -> tuple[list[object], int]:
+    """The JSON values of a JSONL file's lines, and how many lines could not be read (a torn or
+    corrupted line: bad JSON, not UTF-8, too deep or too large to parse)."""
+    values, unreadable = [], 0
     if not os.path.exists(path):
-        return out
+        return values, unreadable
     with open(path, "rb") as f:
         for line in f:
-            try:
-                rec = json.loads(line)
-            except ValueError:  # a torn or corrupted line (bad JSON or not UTF-8) is skipped
+            if not line.strip():
                 continue
-            if isinstance(rec, dict):
-                out.append(rec)
-    return out
+            try:
+                values.append(loads_json(line))
+            except ValueError:
+                unreadable += 1
+    return values, unreadable
+
+
+def read_results(path: str) -> list[dict]:
+    """All records (JSON objects) of a results file; what they hold is checked where it is used
+    (shapes.py)."""
+    return [rec for rec in read_jsonl(path)[0] if isinstance(rec, dict)]
 
 
 class ResultsWriter:
     """Appends one JSON line per problem and makes it durable before returning.
 
-    Safe with several writers on one file: each line is one ``write`` to an O_APPEND descriptor
-    under an exclusive lock, so lines never interleave.
+    One writer per file: the run's lock (lock.py) is held on the results file itself, so a writer
+    takes no lock of its own (a ``flock`` on a second descriptor would wait on that one forever).
     """
 
     def __init__(self, path: str):
@@ -65,13 +94,9 @@ class ResultsWriter:
 
     def write(self, record: dict) -> None:
         data = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-        try:
-            while data:  # a regular file takes it in one call; a short write (disk full) continues
-                data = data[os.write(self._fd, data):]
-            os.fsync(self._fd)
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        while data:  # a regular file takes it in one call; a short write (disk full) continues
+            data = data[os.write(self._fd, data):]
+        os.fsync(self._fd)
 
     def close(self) -> None:
         os.close(self._fd)

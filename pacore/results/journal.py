@@ -13,6 +13,7 @@ from ..config import RunConfig
 from ..evaluate.stats import RoundStats
 from .keys import POOL_RUN
 from .resume import PriorWork, runs_left, usable_pool, usable_rounds
+from .shapes import restored_round
 from .snapshots import snapshot_record, usable_snapshot
 
 
@@ -35,7 +36,8 @@ class Journal:
         rec = usable_pool(self.cfg, self.prior.get(problem_key))
         if rec is None:
             return None
-        return [Trajectory.from_record(t, i) for i, t in enumerate(rec["responses"])], rec["stats"]
+        trajectories, stats = restored_round(rec)  # checked as it was read (resume.read_prior_work)
+        return trajectories, stats.to_dict()
 
     def restore(self, problem, run: int, first: int) -> list[tuple[list[Trajectory], RoundStats, int]]:
         """The rounds of a run an earlier session finished from round ``first`` + 1 on, if they match this
@@ -44,8 +46,7 @@ class Journal:
         if dropped:
             print(f"pacore: problem {problem.id!r} run {run}: its checkpointed rounds were run with "
                   f"another --rounds/--seed/--shuffle/--pool; starting it over", file=sys.stderr)
-        return [([Trajectory.from_record(t, i) for i, t in enumerate(rec["responses"])], RoundStats(**rec["stats"]),
-                 rec["k"]) for rec in records]
+        return [(*restored_round(rec), rec["k"]) for rec in records]  # checked as they were read
 
     def resume_tokens(self, unit_key: str, round_no: int, k: int, prompt: list[int]):
         """The trajectories of the round's snapshot, if it was taken with the same K, seed and prompt."""

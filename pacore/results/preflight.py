@@ -13,6 +13,7 @@ from ..evaluate.runs import validate_runs
 from .lock import results_lock
 from .problems import BadLine, Problem, read_problems
 from .resume import PriorWork, prepare_output, read_prior_work, select_pending
+from .settings import check_settings_on_resume
 
 INTERRUPTED = ("pacore: interrupted; finished problems are saved in {out}. "
                "Run again with --resume to complete the rest.")
@@ -44,7 +45,8 @@ def preflight(cfg: RunConfig, max_model_len: int | None) -> Iterator[Pending]:
 
     ``max_model_len``: the engine's context, when known before the run (None: the budget was checked
     where it is known). Raises SettingsRefused (a ValueError) for bad settings, ResultsLocked when another run holds the
-    results file, OutputExistsError for a non-empty output without --resume; all before any work.
+    results file, OutputExistsError for a non-empty output without --resume, SettingsChanged for a resume
+    with other settings than the results (settings.py); all before any work.
     """
     try:
         check_settings(cfg, max_model_len)
@@ -52,6 +54,7 @@ def preflight(cfg: RunConfig, max_model_len: int | None) -> Iterator[Pending]:
         raise SettingsRefused(str(e)) from None
     with results_lock(cfg.out_path):
         prior = prepare_output(cfg.out_path, cfg.resume)
+        check_settings_on_resume(cfg, prior.fresh)
         todo, note = select_pending(read_problems(cfg.data_path), prior, cfg.skip_failed, cfg.runs)
         if note:
             print(f"pacore: {note} ({cfg.out_path})", file=sys.stderr)

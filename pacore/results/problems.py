@@ -1,10 +1,12 @@
 """Problems in: JSONL or a JSON array of PaCoRe problems; a bad line is reported, never fatal."""
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from .files import loads_json
 from .keys import problem_key
 
 _BOM = b"\xef\xbb\xbf"
@@ -64,6 +66,8 @@ def read_problems(path: str) -> Iterator[Problem | BadLine]:
     problem, and every repeat of an id, are BadLines; they never stop the others.
     """
     with open(path, "rb") as f:
+        if not f.seekable():  # a pipe (<(...), a FIFO): read once, whole, then parsed as a file
+            f = io.BytesIO(f.read())
         head = f.read(len(_BOM))
         if head != _BOM:
             f.seek(0)
@@ -98,25 +102,36 @@ def _line_entries(f) -> Iterator[tuple[int, str, object]]:
             continue
         if not line.strip():
             continue
-        try:
-            yield line_no, label, json.loads(line)
-        except json.JSONDecodeError as e:
-            yield line_no, label, _Unreadable(f"invalid JSON: {e.msg} (column {e.colno})")
+        yield line_no, label, _parse(line)
 
 
 def _array_entries(data: bytes) -> Iterator[tuple[int, str, object]]:
     try:
-        items = json.loads(data.decode("utf-8"))
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         yield 1, "file", _Unreadable(f"a JSON array that is not UTF-8 text (byte 0x{data[e.start]:02x} at "
                                      f"offset {e.start}); save the file as UTF-8")
         return
-    except json.JSONDecodeError as e:
-        yield 1, "file", _Unreadable(f"invalid JSON array: {e.msg} (line {e.lineno}, column {e.colno}); "
-                                     f"no problem in it can run until it is fixed")
+    items = _parse(text, whole_file=True)
+    if isinstance(items, _Unreadable):
+        yield 1, "file", items
         return
     for i, obj in enumerate(items, start=1):
         yield i, f"item {i}", obj
+
+
+def _parse(text: str, whole_file: bool = False) -> object:
+    """The JSON value of a line (or of the whole file, a JSON array), or why it is none: any failure of
+    the JSON layer (bad syntax, a number too long, nesting too deep)."""
+    what, then = ("invalid JSON array", "; no problem in it can run until it is fixed") if whole_file else \
+        ("invalid JSON", "")
+    try:
+        return loads_json(text)
+    except json.JSONDecodeError as e:
+        where = f"line {e.lineno}, column {e.colno}" if whole_file else f"column {e.colno}"
+        return _Unreadable(f"{what}: {e.msg} ({where}){then}")
+    except ValueError as e:
+        return _Unreadable(f"{what}: {e}{then}")
 
 
 def _problem(number: int, label: str, obj: object, seen: set[str]) -> Problem | BadLine:

@@ -7,13 +7,15 @@ its done runs, its checkpointed rounds and its pool, which the runner continues 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ..config import RunConfig
-from .files import cut_torn_line, read_results, rounds_path, snapshot_dir
+from .files import cut_torn_line, rounds_path, snapshot_dir
 from .keys import POOL_RUN, problem_key, record_key, run_key
 from .problems import BadLine, Problem
+from .shapes import read_usable, usable_checkpoint, usable_result
 
 
 class OutputExistsError(RuntimeError):
@@ -27,6 +29,7 @@ class PriorResults:
     done: set[str] = field(default_factory=set)  # run keys (run_key) with a success record
     failed: set[str] = field(default_factory=set)  # run keys with error records only
     bad_lines: dict[int, str] = field(default_factory=dict)  # input line -> its latest recorded input error
+    fresh: bool = True  # the output held nothing: no results, checkpoints or snapshots
 
 
 def latest_records(records: list[dict]) -> list[dict]:
@@ -68,8 +71,13 @@ def prepare_output(path: str, resume: bool) -> PriorResults:
     for p in held:
         if os.path.isfile(p):
             cut_torn_line(p)  # the torn line's problem (or round) is simply run again
-    prior = PriorResults()
-    for rec in latest_records(read_results(path)):
+    prior = PriorResults(fresh=False)
+    records, ignored = read_usable(path, usable_result)
+    if ignored:
+        print(f"pacore: ignored {_count(ignored, 'record')} of {path} that cannot be used (unreadable, or not "
+              f"the shape of a result); their problems run again unless another record has them done",
+              file=sys.stderr)
+    for rec in latest_records(records):
         kind, key = record_key(rec)
         if kind == "line":
             prior.bad_lines[int(key)] = rec.get("error")
@@ -110,7 +118,11 @@ def select_pending(items: Iterator[Problem | BadLine], prior: PriorResults, skip
 
 
 def _n(count: int) -> str:
-    return f"{count} problem{'' if count == 1 else 's'}"
+    return _count(count, "problem")
+
+
+def _count(count: int, what: str) -> str:
+    return f"{count} {what}{'' if count == 1 else 's'}"
 
 
 @dataclass(slots=True)
@@ -131,14 +143,20 @@ def read_prior_work(cfg: RunConfig, todo: list, prior: PriorResults) -> dict[str
     problems = {x.key: x for x in todo if isinstance(x, Problem)}
     by_run: dict[str, dict[int, dict[int, dict]]] = {}
     pools: dict[str, dict] = {}
-    for rec in read_results(rounds_path(cfg.out_path)):
-        key = problem_key(rec.get("request_id"))
-        if key not in problems or not isinstance(rec.get("round"), int):
+    path = rounds_path(cfg.out_path)
+    records, ignored = read_usable(path, usable_checkpoint)
+    if ignored:
+        print(f"pacore: ignored {_count(ignored, 'round checkpoint')} of {path} that this version cannot use "
+              f"(unreadable, wrong types, missing keys, or not K responses); those rounds run again",
+              file=sys.stderr)
+    for rec in records:
+        key = problem_key(rec["request_id"])
+        if key not in problems:
             continue
         run = rec.get("run", 0)
         if run == POOL_RUN:
             pools[key] = rec
-        elif isinstance(run, int):
+        else:
             by_run.setdefault(key, {}).setdefault(run, {})[rec["round"]] = rec
     out: dict[str, PriorWork] = {}
     first = 2 if cfg.pool else 1

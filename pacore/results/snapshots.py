@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 from array import array
 
 from typing import TYPE_CHECKING
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .files import snapshot_dir
+from .shapes import usable_snapshot_record
 
 if TYPE_CHECKING:
     from engine.sequence import Partial  # one trajectory: its tokens so far, its finish reason
@@ -59,11 +61,18 @@ class SnapshotStore:
         # on disk as int32 tensors, which torch.load(weights_only=True) reads back
         tensors = [torch.frombuffer(t, dtype=torch.int32).clone() if len(t) else torch.zeros(0, dtype=torch.int32)
                    for t in record["tokens"]]
-        with open(path + ".tmp", "wb") as f:
-            torch.save({**record, "tokens": tensors}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(path + ".tmp", path)
+        try:
+            with open(path + ".tmp", "wb") as f:
+                torch.save({**record, "tokens": tensors}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(path + ".tmp", path)
+        except BaseException:  # a full disk: leave no half-written file to fill it further
+            try:
+                os.remove(path + ".tmp")
+            except FileNotFoundError:
+                pass
+            raise
 
     def read(self, key: str, round_no: int) -> dict | None:
         """The snapshot record of this round as saved, or None (none, or unreadable: the round starts over)."""
@@ -72,9 +81,13 @@ class SnapshotStore:
             return None
         try:
             rec = torch.load(path, weights_only=True)
-            return {**rec, "tokens": [array("i", t.to(torch.int32).numpy().tobytes()) for t in rec["tokens"]]}
-        except Exception:
-            return None
+            why = usable_snapshot_record(rec)
+            if why is None:
+                return {**rec, "tokens": [array("i", t.to(torch.int32).numpy().tobytes()) for t in rec["tokens"]]}
+        except Exception as e:  # torn, garbage, or tokens that are no tensors
+            why = f"unreadable: {e}"
+        print(f"pacore: the snapshot {path} cannot be used ({why}); its round starts over", file=sys.stderr)
+        return None
 
     def load(self, key: str, round_no: int, k: int, seed: int, prompt: list[int]) -> list[Partial] | None:
         """The snapshot of this round, if one was taken with the same K, seed and prompt tokens."""

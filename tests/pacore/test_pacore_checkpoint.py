@@ -1,10 +1,12 @@
 """Checkpoints: a resumed problem continues at the round after its last finished one, and a round
 in flight continues each trajectory where its last snapshot left it."""
+import json
 import os
 
 import pytest
 
 from pacore.config import RunConfig
+from pacore.evaluate.stats import RoundStats
 from pacore.replicas.driver import ReplicaError
 from pacore.results.resume import OutputExistsError, PriorResults, prepare_output
 from pacore.results.files import snapshot_dir, read_results, rounds_path
@@ -84,8 +86,12 @@ def test_a_checkpoint_file_alone_needs_resume(tmp_path):
 
 def test_only_contiguous_rounds_count(tmp_path):
     out = str(tmp_path / "r.jsonl")
+    stats = RoundStats(1, 1, 5, 3, 0.1, 0.1, 15.0, 0, 0, 0, 0, 0).to_dict()
+    shaped = {"k": 1, "seed": 0, "shuffle": "official", "pool": None, "stats": stats,
+              "responses": [{"content": "x", "index": 0, "finish_reason": "stop", "tokens": 3}]}
     with open(rounds_path(out), "w") as f:
-        f.write('{"request_id": 7, "round": 1}\n{"request_id": "7", "round": 3}\n{"request_id": "b", "round": 2}\n')
+        for pid, r in ((7, 1), ("7", 3), ("b", 2)):
+            f.write(json.dumps({"request_id": pid, "round": r, **shaped}) + "\n")
     data = tmp_path / "in.jsonl"
     data.write_text("".join(f'{{"id": {i}, "messages": [{{"role": "user", "content": "q"}}]}}\n' for i in ('7', '"b"')))
     cfg = RunConfig(str(data), out, rounds=(3, 2))

@@ -48,6 +48,7 @@ def test_resume_runs_again_the_problems_that_only_failed(tmp_path, capsys):
     summary = PaCoReRunner(FakeLLM(default_script), cfg).run()
     assert summary["errors"] == 3 and summary["completed"] == 0
     cfg.temperature, cfg.resume = 1.0, True
+    cfg.override_settings = True  # another temperature than the one recorded
     capsys.readouterr()
     llm = FakeLLM(default_script)
     summary = PaCoReRunner(llm, cfg).run()
@@ -64,6 +65,7 @@ def test_skip_failed_leaves_them(tmp_path, capsys):
     cfg = _cfg(tmp_path, data, temperature=-1.0, max_problems_in_flight=1)
     PaCoReRunner(FakeLLM(default_script), cfg).run()
     cfg.temperature, cfg.resume, cfg.skip_failed = 1.0, True, True
+    cfg.override_settings = True  # another temperature than the one recorded
     llm = FakeLLM(default_script)
     PaCoReRunner(llm, cfg).run()
     assert llm.calls == []
@@ -139,7 +141,7 @@ def test_a_second_run_on_the_same_results_is_refused(tmp_path, capsys):
             assert f"is in use by another pacore run (pid {holder.pid})" in err and "another --out" in err
         with pytest.raises(ResultsLocked):
             run_data_parallel(_cfg(tmp_path, data), 2, None)
-        assert not out.exists()
+        assert out.read_bytes() == b""  # the holder's lock is on the (empty) results file; nothing was written
     finally:
         holder.stdin.close()
         holder.wait()
