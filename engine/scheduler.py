@@ -109,6 +109,10 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         # Blocks kept free when admitting, for the running sequences' growth (vLLM keeps 1% too).
         self.watermark = block_manager.num_blocks // 100
+        # (sequence, free blocks) of the last admission refused for room: while the cache is full, a
+        # preempted 50k-token trajectory at the head of the queue is not rehashed (3000 SHA-256 of
+        # its blocks in match_prefix) every step, only once blocks have been freed.
+        self._refused: tuple[int, int] = (-1, 0)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order: the last is preempted first
         self._shared_blocks: dict[str, int] = {}  # request id -> leading blocks its running seqs share
@@ -235,6 +239,8 @@ class Scheduler:
             seq = self.waiting[0]
             if slots + self._slots(seq) > self.max_num_seqs and self.running:
                 break
+            if self._refused[0] == seq.seq_id and self.bm.num_free <= self._refused[1]:
+                break  # refused for room, and no block was freed since: matching again would only rehash it
             cached = self.bm.match_prefix(seq)
             seq.num_computed = cached
             chunk = min(seq.num_tokens - cached, budget)
@@ -244,6 +250,7 @@ class Scheduler:
             whole = self.bm.blocks_needed(seq, seq.num_tokens) + (self.watermark if self.running else 0)
             if max(whole, self.bm.blocks_needed(seq, cached + chunk)) > self.bm.num_free:
                 self.bm.free_seq(seq)
+                self._refused = (seq.seq_id, self.bm.num_free)
                 break
             self.bm.allocate(seq, cached + chunk)
             self.waiting.popleft()

@@ -57,6 +57,8 @@ def rehearse(args, name: str, options: dict, out: Path) -> dict:
                           max_num_seqs=args.max_num_seqs, record_steps=True) | options
     if args.kv_tokens:
         engine_options["num_kv_blocks"] = args.kv_tokens // 16
+    if args.max_model_len:
+        engine_options["max_model_len"] = args.max_model_len
     llm = LLM(str(folder), **engine_options)
     llm.runner.account_by = round_of
     rounds = PRESETS[args.preset]
@@ -130,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--conclusion-tokens", type=float, default=1500, help="median conclusion length (default 1500)")
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--kv-tokens", type=int, help="cache size in tokens (default: what the device's memory holds)")
+    p.add_argument("--max-model-len", type=int, help="context (default: the shape's, 131,072 for qwen3-8b)")
     p.add_argument("--config", action="append", choices=sorted(CONFIGS),
                    help="configurations to run (default: engine; --compare: all)")
     p.add_argument("--compare", action="store_true", help="run every configuration in CONFIGS")
