@@ -104,11 +104,11 @@ def rehearse(args, name: str, options: dict, out: Path) -> dict:
     return res
 
 
-def _parts(request_id: str) -> tuple[str, int, int]:
-    """(problem key, run, round) of a PaCoRe round's request id (pacore/results/keys.py)."""
-    unit, round_no = request_id.rsplit("#r", 1)
-    key, sep, run = unit.rpartition("#run")
-    return (key, int(run), int(round_no)) if sep and run.isdigit() else (unit, 0, int(round_no))
+def _parts(request_id: str) -> tuple[str, object, int]:
+    """(problem key, run, round) of a PaCoRe round's request id."""
+    from pacore.results.keys import parse_request_id
+    k = parse_request_id(request_id)
+    return k.problem_id, k.run, k.round
 
 
 def round_of(request_id: str) -> int:
