@@ -12,6 +12,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}  # the GPU machine has python3 only
+# Compiled kernels go to an ignored folder of the repo, so a second command on the same machine reuses them.
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.triton-cache}
 OUT_DIR=${OUT:-}
 [ -n "$OUT_DIR" ] && mkdir -p "$OUT_DIR"
 TABLE_DIR=${OUT_DIR:-$(mktemp -d)}

@@ -46,7 +46,8 @@ class DecodeGraphs:
         self.graphs: dict[tuple[int, bool], tuple[object, torch.Tensor]] = {}
         pool = None if emulate else torch.cuda.graph_pool_handle()
         for size in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory pool
-            for use_cascade in ((False, True) if cascade else (False,)):
+            # Cascade needs >= 2 decodes sharing a prefix: a 1-row cascade graph would never be replayed.
+            for use_cascade in ((False, True) if cascade and size >= 2 else (False,)):
                 self.graphs[size, use_cascade] = self._capture(size, use_cascade, pool)
 
     def _meta(self, size: int, cascade: bool) -> AttentionMetadata:

@@ -113,7 +113,7 @@ def cascade_prefix_plan(group_starts: torch.Tensor, group_prefix_lens: torch.Ten
     return CascadePrefixPlan(splits.to(torch.int32), row_splits, row_prefix, cum, mt, block_m, max_splits, target)
 
 
-@triton.jit(do_not_specialize=["G", "NUM_PROGRAMS"])
+@triton.jit(do_not_specialize=["stride_bt", "stride_lb", "stride_lh", "stride_ls", "G", "NUM_PROGRAMS"])
 def _cascade_prefix_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, gs_ptr, gp_ptr, sp_ptr, cum_ptr, o_ptr, lse_ptr,
                            stride_qb, stride_bt, stride_tok, stride_ob, stride_oh, stride_os,
                            stride_lb, stride_lh, stride_ls, G, HKV, NUM_PROGRAMS, qk_scale,

@@ -61,7 +61,9 @@ MIN_TOKENS_PER_SPLIT = 256
 _MAX_SPLITS = 64
 
 
-@triton.jit
+# Integers that change from call to call (split counts, table widths, strides over the split count) are
+# not specialised on their value: each distinct ==1 / %16 pattern would be one more compile.
+@triton.jit(do_not_specialize=["stride_bt", "stride_lb", "stride_lh", "stride_ls", "split_off", "NUM_SPLITS"])
 def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, start_ptr, o_ptr, lse_ptr,
                          stride_qb, stride_bt, stride_tok, stride_ob, stride_oh, stride_os,
                          stride_lb, stride_lh, stride_ls, split_off, NUM_SPLITS, qk_scale,
@@ -97,7 +99,7 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, start_ptr, o_pt
         tl.store(lse_ptr + b * stride_lb + head * stride_lh + sidx * stride_ls, lse, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["S", "S1", "stride_lb", "stride_lh", "stride_fb"])
 def _merge_splits_kernel(o_part_ptr, lse_part_ptr, out_ptr, lse_ptr, n1_ptr, S, S1, stride_pb, stride_ph, stride_ps,
                          stride_lb, stride_lh, stride_ob, stride_oh, stride_fb, D: tl.constexpr,
                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, STORE_LSE: tl.constexpr,
@@ -198,12 +200,13 @@ def launch_merge(o_part, lse_part, out, lse=None, prefix_splits=None, num_prefix
     """Merge [B, Hq, S, D] partial states into out. prefix_splits (int32 [B], cascade): row b wrote only
     its first prefix_splits[b] of the num_prefix_slots prefix slots; the rest are never read."""
     B, Hq, S, D = o_part.shape
+    # BLOCK_S >= 16: split counts up to 16 share one compiled merge (masked slots cost nothing).
     _merge_splits_kernel[(B, Hq)](
         o_part, lse_part, out, lse if lse is not None else lse_part,
         prefix_splits if prefix_splits is not None else lse_part, S, num_prefix_slots,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
         out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
-        D=D, BLOCK_S=next_pow2(S), BLOCK_D=max(16, next_pow2(D)), STORE_LSE=lse is not None,
+        D=D, BLOCK_S=max(16, next_pow2(S)), BLOCK_D=max(16, next_pow2(D)), STORE_LSE=lse is not None,
         HAS_N1=prefix_splits is not None, num_warps=4)
 
 
