@@ -33,6 +33,10 @@ QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, nu
                 rms_norm_eps=1e-6, tie_word_embeddings=False,
                 rope_parameters=dict(rope_type="yarn", rope_theta=1_000_000.0, factor=4.0,
                                      original_max_position_embeddings=32768))
+QWEN3_0_6B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+                  rms_norm_eps=1e-6, tie_word_embeddings=True,
+                  rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0))  # bench/pacore_throughput.py
 TINY = dict(QWEN3_8B, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
             tie_word_embeddings=True, rope_parameters=dict(rope_type="yarn", rope_theta=1_000_000.0, factor=4.0,
