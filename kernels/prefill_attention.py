@@ -160,16 +160,23 @@ def _whole_prompts(cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor) -> list[i
     return cu if all(cu[i + 1] - cu[i] == n for i, n in enumerate(lens)) else None
 
 
-def prefill_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: list[int], sm_scale: float) -> torch.Tensor:
-    """Causal attention of whole prompts on their own K/V through torch SDPA (its flash kernel on CUDA).
-    q [Tq, Hq, D], k/v [Tq, Hkv, D]; cu: host sequence boundaries."""
+def prefill_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: list[int], sm_scale: float) -> torch.Tensor | None:
+    """Causal attention of whole prompts on their own K/V through torch SDPA. q [Tq, Hq, D], k/v [Tq, Hkv, D];
+    cu: host sequence boundaries. On CUDA only the flash kernel is allowed (its GQA needs no repeated
+    K/V, and the math fallback would materialise L x L scores): None where it cannot run."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    for a, b in zip(cu[:-1], cu[1:]):
-        if b > a:
-            o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1), k[a:b].transpose(0, 1),
-                                               v[a:b].transpose(0, 1), is_causal=True, scale=sm_scale,
-                                               enable_gqa=True)
-            out[a:b] = o.transpose(0, 1)
+    backends = [SDPBackend.FLASH_ATTENTION] if q.is_cuda else [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+    try:
+        with sdpa_kernel(backends):
+            for a, b in zip(cu[:-1], cu[1:]):
+                if b > a:  # [1, H, L, D]: the fused kernels take 4-d inputs
+                    o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1)[None], k[a:b].transpose(0, 1)[None],
+                                                       v[a:b].transpose(0, 1)[None], is_causal=True, scale=sm_scale,
+                                                       enable_gqa=True)
+                    out[a:b] = o[0].transpose(0, 1)
+    except RuntimeError:  # "No available kernel": the caller runs the Triton kernel instead
+        return None
     return out
 
 
@@ -194,7 +201,10 @@ def prefill_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         if "prefill_whole" not in plans:
             plans["prefill_whole"] = _whole_prompts(cu_seqlens_q, seq_lens)
         if plans["prefill_whole"] is not None:
-            return prefill_sdpa(q, k, v, plans["prefill_whole"], sm_scale)
+            out = prefill_sdpa(q, k, v, plans["prefill_whole"], sm_scale)
+            if out is not None:
+                return out
+            plans["prefill_whole"] = None  # SDPA cannot run these inputs: the other layers skip it too
     qpk = Hq // Hkv
     block_m, block_n, warps = prefill_blocks(q.dtype, qpk, D)
     key = ("prefill_tiles", block_m // next_pow2(qpk))
