@@ -1,15 +1,23 @@
-"""End-to-end decode tokens/s of the engine with and without cascade (prefix-shared) attention.
+"""Command 2 of the GPU run: the engine end to end on a Qwen3-8B-shaped random bf16 checkpoint, YaRN to 131k.
 
-A random-weight Qwen3-0.6B-shaped model (written once to a temp folder: shapes and dtype are what
-matter for speed, not the values), P prompts of L tokens each forked K ways, G tokens per trajectory
-with ignore_eos. Both settings share KV through fork; only the decode attention differs.
+Sections (each is written to $OUT/gpu_e2e.json as soon as it ran, so a timeout keeps what ran):
+- load: load time, memory after loading, and the KV tokens the default sizing gives;
+- logits: a forked prompt decoded greedily with cascade and CUDA graphs on and off; every step's
+  logits against transformers teacher-forced on the same tokens (top-1 agreement, max error);
+- throughput: round 1 (512-token prompts, n=32) and round 2 (16k and 64k prompts, n=4) decode tokens/s
+  with cascade on and off; the 64k case decodes past position 65,535 and is checked against
+  transformers there;
+- hf: transformers `generate` at round 1's batch, the baseline the engine is compared to.
+$OUT/device_params.json gets the engine's numbers next to the kernels' (bench/gpu_kernels.py).
+The weights are random (shapes and dtype set the speed, not the values).
 
-    python -m bench.gpu_e2e                 # CUDA, bf16, Triton kernels ($OUT/gpu_e2e.json if OUT is set)
-    python -m bench.gpu_e2e --tiny          # CPU, a 2-layer model at tiny sizes: checks the code path
+    python3 -m bench.gpu_e2e [--out DIR] [--only load,logits,throughput,hf]
+    python3 -m bench.gpu_e2e --tiny      # CPU, a 2-layer model at tiny sizes: checks the code path
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -17,19 +25,30 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.gpu_kernels import commit, write_device_params
 from engine.testing import write_char_tokenizer
 
+QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
+                rms_norm_eps=1e-6, tie_word_embeddings=False,
+                rope_parameters=dict(rope_type="yarn", rope_theta=1_000_000.0, factor=4.0,
+                                     original_max_position_embeddings=32768))
 QWEN3_0_6B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                   num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
                   rms_norm_eps=1e-6, tie_word_embeddings=True,
-                  rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0))
-TINY = dict(QWEN3_0_6B, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096)
+                  rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0))  # bench/pacore_throughput.py
+TINY = dict(QWEN3_8B, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
+            tie_word_embeddings=True, rope_parameters=dict(rope_type="yarn", rope_theta=1_000_000.0, factor=4.0,
+                                                           original_max_position_embeddings=1024))
+SECTIONS = ("load", "logits", "throughput", "hf")
 
 
-def write_random_model(folder: str | Path, shape: dict = QWEN3_0_6B, dtype: str = "bfloat16", seed: int = 0) -> Path:
-    """A Qwen3 checkpoint with random N(0, 0.02) weights (norms at 1), written without materialising
-    a transformers model (the parameter names come from one built on the meta device)."""
+def write_random_model(folder: str | Path, shape: dict = QWEN3_8B, dtype: str = "bfloat16", seed: int = 0,
+                       device: str = "cpu", shard_bytes: int = 4 << 30) -> Path:
+    """A Qwen3 checkpoint with random N(0, 0.02) weights (norms at 1), in safetensors shards of about
+    shard_bytes, drawn on `device` (a GPU draws 8B values in seconds). Parameter names come from a
+    transformers model built on the meta device."""
     import torch
     import transformers
     from safetensors.torch import save_file
@@ -39,90 +58,250 @@ def write_random_model(folder: str | Path, shape: dict = QWEN3_0_6B, dtype: str 
     cfg.architectures = ["Qwen3ForCausalLM"]
     with torch.device("meta"):
         names = {k: v.shape for k, v in transformers.Qwen3ForCausalLM(cfg).state_dict().items()}
-    g = torch.Generator().manual_seed(seed)
+    g = torch.Generator(device=device).manual_seed(seed)
     dt = getattr(torch, dtype)
-    tensors = {}
+    shards, cur, size, weight_map = [], {}, 0, {}
     for name, shp in names.items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
-        t = torch.ones(shp) if name.endswith("norm.weight") else torch.randn(shp, generator=g) * 0.02
-        tensors[name] = t.to(dt).contiguous()
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        t = torch.ones(shp, device=device) if name.endswith("norm.weight") else \
+            torch.randn(shp, generator=g, device=device) * 0.02
+        cur[name] = t.to(dt).cpu().contiguous()
+        size += cur[name].nbytes
+        if size >= shard_bytes:
+            shards.append(cur)
+            cur, size = {}, 0
+    shards.append(cur)
+    for i, tensors in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" if len(shards) > 1 else "model.safetensors"
+        save_file(tensors, str(folder / fname), metadata={"format": "pt"})
+        weight_map.update({n: fname for n in tensors})
+    if len(shards) > 1:
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     cfg.dtype = dtype
     cfg.save_pretrained(folder)
     write_char_tokenizer(folder, cfg.vocab_size)
     return folder
 
 
-def run_setting(llm, prompts: list[list[int]], k: int, gen: int) -> dict:
+class Run:
+    def __init__(self, args, device: str, dtype: str, shape: dict):
+        self.args, self.device, self.dtype, self.shape = args, device, dtype, shape
+        self.report: dict = dict(commit=commit(), dtype=dtype)
+
+    def save(self, section: str, data) -> None:
+        self.report[section] = data
+        print(f"== {section}: {json.dumps(data[-1] if isinstance(data, list) else data)[:2000]}", flush=True)
+        if self.args.out:
+            Path(self.args.out).mkdir(parents=True, exist_ok=True)
+            (Path(self.args.out) / "gpu_e2e.json").write_text(json.dumps(self.report, indent=1))
+
+    def engine(self, **kw):
+        from engine import LLM
+        return LLM(str(self.folder), dtype=self.dtype, device=self.device, record_steps=True, **kw)
+
+    def free(self, *objs) -> None:
+        import torch
+        for o in objs:
+            if hasattr(o, "shutdown"):
+                o.shutdown()
+        del objs
+        gc.collect()
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+
+
+def section_load(run: Run) -> None:
+    import torch
+    cuda = run.device == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    t = time.perf_counter()
+    llm = run.engine(enforce_eager=True)  # the default KV sizing (gpu_memory_utilization)
+    load_s = time.perf_counter() - t
+    st = llm.stats()
+    weights = sum(p.numel() * p.element_size() for p in llm.runner.model.parameters())
+    data = dict(load_s=load_s, weights_GB=weights / 1e9, kv_tokens=st["kv_blocks_total"] * llm.runner.block_size,
+                kv_blocks=st["kv_blocks_total"], kv_GB=st["kv_blocks_total"] * st["kv_bytes_per_block"] / 1e9)
+    if cuda:
+        free, total = torch.cuda.mem_get_info()
+        data.update(peak_allocated_GB=torch.cuda.max_memory_allocated() / 1e9, device_total_GB=total / 1e9,
+                    device_free_GB=free / 1e9)
+    run.save("load", data)
+    write_device_params(run.args.out, engine=dict(load_s=load_s, weights_GB=data["weights_GB"],
+                                                  kv_tokens=data["kv_tokens"]))
+    run.free(llm)
+
+
+def _engine_logits(llm, prompt: list[int], n: int, gen: int):
+    """One prompt forked n ways (seeded sampling, so the children differ); per child (by index) its
+    tokens and the logits each token was drawn from."""
+    from engine import SamplingParams
+    rows: dict[int, list] = {}
+    real = llm.runner.run
+
+    def spy(plan):
+        logits = real(plan)
+        for seq, row in zip(plan.sample_seqs, logits):
+            rows.setdefault(seq.index, []).append(row.float().cpu())
+        return logits
+    llm.runner.run = spy
+    try:
+        out = llm.generate([prompt], SamplingParams(n=n, temperature=1.0, seed=0, max_tokens=gen, ignore_eos=True),
+                           use_tqdm=False)[0]
+    finally:
+        del llm.runner.run
+    outs = sorted(out.outputs, key=lambda o: o.index)
+    return [o.token_ids for o in outs], [rows[o.index] for o in outs]
+
+
+def _hf_model(run: Run):
+    import torch
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(run.folder, dtype=getattr(torch, run.dtype)).to(run.device).eval()
+
+
+def _hf_teacher_forced(model, prompt: list[int], tokens: list[int]):
+    """transformers' logits for each of `tokens` given prompt + the tokens before it, [len(tokens), V]."""
+    import torch
+    ids = torch.tensor([prompt + tokens[:-1]], device=model.device)
+    with torch.no_grad():
+        return model(ids, logits_to_keep=len(tokens)).logits[0].float().cpu()
+
+
+def _compare(engine_rows: list, hf_logits) -> dict:
+    import torch
+    eng = torch.stack(engine_rows[-hf_logits.shape[0]:])
+    return dict(top1_agree=float((eng.argmax(-1) == hf_logits.argmax(-1)).float().mean()),
+                max_abs_err=float((eng - hf_logits).abs().max()), max_abs_logit=float(hf_logits.abs().max()))
+
+
+def section_logits(run: Run) -> None:
+    import torch
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(3, run.shape["vocab_size"], (300,), generator=g).tolist()
+    n, gen = 4, 24
+    results = {}
+    for cascade in (True, False):
+        for graphs in ((True, False) if run.device == "cuda" else (False,)):
+            llm = run.engine(cascade_attention=cascade, cascade_min_shared_tokens=0, enforce_eager=not graphs,
+                             num_kv_blocks=512, max_num_seqs=8)
+            results[f"cascade={cascade} graphs={graphs}"] = _engine_logits(llm, prompt, n, gen)
+            run.free(llm)
+    model = _hf_model(run)
+    table = {}
+    for name, (tokens, rows) in results.items():
+        per_child = [_compare(r, _hf_teacher_forced(model, prompt, t)) for t, r in zip(tokens, rows)]
+        table[name] = dict(top1_agree=min(c["top1_agree"] for c in per_child),
+                           max_abs_err=max(c["max_abs_err"] for c in per_child),
+                           max_abs_logit=max(c["max_abs_logit"] for c in per_child),
+                           same_tokens_as_first=tokens == next(iter(results.values()))[0])
+    run.save("logits", table)
+    run.free(model)
+
+
+def _decode_rate(llm, prompts, n: int, gen: int) -> dict:
     from engine import SamplingParams
     n0 = len(llm.step_log)
     t = time.perf_counter()
-    llm.generate(prompts, SamplingParams(n=k, max_tokens=gen, ignore_eos=True, seed=0), use_tqdm=False)
+    llm.generate(prompts, SamplingParams(n=n, max_tokens=gen, ignore_eos=True, temperature=0), use_tqdm=False)
     wall = time.perf_counter() - t
     steps = llm.step_log[n0:]
     decode = [s for s in steps if s.kind == "decode"]
     decode_s = sum(s.schedule_s + s.model_s + s.sample_s for s in decode)
-    decode_tokens = sum(s.num_decode_seqs for s in decode)
-    return dict(wall_s=wall, gen_tokens=len(prompts) * k * gen, e2e_tok_s=len(prompts) * k * gen / wall,
-                decode_tok_s=decode_tokens / decode_s if decode_s else 0.0, decode_steps=len(decode),
-                cascade_steps=sum(s.cascade for s in decode), decode_model_ms=1e3 * sum(s.model_s for s in decode)
-                / max(1, len(decode)))
+    return dict(wall_s=wall, gen_tokens=len(prompts) * n * gen, e2e_tok_s=len(prompts) * n * gen / wall,
+                decode_tok_s=sum(s.num_decode_seqs for s in decode) / decode_s if decode_s else 0.0,
+                decode_steps=len(decode), cascade_steps=sum(s.cascade for s in decode),
+                decode_ms_per_step=1e3 * decode_s / max(1, len(decode)))
+
+
+def section_throughput(run: Run) -> None:
+    import torch
+    tiny = run.args.tiny
+    # (name, prompt length, n, problems, generated tokens)
+    # past_64k: positions past 65,535 (tiny: past its YaRN original context, 1024)
+    cases = [("round1", 64, 4, 2, 8), ("round2", 200, 3, 1, 8), ("past_64k", 1100, 2, 1, 8)] if tiny else \
+        [("round1", 512, 32, 8, 128), ("round2", 16384, 4, 2, 128), ("past_64k", 65536, 4, 1, 64)]
+    rows, rates = [], {}
+    g = torch.Generator().manual_seed(2)
+    for cascade in (True, False):
+        llm = run.engine(cascade_attention=cascade, max_num_seqs=256)
+        for name, plen, n, problems, gen in cases:
+            prompts = torch.randint(3, run.shape["vocab_size"], (problems, plen), generator=g).tolist()
+            # warm-up (compiles) on other tokens, so the prefix cache gives the measured run nothing
+            _decode_rate(llm, [[(t * 7 + 1) % (run.shape["vocab_size"] - 3) + 3 for t in p[:64]] for p in prompts], n, 4)
+            r = dict(case=name, prompt_len=plen, n=n, problems=problems, cascade=cascade,
+                     **_decode_rate(llm, prompts, n, gen), max_position=plen + gen - 1)
+            rows.append(r)
+            rates[f"{name}_cascade" if cascade else f"{name}_paged"] = r["decode_tok_s"]
+            if name == "past_64k" and cascade:  # the long-context decodes, checked after this engine is freed
+                long_check = (prompts[0], *_engine_logits(llm, prompts[0], 1, gen))
+            run.save("throughput", rows)
+        run.free(llm)
+    model = _hf_model(run)
+    prompt, tokens, eng_rows = long_check
+    cmp = _compare(eng_rows[0], _hf_teacher_forced(model, prompt, tokens[0]))
+    run.save("past_64k_logits", dict(first_position=len(prompt), last_position=len(prompt) + len(tokens[0]) - 1, **cmp))
+    run.free(model)
+    write_device_params(run.args.out, engine=dict(decode_tok_s=rates))
+
+
+def section_hf(run: Run) -> None:
+    import torch
+    tiny = run.args.tiny
+    plen, batch, gen = (64, 8, 8) if tiny else (512, 256, 64)  # round 1's batch: 8 problems x 32
+    model = _hf_model(run)
+    ids = torch.randint(3, run.shape["vocab_size"], (batch, plen), generator=torch.Generator().manual_seed(3))
+    ids = ids.to(run.device)
+    kw = dict(max_new_tokens=gen, min_new_tokens=gen, do_sample=False, attention_mask=torch.ones_like(ids), pad_token_id=0)
+    with torch.no_grad():
+        model.generate(ids[:, :16], **dict(kw, max_new_tokens=2, min_new_tokens=2))  # warm-up
+        t = time.perf_counter()
+        model.generate(ids, **kw)
+        if run.device == "cuda":
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+    data = dict(prompt_len=plen, batch=batch, gen=gen, wall_s=wall, tok_s=batch * gen / wall)
+    r1 = next((r for r in run.report.get("throughput", []) if r["case"] == "round1" and r["cascade"]), None)
+    if r1:
+        data["engine_round1_decode_tok_s"] = r1["decode_tok_s"]
+        data["engine_vs_hf"] = r1["decode_tok_s"] / data["tok_s"]
+    run.save("hf", data)
+    write_device_params(run.args.out, engine=dict(hf_generate_tok_s=data["tok_s"], engine_vs_hf=data.get("engine_vs_hf")))
+    run.free(model)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="CPU, tiny model and sizes (a check of the code path)")
-    ap.add_argument("--problems", type=int, default=4)
-    ap.add_argument("--cases", default="2048x16,8192x16,2048x64", help="prompt_len x K, comma-separated")
-    ap.add_argument("--gen-len", type=int, default=128)
     ap.add_argument("--out", default=os.environ.get("OUT") or None, help="folder for gpu_e2e.json")
+    ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
+    ap.add_argument("--model", default=None, help="an existing checkpoint folder instead of writing one")
     args = ap.parse_args(argv)
     import torch
-    from engine import LLM
     if args.tiny:
-        device, dtype, shape = "cpu", "float32", TINY
-        args.problems, args.cases, args.gen_len = 2, "64x4,48x3", 8
+        run = Run(args, "cpu", "float32", TINY)
     elif not torch.cuda.is_available():
         print("gpu_e2e: no CUDA device (use --tiny on CPU)", file=sys.stderr)
         return 2
     else:
-        device, dtype, shape = "cuda", "bfloat16", QWEN3_0_6B
-    cases = [tuple(int(x) for x in c.split("x")) for c in args.cases.split(",")]
-    folder = write_random_model(Path(tempfile.mkdtemp(prefix="pacore_e2e_")) / "qwen3", shape, dtype)
-    bs = 16
-    need = max(args.problems * (-(-plen // bs) + k * (-(-args.gen_len // bs) + 1)) for plen, k in cases)
-    engines = {on: LLM(str(folder), dtype=dtype, device=device, num_kv_blocks=need + 64, record_steps=True,
-                       cascade_attention=on, max_num_seqs=max(args.problems * k for _, k in cases))
-               for on in (True, False)}
-    g = torch.Generator().manual_seed(0)
-    rows = []
-    for plen, k in cases:
-        prompts = torch.randint(3, shape["vocab_size"], (args.problems, plen), generator=g).tolist()
-        for i, on in enumerate((True, False) if len(rows) % 4 == 0 else (False, True)):  # interleaved order
-            llm = engines[on]
-            # Warm-up (kernel compilation) on other tokens, so the prefix cache gives the real run nothing.
-            run_setting(llm, [[3 + (t * 7 + j) % 97 for t in range(64)] for j in range(args.problems)], k, 4)
-            r = run_setting(llm, prompts, k, args.gen_len)
-            rows.append(dict(prompt_len=plen, k=k, problems=args.problems, cascade=on, **r))
-    lines = [f"{'prompt':>7}{'K':>4}{'cascade':>8}{'decode tok/s':>14}{'e2e tok/s':>11}{'model ms/step':>15}"
-             f"{'cascade/paged':>15}"]
-    for plen, k in cases:
-        on, off = (next(r for r in rows if r["prompt_len"] == plen and r["k"] == k and r["cascade"] == c)
-                   for c in (True, False))
-        for r in (on, off):
-            ratio = f"{on['decode_tok_s'] / off['decode_tok_s']:.2f}x" if r is on and off["decode_tok_s"] else ""
-            lines.append(f"{plen:>7}{k:>4}{str(r['cascade']):>8}{r['decode_tok_s']:>14.0f}{r['e2e_tok_s']:>11.0f}"
-                         f"{r['decode_model_ms']:>15.2f}{ratio:>15}")
-    dev_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
-    table = f"end-to-end decode, {'tiny random' if args.tiny else 'Qwen3-0.6B-shaped random'} model, " \
-            f"{dtype}, {dev_name}, P={args.problems}, G={args.gen_len}\n" + "\n".join(lines)
-    print(table)
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "gpu_e2e.json").write_text(json.dumps(dict(device=dev_name, dtype=dtype, rows=rows), indent=1))
-        (Path(args.out) / "gpu_e2e_table.txt").write_text(table + "\n")
-    return 0
+        run = Run(args, "cuda", "bfloat16", QWEN3_8B)
+    t = time.perf_counter()
+    run.folder = Path(args.model) if args.model else write_random_model(
+        Path(tempfile.mkdtemp(prefix="pacore_e2e_")) / "qwen3", run.shape, run.dtype, device=run.device)
+    run.save("checkpoint", dict(write_s=time.perf_counter() - t, folder=str(run.folder)))
+    status = 0
+    for name in SECTIONS:
+        if name in args.only.split(","):
+            try:
+                globals()[f"section_{name}"](run)
+            except Exception as e:  # one failing section must not cost the others' numbers
+                status = 1
+                run.save(f"{name}_error", f"{type(e).__name__}: {e}"[:1000])
+                gc.collect()
+                if run.device == "cuda":
+                    torch.cuda.empty_cache()
+    return status
 
 
 if __name__ == "__main__":

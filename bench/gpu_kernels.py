@@ -1,16 +1,19 @@
-"""Decode-attention benchmark: paged decode vs cascade decode vs a torch SDPA baseline.
+"""Command 1 of the GPU run: the attention kernels at PaCoRe-8B's shape (Qwen3-8B heads 32/8/128, bf16).
 
-A PaCoRe-like batch: one prompt of P tokens forked into K trajectories that have each generated
-`--suffix` tokens. Times are medians (triton.testing.do_bench on CUDA). Bandwidth is reported as a
-fraction of the measured device-to-device copy bandwidth, for the bytes each method must read:
+Cases (each row is written to $OUT/gpu_kernels.json as soon as it ran, so a timeout keeps what ran):
+- copy: device-to-device copy bandwidth (the roofline of decode) and a bf16 matmul's TFLOP/s;
+- paged decode at B=32 x 16k and 32k, B=4 x 64k, B=1 x 131k, B=256 x 2k: time, error vs the fp32
+  reference, and bytes read / time as a fraction of the copy bandwidth;
+- cascade vs paged at round 1 (32 x 512 prefix + 16k) and round 2 (4 x 64k prefix + 1k), eager and
+  replayed from a CUDA graph captured with the padded groups engine/cuda_graphs.py passes;
+- prefill of a 16k and a 64k prompt: Triton in 2048-token chunks over the paged cache, Triton in one
+  chunk, torch SDPA (flash) on the prompt's own K/V: TFLOP/s and error;
+- a cache whose offsets pass 2^31 elements (store, paged, cascade, prefill on its last blocks);
+- one captured graph replayed with changed lengths, tables and groups.
+$OUT/device_params.json gets the numbers a device model reads (see write_device_params).
 
-- paged:   every row reads its whole sequence (prefix re-read K times)
-- cascade: the prefix once per member tile + each row's suffix (the unique bytes when one tile holds the group)
-- sdpa:    torch SDPA on K/V already gathered into dense [K, Hkv, L, D] tensors (gather not timed: a
-           best case for torch), reads K full sequences like paged.
-
-    python -m bench.gpu_kernels [--out DIR] [--dtype bfloat16]
-    python -m bench.gpu_kernels --dry-run      # tiny shapes on CPU under the Triton interpreter
+    python3 -m bench.gpu_kernels [--out DIR] [--only paged,cascade,...]
+    python3 -m bench.gpu_kernels --tiny     # CPU, Triton interpreter, tiny shapes: checks the code path
 """
 from __future__ import annotations
 
@@ -19,156 +22,370 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
+from pathlib import Path
+
+CASES = ("copy", "paged", "cascade", "prefill", "offsets", "replay")
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU (TRITON_INTERPRET=1)")
-    ap.add_argument("--out", default=os.environ.get("OUT") or None, help="folder for the full numbers")
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--prefix-lens", default="1024,4096,16384,32768")
-    ap.add_argument("--ks", default="8,16,32,64")
-    ap.add_argument("--suffix", type=int, default=128, help="tokens each trajectory generated so far")
-    ap.add_argument("--heads", default="32,8,128", help="Hq,Hkv,head_dim (default: Llama-3-8B-like)")
-    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--tiny", "--dry-run", dest="tiny", action="store_true",
+                    help="CPU under TRITON_INTERPRET=1 at tiny shapes (no numbers, the code path)")
+    ap.add_argument("--out", default=os.environ.get("OUT") or None, help="folder for the json and the table")
+    ap.add_argument("--only", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
     return ap.parse_args(argv)
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
+    except Exception:
+        return "unknown"
+
+
+def write_device_params(out: str | None, **params) -> None:
+    """Merge params into OUT/device_params.json, the device model's inputs (both GPU scripts add theirs)."""
+    if not out:
+        return
+    path = Path(out) / "device_params.json"
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    for k, v in params.items():
+        data[k] = {**data.get(k, {}), **v} if isinstance(v, dict) and isinstance(data.get(k), dict) else v
+    path.write_text(json.dumps(data, indent=1))
+
+
+class Bench:
+    """Shapes, timer, cache builders and the incremental json of one run."""
+
+    def __init__(self, args):
+        import torch
+        self.torch, self.args, self.tiny = torch, args, args.tiny
+        self.dev = "cpu" if args.tiny else "cuda"
+        self.dtype = torch.float32 if args.tiny else torch.bfloat16
+        self.Hq, self.Hkv, self.D = (4, 2, 64) if args.tiny else (32, 8, 128)
+        self.bs = 16
+        self.rows: list[dict] = []
+        self.copy_bw = None
+        self.name = "cpu (interpreter)" if args.tiny else torch.cuda.get_device_name()
+        self.gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def time(self, fn) -> float:
+        """Median seconds per call."""
+        if self.dev == "cuda":
+            from triton.testing import do_bench
+            return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3
+        ts = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return statistics.median(ts)
+
+    def randn(self, *shape):
+        return self.torch.randn(*shape, generator=self.gen).to(self.dtype).to(self.dev)
+
+    def paged(self, seq_lens: list[int], prefix: int = 0, extra_blocks: int = 0):
+        """Random K/V for rows of the given lengths, all sharing their first prefix tokens' blocks;
+        physical blocks shuffled, placed after extra_blocks unused ones. Returns k, v, tables."""
+        torch, bs = self.torch, self.bs
+        pb = prefix // bs
+        own = [-(-s // bs) - pb for s in seq_lens]
+        n = pb + sum(own)
+        ids = torch.randperm(n, generator=self.gen) + 1 + extra_blocks
+        width = pb + max(own)
+        tables = torch.zeros(len(seq_lens), width, dtype=torch.int32)
+        at = pb
+        for b, o in enumerate(own):
+            tables[b, :pb] = ids[:pb]
+            tables[b, pb:pb + o] = ids[at:at + o]
+            at += o
+        N = n + 1 + extra_blocks
+        k = torch.empty(N, bs, self.Hkv, self.D, dtype=self.dtype, device=self.dev)
+        v = torch.empty_like(k)
+        used = ids.to(self.dev).long()
+        for c in (k, v):  # only the used blocks get values (a 2^31-element cache stays cheap to fill)
+            c[used] = torch.randn(n, bs, self.Hkv, self.D, generator=self.gen).to(self.dtype).to(self.dev)
+        return k, v, tables.to(self.dev)
+
+    def i32(self, xs):
+        return self.torch.tensor(xs, dtype=self.torch.int32, device=self.dev)
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        print("  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()), flush=True)
+        if self.args.out:
+            Path(self.args.out).mkdir(parents=True, exist_ok=True)
+            (Path(self.args.out) / "gpu_kernels.json").write_text(json.dumps(dict(
+                device=self.name, commit=commit(), dtype=str(self.dtype).removeprefix("torch."),
+                heads=[self.Hq, self.Hkv, self.D], block_size=self.bs, copy_bw_GBps=self.copy_bw and self.copy_bw / 1e9,
+                rows=self.rows), indent=1))
+
+
+def rel_err(out, ref) -> float:
+    out, ref = out.double(), ref.double()
+    return float((out - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
+
+
+def kv_bytes(b: Bench, tokens: int) -> int:
+    return tokens * 2 * b.Hkv * b.D * b.torch.empty((), dtype=b.dtype).element_size()
+
+
+def case_copy(b: Bench, kernels):
+    torch = b.torch
+    n = (1 << 20) if b.tiny else (1 << 30)
+    src = torch.empty(n, dtype=torch.uint8, device=b.dev)
+    dst = torch.empty_like(src)
+    b.copy_bw = 2 * n / b.time(lambda: dst.copy_(src))  # read + write
+    m = 256 if b.tiny else 8192
+    x, y = b.randn(m, m), b.randn(m, m)
+    tflops = 2 * m ** 3 / b.time(lambda: x @ y) / 1e12
+    b.add(dict(case="copy", copy_bw_GBps=b.copy_bw / 1e9, matmul_tflops=tflops))
+    write_device_params(b.args.out, device=b.name, commit=commit(), copy_bw_GBps=b.copy_bw / 1e9,
+                        matmul_tflops=tflops)
+
+
+def case_paged(b: Bench, kernels):
+    shapes = [(2, 100), (1, 300)] if b.tiny else [(32, 16384), (32, 32768), (4, 65536), (1, 131072), (256, 2048)]
+    fracs = {}
+    for B, L in shapes:
+        k, v, bt = b.paged([L] * B)
+        q, sl, sc = b.randn(B, b.Hq, b.D), b.i32([L] * B), 1 / math.sqrt(b.D)
+        out = kernels.paged_decode_triton(q, k, v, bt, sl, sc)
+        err = rel_err(out, kernels.paged_decode_ref(q.float(), k.float(), v.float(), bt, sl, sc))
+        t = b.time(lambda: kernels.paged_decode_triton(q, k, v, bt, sl, sc))
+        frac = kv_bytes(b, B * L) / t / b.copy_bw
+        fracs[f"B{B}_L{L}"] = frac
+        b.add(dict(case="paged", B=B, context=L, us=t * 1e6, bw_frac=frac, rel_err_vs_fp32=err))
+        del k, v
+    long = [f for key, f in fracs.items() if int(key.split("_L")[1]) >= 16384]
+    write_device_params(b.args.out, paged_decode_bw_frac=fracs,
+                        paged_decode_bw_frac_min_16k=min(long) if long else None)
+
+
+def _capture(b: Bench, fn):
+    """fn replayed from a CUDA graph (a plain call on CPU). Returns (replay, output of the capture)."""
+    torch = b.torch
+    if b.dev != "cuda":
+        return fn, None
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = fn()
+    return g.replay, out
+
+
+def case_cascade(b: Bench, kernels):
+    from engine.cuda_graphs import bucket_sizes, pad_groups
+    torch = b.torch
+    shapes = {"round1": (4, 32, 40), "round2": (3, 64, 16)} if b.tiny else \
+        {"round1": (32, 512, 16384), "round2": (4, 65536, 1024)}
+    speed = {}
+    for name, (K, P, S) in shapes.items():
+        k, v, bt = b.paged([P + S] * K, prefix=P)
+        q, sl, sc = b.randn(K, b.Hq, b.D), b.i32([P + S] * K), 1 / math.sqrt(b.D)
+        gs, gp = b.i32([0, K]), b.i32([P])
+        size = next(s for s in bucket_sizes(256) if s >= K)
+        # graph-style, as engine/cuda_graphs.py runs a batch: padded to its bucket (padding rows attend
+        # to one token of block 0 and form groups of one), groups padded, max_group_size = bucket
+        gs_pad, gp_pad = (t.to(b.dev) for t in pad_groups(gs.cpu(), gp.cpu(), K, size))
+        pad = size - K
+        q_pad = torch.cat([q, b.randn(pad, b.Hq, b.D)])
+        bt_pad = torch.cat([bt, torch.zeros(pad, bt.shape[1], dtype=bt.dtype, device=b.dev)])
+        sl_pad = torch.cat([sl, b.i32([1] * pad)])
+        paged = lambda: kernels.paged_decode_triton(q, k, v, bt, sl, sc)  # noqa: E731
+        paged_graph = lambda: kernels.paged_decode_triton(q_pad, k, v, bt_pad, sl_pad, sc)  # noqa: E731
+        casc = lambda: kernels.cascade_decode_triton(q, k, v, bt, sl, gs, gp, sc, max_group_size=K)  # noqa: E731
+        casc_graph = lambda: kernels.cascade_decode_triton(q_pad, k, v, bt_pad, sl_pad, gs_pad, gp_pad, sc,  # noqa: E731
+                                                           max_group_size=size)[:K]
+        ref = kernels.cascade_decode_ref(q.float(), k.float(), v.float(), bt, sl, gs, gp, sc)
+        err = max(rel_err(casc(), ref), rel_err(casc_graph(), ref))
+        t_paged, t_casc = b.time(paged), b.time(casc)
+        replay_paged, _ = _capture(b, paged_graph)
+        replay_casc, graph_out = _capture(b, casc_graph)
+        t_paged_g, t_casc_g = b.time(replay_paged), b.time(replay_casc)
+        if graph_out is not None:
+            replay_casc()
+            err = max(err, rel_err(graph_out, ref))
+        unique = kv_bytes(b, P + K * S)
+        speed[name] = dict(eager=t_paged / t_casc, graph=t_paged_g / t_casc_g)
+        b.add(dict(case="cascade", shape=name, K=K, prefix=P, suffix=S, bucket=size, paged_us=t_paged * 1e6,
+                   cascade_us=t_casc * 1e6, paged_graph_us=t_paged_g * 1e6, cascade_graph_us=t_casc_g * 1e6,
+                   speedup_eager=speed[name]["eager"], speedup_graph=speed[name]["graph"],
+                   paged_bw_frac=kv_bytes(b, K * (P + S)) / t_paged / b.copy_bw,
+                   cascade_bw_frac=unique / t_casc / b.copy_bw, rel_err_vs_fp32=err))
+        del k, v
+    write_device_params(b.args.out, cascade_speedup_vs_paged=speed)
+
+
+def case_prefill(b: Bench, kernels):
+    from kernels.prefill_attention import prefill_sdpa
+    torch = b.torch
+    lens, chunk = ([96, 160], 32) if b.tiny else ([16384, 65536], 2048)
+    tflops = {}
+    for L in lens:
+        k, v, bt = b.paged([L])
+        pos = torch.arange(L, device=b.dev)
+        slots = bt[0, pos // b.bs].long() * b.bs + pos % b.bs
+        kn, vn = k.view(-1, b.Hkv, b.D)[slots], v.view(-1, b.Hkv, b.D)[slots]  # the prompt's own K/V
+        q, sc = b.randn(L, b.Hq, b.D), 1 / math.sqrt(b.D)
+
+        chunks = [(c0, min(L, c0 + chunk), b.i32([0, min(L, c0 + chunk) - c0]), b.i32([min(L, c0 + chunk)]))
+                  for c0 in range(0, L, chunk)]  # (start, end, cu_seqlens_q, seq_lens) of each chunk's step
+
+        def chunked():
+            return torch.cat([kernels.prefill_attention_triton(q[c0:c1], k, v, bt, cu, sl, sc, sdpa=False)
+                              for c0, c1, cu, sl in chunks])
+
+        whole = lambda: kernels.prefill_attention_triton(q, k, v, bt, b.i32([0, L]), b.i32([L]), sc,  # noqa: E731
+                                                         sdpa=False)
+        sdpa = lambda: prefill_sdpa(q, kn, vn, [0, L], sc)  # noqa: E731
+        ref = kernels.prefill_attention_ref(q.float(), k.float(), v.float(), bt, b.i32([0, L]), b.i32([L]), sc)
+        errs = {n: rel_err(f(), ref) for n, f in (("chunked", chunked), ("whole", whole), ("sdpa", sdpa))}
+        del ref
+        flops = 4 * b.Hq * b.D * L * (L + 1) / 2  # causal: QK^T and PV over keys 0..=i for each query i
+        ts = {n: b.time(f) for n, f in (("chunked", chunked), ("whole", whole), ("sdpa", sdpa))}
+        for n in ts:
+            tflops[f"{n}_{L}"] = flops / ts[n] / 1e12
+        b.add(dict(case="prefill", prompt=L, chunk=chunk, **{f"{n}_ms": t * 1e3 for n, t in ts.items()},
+                   **{f"{n}_tflops": flops / t / 1e12 for n, t in ts.items()},
+                   **{f"{n}_rel_err_vs_fp32": e for n, e in errs.items()}))
+        del k, v
+    write_device_params(b.args.out, prefill_tflops=tflops)
+
+
+def case_offsets(b: Bench, kernels):
+    """Two rows sharing a 512-token prefix, in the last blocks of a cache of > 2^31 elements per K/V."""
+    torch = b.torch
+    per_block = b.bs * b.Hkv * b.D
+    extra = 8 if b.tiny else (1 << 31) // per_block + 8
+    P, L = (32, 80) if b.tiny else (512, 1024)
+    k, v, bt = b.paged([L, L], prefix=P, extra_blocks=extra)
+    sc = 1 / math.sqrt(b.D)
+    q, sl = b.randn(2, b.Hq, b.D), b.i32([L, L])
+    # store two new tokens at the last slots, then attend over them
+    new_k, new_v = b.randn(2, b.Hkv, b.D), b.randn(2, b.Hkv, b.D)
+    slots = (bt[:, (L - 1) // b.bs].long() * b.bs + (L - 1) % b.bs)
+    kernels.store_kvcache_triton(new_k, new_v, k, v, slots)
+    stored = torch.equal(k.view(-1, b.Hkv, b.D)[slots], new_k) and torch.equal(v.view(-1, b.Hkv, b.D)[slots], new_v)
+    kf, vf = k.float(), v.float()
+    errs = dict(
+        paged=rel_err(kernels.paged_decode_triton(q, k, v, bt, sl, sc),
+                      kernels.paged_decode_ref(q.float(), kf, vf, bt, sl, sc)),
+        cascade=rel_err(kernels.cascade_decode_triton(q, k, v, bt, sl, b.i32([0, 2]), b.i32([P]), sc, max_group_size=2),
+                        kernels.cascade_decode_ref(q.float(), kf, vf, bt, sl, b.i32([0, 2]), b.i32([P]), sc)))
+    qp, cu, sl1 = b.randn(64, b.Hq, b.D), b.i32([0, 64]), b.i32([L])
+    errs["prefill"] = rel_err(kernels.prefill_attention_triton(qp, k, v, bt[:1], cu, sl1, sc),
+                              kernels.prefill_attention_ref(qp.float(), kf, vf, bt[:1], cu, sl1, sc))
+    b.add(dict(case="offsets", cache_elements=k.numel(), past_2_31=k.numel() > 2 ** 31, stored_exactly=stored,
+               **{f"{n}_rel_err_vs_fp32": e for n, e in errs.items()}))
+
+
+def case_replay(b: Bench, kernels):
+    """One cascade graph (bucket 8) replayed with other lengths, tables and groups than it was captured with."""
+    from engine.cuda_graphs import pad_groups
+    torch, size = b.torch, 8
+    P = 32 if b.tiny else 1024
+    scenarios = [([size], [P], [P + 40 + 7 * i for i in range(size)]),     # the capture's batch
+                 ([3, 3], [P, 2 * P], [P + 5, P + 9, P + 30, 2 * P + 1, 2 * P + 17, 2 * P + 3]),
+                 ([2, 1, 4], [P // 2, 0, P], [P + 50, P + 3, 20, P + 1, P + 8, P + 64, P + 2])]
+    width = -(-(2 * P + 80) // b.bs)
+    stat = dict(q=b.randn(size, b.Hq, b.D), tables=torch.zeros(size, width, dtype=torch.int32, device=b.dev),
+                seq=b.i32([1] * size), gs=b.i32(list(range(size + 1))), gp=b.i32([0] * size))
+    k, v, _ = b.paged([2 * P + 80] * 2 * size)  # one cache big enough for every scenario's blocks
+    nblk, sc = k.shape[0], 1 / math.sqrt(b.D)
+
+    def fn():
+        return kernels.cascade_decode_triton(stat["q"], k, v, stat["tables"], stat["seq"], stat["gs"], stat["gp"],
+                                             sc, max_group_size=size)
+    errs = []
+    replay = graph_out = None
+    for groups, plens, seqs in scenarios:
+        n = len(seqs)
+        perm = (torch.randperm(nblk - 1, generator=b.gen) + 1).to(torch.int32)
+        tables, r, used = torch.zeros(size, width, dtype=torch.int32), 0, 0
+        for g, p in zip(groups, plens):  # members of a group share their prefix blocks
+            shared = perm[used:used + p // b.bs]
+            used += p // b.bs
+            for _ in range(g):
+                own = -(-seqs[r] // b.bs) - p // b.bs
+                tables[r, :p // b.bs] = shared
+                tables[r, p // b.bs:p // b.bs + own] = perm[used:used + own]
+                used += own
+                r += 1
+        starts = torch.tensor([0] + torch.tensor(groups).cumsum(0).tolist(), dtype=torch.int32)
+        gs, gp = pad_groups(starts, torch.tensor(plens, dtype=torch.int32), n, size)
+        stat["tables"].copy_(tables)
+        stat["seq"].copy_(torch.tensor(seqs + [1] * (size - n), dtype=torch.int32))
+        stat["gs"].copy_(gs)
+        stat["gp"].copy_(gp)
+        stat["q"].copy_(b.randn(size, b.Hq, b.D))
+        if replay is None:
+            replay, graph_out = _capture(b, fn)
+        out = fn() if graph_out is None else (replay(), graph_out)[1]
+        ref = kernels.cascade_decode_ref(stat["q"][:n].float(), k.float(), v.float(), stat["tables"][:n],
+                                         stat["seq"][:n], b.i32(starts.tolist()), b.i32(plens), sc)
+        errs.append(rel_err(out[:n], ref))
+    b.add(dict(case="replay", bucket=size, scenarios=len(scenarios), graph=b.dev == "cuda",
+               max_rel_err_vs_fp32=max(errs)))
+
+
+def format_table(rows) -> str:
+    lines = [f"kernels at PaCoRe-8B's shape; bw = bytes read / time / device copy bandwidth"]
+    for r in rows:
+        c = r["case"]
+        if c == "copy":
+            lines.append(f"copy {r['copy_bw_GBps']:.0f} GB/s   bf16 matmul {r['matmul_tflops']:.0f} TFLOP/s")
+        elif c == "paged":
+            lines.append(f"paged   B={r['B']:<4} ctx={r['context']:<7} {r['us']:9.1f} us  bw {r['bw_frac']:.2f}  "
+                         f"err {r['rel_err_vs_fp32']:.1e}")
+        elif c == "cascade":
+            lines.append(f"cascade {r['shape']} K={r['K']} P={r['prefix']} S={r['suffix']}: paged {r['paged_us']:.1f} us, "
+                         f"cascade {r['cascade_us']:.1f} us ({r['speedup_eager']:.2f}x); graph {r['paged_graph_us']:.1f} "
+                         f"vs {r['cascade_graph_us']:.1f} us ({r['speedup_graph']:.2f}x)  err {r['rel_err_vs_fp32']:.1e}")
+        elif c == "prefill":
+            lines.append(f"prefill {r['prompt']:>6}: chunked {r['chunked_tflops']:.0f}  whole {r['whole_tflops']:.0f}  "
+                         f"sdpa {r['sdpa_tflops']:.0f} TFLOP/s  err {max(r[k] for k in r if k.endswith('fp32')):.1e}")
+        elif c == "offsets":
+            lines.append(f"offsets past 2^31: {r['past_2_31']}  stored {r['stored_exactly']}  err "
+                         f"{max(r[k] for k in r if k.endswith('fp32')):.1e}")
+        elif c == "replay":
+            lines.append(f"graph replay, {r['scenarios']} batches (graph {r['graph']}): err {r['max_rel_err_vs_fp32']:.1e}")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.dry_run:
+    if args.tiny:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton / kernels are imported
-        args.dtype, args.prefix_lens, args.ks, args.suffix, args.heads = "float32", "32", "2,3", 5, "4,2,64"
     import torch
 
     import kernels
-
-    dev = "cpu" if args.dry_run else "cuda"
-    if dev == "cuda" and not torch.cuda.is_available():
-        print("gpu_kernels: no CUDA device (use --dry-run on CPU)", file=sys.stderr)
+    if not args.tiny and not torch.cuda.is_available():
+        print("gpu_kernels: no CUDA device (use --tiny on CPU)", file=sys.stderr)
         return 2
-    dtype = getattr(torch, args.dtype)
-    Hq, Hkv, D = (int(x) for x in args.heads.split(","))
-    bs = args.block_size
-    elem = torch.empty((), dtype=dtype).element_size()
-
-    if dev == "cuda":
-        from triton.testing import do_bench
-
-        def bench(fn):
-            return do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e-3  # seconds
-    else:
-        def bench(fn):
-            ts = []
-            for _ in range(3):
-                t0 = time.perf_counter()
-                fn()
-                ts.append(time.perf_counter() - t0)
-            return statistics.median(ts)
-
-    # Device-to-device copy bandwidth (read + write), the roofline the kernels are compared to.
-    n = (1 << 30) if dev == "cuda" else (1 << 20)
-    src = torch.empty(n, dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(src)
-    copy_bw = 2 * n / bench(lambda: dst.copy_(src))
-    del src, dst
-    name = torch.cuda.get_device_name() if dev == "cuda" else "cpu (interpreter)"
-    print(f"device: {name}; copy bandwidth {copy_bw / 1e9:.1f} GB/s; {args.dtype}, Hq={Hq} Hkv={Hkv} D={D} bs={bs}")
-
-    rows = []
-    for P in (int(x) for x in args.prefix_lens.split(",")):
-        P = -(-P // bs) * bs  # the shared prefix is whole blocks
-        for K in (int(x) for x in args.ks.split(",")):
-            rows.append(run_case(torch, kernels, dev, dtype, P, K, args.suffix, Hq, Hkv, D, bs, elem, bench, copy_bw))
-            r = rows[-1]
-            print(f"P={P:6d} K={K:3d}  paged {r['paged_us']:9.1f} us  cascade {r['cascade_us']:9.1f} us  "
-                  f"sdpa {r['sdpa_us']:9.1f} us  max|cascade-paged| {r['max_diff']:.2e}", flush=True)
-
-    table = format_table(rows)
+    b = Bench(args)
+    print(f"device: {b.name}; {b.dtype}, Hq={b.Hq} Hkv={b.Hkv} D={b.D} bs={b.bs}", flush=True)
+    only = set(args.only.split(","))
+    status = 0
+    for name in CASES:
+        if name in only or (name == "copy" and b.copy_bw is None):  # every bandwidth needs the copy's
+            try:
+                globals()[f"case_{name}"](b, kernels)
+            except Exception as e:  # one failing case must not cost the others' numbers
+                status = 1
+                b.add(dict(case=name, error=f"{type(e).__name__}: {e}"[:500]))
+            if b.dev == "cuda":
+                torch.cuda.empty_cache()
+    table = format_table([r for r in b.rows if "error" not in r])
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "gpu_kernels.json"), "w") as f:
-            json.dump({"device": name, "copy_bw_GBps": copy_bw / 1e9, "dtype": args.dtype,
-                       "heads": [Hq, Hkv, D], "block_size": bs, "suffix": args.suffix, "rows": rows}, f, indent=1)
-        with open(os.path.join(args.out, "gpu_kernels_table.txt"), "w") as f:
-            f.write(table + "\n")
+        (Path(args.out) / "gpu_kernels_table.txt").write_text(table + "\n")
     print(table)
-    return 0
-
-
-def run_case(torch, kernels, dev, dtype, P, K, suffix, Hq, Hkv, D, bs, elem, bench, copy_bw):
-    """One group of K rows sharing a P-token prefix (same physical blocks), each with its own suffix."""
-    g = torch.Generator(device="cpu").manual_seed(P * 131 + K)
-    seq = P + suffix
-    pblocks = P // bs
-    sblocks = -(-seq // bs) - pblocks
-    nblocks = 1 + pblocks + K * sblocks
-    k_cache = torch.randn(nblocks, bs, Hkv, D, generator=g).to(dtype=dtype, device=dev)
-    v_cache = torch.randn(nblocks, bs, Hkv, D, generator=g).to(dtype=dtype, device=dev)
-    tables = torch.zeros(K, pblocks + sblocks, dtype=torch.int32)
-    tables[:, :pblocks] = torch.arange(1, 1 + pblocks, dtype=torch.int32)
-    tables[:, pblocks:] = (1 + pblocks + torch.arange(K * sblocks, dtype=torch.int32)).view(K, sblocks)
-    tables = tables.to(dev)
-    i32 = dict(dtype=torch.int32, device=dev)
-    seq_lens = torch.full((K,), seq, **i32)
-    group_starts = torch.tensor([0, K], **i32)
-    prefix_lens = torch.tensor([P], **i32)
-    q = torch.randn(K, Hq, D, generator=g).to(dtype=dtype, device=dev)
-    sc = 1 / math.sqrt(D)
-
-    def paged():
-        return kernels.paged_decode_triton(q, k_cache, v_cache, tables, seq_lens, sc)
-
-    def cascade():
-        return kernels.cascade_decode_triton(q, k_cache, v_cache, tables, seq_lens, group_starts, prefix_lens, sc,
-                                             max_group_size=K)
-
-    # SDPA baseline on pre-gathered dense K/V, [K, Hkv, L, D] with GQA broadcast.
-    kd = k_cache[tables.long()].reshape(K, -1, Hkv, D)[:, :seq].transpose(1, 2).contiguous()
-    vd = v_cache[tables.long()].reshape(K, -1, Hkv, D)[:, :seq].transpose(1, 2).contiguous()
-    qd = q.unsqueeze(2)  # [K, Hq, 1, D]
-
-    def sdpa():
-        return torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, scale=sc, enable_gqa=True)
-
-    try:
-        sdpa()
-    except TypeError:  # torch < 2.5 has no enable_gqa: materialise the repeated heads instead
-        kd = kd.repeat_interleave(Hq // Hkv, dim=1)
-        vd = vd.repeat_interleave(Hq // Hkv, dim=1)
-
-        def sdpa():
-            return torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, scale=sc)
-
-    max_diff = (cascade().float() - paged().float()).abs().max().item()
-    t_paged, t_cascade, t_sdpa = bench(paged), bench(cascade), bench(sdpa)
-    kv_token = 2 * Hkv * D * elem  # K and V bytes of one token
-    bytes_paged = K * seq * kv_token
-    bytes_cascade = (P + K * suffix) * kv_token
-    del kd, vd
-    return {
-        "prefix": P, "K": K, "suffix": suffix,
-        "paged_us": t_paged * 1e6, "cascade_us": t_cascade * 1e6, "sdpa_us": t_sdpa * 1e6,
-        "paged_bw_frac": bytes_paged / t_paged / copy_bw,
-        "cascade_bw_frac": bytes_cascade / t_cascade / copy_bw,
-        "sdpa_bw_frac": bytes_paged / t_sdpa / copy_bw,
-        "cascade_speedup_vs_paged": t_paged / t_cascade,
-        "max_diff": max_diff,
-    }
-
-
-def format_table(rows) -> str:
-    head = (f"{'prefix':>7} {'K':>3} | {'paged us':>9} {'bw':>5} | {'cascade us':>10} {'bw':>5} {'x paged':>7} | "
-            f"{'sdpa us':>9} {'bw':>5}")
-    lines = ["bw = achieved / device copy bandwidth (bytes each method must read; cascade: prefix once)", head,
-             "-" * len(head)]
-    for r in rows:
-        lines.append(f"{r['prefix']:>7} {r['K']:>3} | {r['paged_us']:>9.1f} {r['paged_bw_frac']:>5.2f} | "
-                     f"{r['cascade_us']:>10.1f} {r['cascade_bw_frac']:>5.2f} {r['cascade_speedup_vs_paged']:>7.2f} | "
-                     f"{r['sdpa_us']:>9.1f} {r['sdpa_bw_frac']:>5.2f}")
-    return "\n".join(lines)
+    return status
 
 
 if __name__ == "__main__":

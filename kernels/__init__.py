@@ -11,10 +11,17 @@ Triton kernel notes:
 - paged_decode_triton / prefill_attention_triton never sync with the host. cascade_decode_triton reads
   the largest group size from group_starts (a sync, per call) unless given max_group_size=<int>, as
   the engine always does.
-  Optional num_splits / suffix_splits override the split-KV heuristics.
+  Optional num_splits (paged) / suffix_splits (cascade) override the split-KV heuristics. Cascade's
+  prefix splits are planned on the device from the real groups (cascade_prefix_plan), once per step
+  when the caller passes a work_plans dict (AttentionMetadata.work_plans), so a CUDA graph captured
+  at a padded bucket splits like an eager call.
 - rmsnorm_triton returns new tensors (like the ref); rope_* rotate q and k in place.
-- No flash-attn path: its paged varlen kernel needs 256-token blocks (the engine uses 16), so
-  prefill always runs prefill_attention_triton on CUDA.
+- FlashAttention reaches the engine through torch SDPA: a prefill chunk of whole prompts (nothing
+  cached before them) runs F.scaled_dot_product_attention on its own K/V (the flash kernel on CUDA;
+  prefill_attention.SDPA_WHOLE_PROMPTS). Chunks after a cached prefix run prefill_attention_triton
+  (flash-attn's paged varlen kernel needs 256-token blocks; the engine uses 16). The prefill kernel
+  packs a kv head's q heads into one block and masks only the diagonal key tiles; its tile map and
+  cascade's prefix plan are built once per step (the work_plans dict of AttentionMetadata).
 - fp32 inputs use exact fp32 dots (input_precision="ieee"), not TF32.
 
 batch_invariant.py holds the torch ops of LLM(batch_invariant=True) (no Triton twins): linear layers

@@ -1,16 +1,27 @@
-"""bench.gpu_e2e --tiny: the GPU end-to-end script's code path on CPU (random model, both settings)."""
+"""bench.gpu_e2e --tiny: command 2's code path on CPU (a tiny random YaRN Qwen3, every section)."""
 import json
 
 from bench.gpu_e2e import main
 
 
-def test_tiny_runs_both_settings(tmp_path):
+def test_tiny_runs_every_section(tmp_path):
     assert main(["--tiny", "--out", str(tmp_path)]) == 0
-    rows = json.loads((tmp_path / "gpu_e2e.json").read_text())["rows"]
-    assert {(r["prompt_len"], r["k"], r["cascade"]) for r in rows} == {(64, 4, True), (64, 4, False),
-                                                                       (48, 3, True), (48, 3, False)}
+    report = json.loads((tmp_path / "gpu_e2e.json").read_text())
+    assert not [k for k in report if k.endswith("_error")]
+    assert report["load"]["kv_tokens"] > 0 and report["load"]["weights_GB"] > 0
+    # fp32 torch path vs transformers fp32, teacher-forced on each child's sampled tokens
+    assert set(report["logits"]) == {"cascade=True graphs=False", "cascade=False graphs=False"}
+    for r in report["logits"].values():
+        assert r["top1_agree"] == 1.0 and r["max_abs_err"] < 1e-4 and r["same_tokens_as_first"]
+    rows = report["throughput"]
+    assert {(r["case"], r["cascade"]) for r in rows} == {(c, on) for c in ("round1", "round2", "past_64k")
+                                                        for on in (True, False)}
     for r in rows:
-        assert r["gen_tokens"] == 2 * r["k"] * 8 and r["decode_tok_s"] > 0
-        # Forced on: every decode step after the fork uses cascade; forced off: none does.
+        assert r["decode_tok_s"] > 0 and r["gen_tokens"] == r["problems"] * r["n"] * 8
+        # forced on (forks sharing a prompt): every decode step uses cascade; off: none does
         assert (r["cascade_steps"] == r["decode_steps"]) if r["cascade"] else r["cascade_steps"] == 0
-    assert "cascade/paged" in (tmp_path / "gpu_e2e_table.txt").read_text()
+    long = report["past_64k_logits"]
+    assert long["first_position"] > 1024 and long["top1_agree"] == 1.0  # past the YaRN original context
+    assert report["hf"]["tok_s"] > 0 and report["hf"]["engine_vs_hf"] > 0
+    params = json.loads((tmp_path / "device_params.json").read_text())["engine"]
+    assert {"load_s", "kv_tokens", "decode_tok_s", "hf_generate_tok_s", "engine_vs_hf"} <= set(params)

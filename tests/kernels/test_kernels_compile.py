@@ -77,24 +77,28 @@ def _compile_all() -> int:
                          HAS_START=has_start, STORE_LSE=True, DOT_PREC=paged_decode.dot_precision(dt),
                          **paged_decode.launch_opts(dt)))
     compile_one(paged_decode._merge_splits_kernel,
-                dict(o_part_ptr=f32, lse_part_ptr=f32, out_ptr=torch.bfloat16, lse_ptr=f32, S=7, stride_pb=9,
-                     stride_ph=9, stride_ps=9, stride_lb=9, stride_lh=9, stride_ob=9, stride_oh=9, stride_fb=9),
-                dict(D=128, BLOCK_S=64, BLOCK_D=128, STORE_LSE=True, num_warps=4))
+                dict(o_part_ptr=f32, lse_part_ptr=f32, out_ptr=torch.bfloat16, lse_ptr=f32, n1_ptr=i32, S=7, S1=3,
+                     stride_pb=9, stride_ph=9, stride_ps=9, stride_lb=9, stride_lh=9, stride_ob=9, stride_oh=9,
+                     stride_fb=9),
+                dict(D=128, BLOCK_S=64, BLOCK_D=128, STORE_LSE=True, HAS_N1=True, num_warps=4))
     for dt, D, qpk in [(torch.bfloat16, 128, 8), (f32, 128, 4), (torch.float16, 64, 1), (torch.bfloat16, 128, 3)]:
         block_m = 64
         compile_one(cascade_decode._cascade_prefix_kernel,
-                    dict(q_ptr=dt, kc_ptr=dt, vc_ptr=dt, bt_ptr=i32, gs_ptr=i32, gp_ptr=i32, o_ptr=f32, lse_ptr=f32,
-                         stride_qb=4096, stride_bt=64, stride_tok=1024, stride_ob=9, stride_oh=9, stride_os=9,
-                         stride_lb=9, stride_lh=9, stride_ls=9, HKV=8, NUM_SPLITS=5, qk_scale=0.1),
+                    dict(q_ptr=dt, kc_ptr=dt, vc_ptr=dt, bt_ptr=i32, gs_ptr=i32, gp_ptr=i32, sp_ptr=i32, cum_ptr=i32,
+                         o_ptr=f32, lse_ptr=f32, stride_qb=4096, stride_bt=64, stride_tok=1024, stride_ob=9,
+                         stride_oh=9, stride_os=9, stride_lb=9, stride_lh=9, stride_ls=9, G=4, HKV=8,
+                         NUM_PROGRAMS=264, qk_scale=0.1),
                     dict(QPK=qpk, MT=block_m // qpk, D=D, BS=16, BLOCK_M=block_m, BLOCK_N=64 if D <= 64 else 32,
                          BLOCK_D=D, DOT_PREC=paged_decode.dot_precision(dt), **paged_decode.launch_opts(dt)))
-    for dt, D in [(torch.bfloat16, 128), (f32, 128)]:
+    for dt, D, qpk in [(torch.bfloat16, 128, 4), (f32, 128, 4), (torch.float16, 64, 3), (torch.bfloat16, 128, 1)]:
+        block_m, block_n, warps = prefill_attention.prefill_blocks(dt, qpk, D)
         compile_one(prefill_attention._prefill_kernel,
                     dict(q_ptr=dt, kc_ptr=dt, vc_ptr=dt, bt_ptr=i32, cu_ptr=i32, seq_ptr=i32, tile_seq_ptr=i32,
                          tile_idx_ptr=i32, o_ptr=dt, stride_qt=4096, stride_ot=4096, stride_bt=64, stride_tok=1024,
                          S=3, qk_scale=0.1),
-                    dict(QPK=4, D=D, BS=16, BLOCK_M=64, BLOCK_N=64 if D <= 64 else 32, BLOCK_D=D,
-                         DOT_PREC=paged_decode.dot_precision(dt), **paged_decode.launch_opts(dt)))
+                    dict(QPK=qpk, QPK_P2=1 << (qpk - 1).bit_length(), D=D, BS=16, BLOCK_M=block_m, BLOCK_N=block_n,
+                         BLOCK_D=D, DOT_PREC=paged_decode.dot_precision(dt), num_warps=warps,
+                         num_stages=paged_decode.launch_opts(dt)["num_stages"]))
     bf = torch.bfloat16
     compile_one(store_kvcache._store_kvcache_kernel,
                 dict(k_ptr=bf, v_ptr=bf, kc_ptr=bf, vc_ptr=bf, slot_ptr=torch.int64, stride_k=6144, stride_v=6144),
