@@ -1,25 +1,25 @@
-"""The routes: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics."""
+"""The routes: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics (the API key,
+the body limit and the content type are checked before them: front_door.py)."""
 from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import time
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from . import protocol as api
 from .engine_loop import ChoiceEnd, EngineLoop, EngineUnavailable, Failed, Job, JobDone, TextDelta
+from .front_door import DEFAULT_MAX_BODY_BYTES, FrontDoor, check_api_key
 from .metrics import ServerMetrics
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+                413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's and vLLM's for /v1/completions; chat fills the context
 
 
@@ -43,20 +43,13 @@ class _ClientGone(Exception):
 class _Server:
     """What the routes share: the engine thread, the metrics and the limits."""
 
-    def __init__(self, llm, model_name: str, api_key: str | None, max_queue: int):
+    def __init__(self, llm, model_name: str, max_queue: int):
         self.engine = EngineLoop(llm)
         self.metrics = ServerMetrics(self.engine)
-        self.model_name, self.api_key, self.max_queue = model_name, api_key, max_queue
+        self.model_name, self.max_queue = model_name, max_queue
         self.max_model_len = llm.max_model_len
         self.created = int(time.time())
         self.in_flight = 0  # generation requests being served; only the event loop touches it
-
-    def authorize(self, credentials: HTTPAuthorizationCredentials | None) -> None:
-        if self.api_key is None:
-            return
-        given = credentials.credentials if credentials else ""
-        if not secrets.compare_digest(given.encode(), self.api_key.encode()):
-            raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer KEY'")
 
     async def generate(self, request: Request, body: api._Generate, endpoint: str, prompts: list):
         try:
@@ -207,11 +200,14 @@ async def _unless_disconnected(request: Request, work):
     return task.result()
 
 
-def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int = 1024) -> FastAPI:
+def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int = 1024,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """An OpenAI-compatible app serving ``llm`` as ``model_name``; the engine thread runs while the
-    app does (its lifespan). ``api_key``: /v1 routes need ``Authorization: Bearer KEY``.
-    ``max_queue``: generation requests held at once; more get 429."""
-    server = _Server(llm, model_name, api_key, max_queue)
+    app does (its lifespan). ``api_key``: /v1 routes need ``Authorization: Bearer KEY`` (an empty
+    key is refused). ``max_queue``: generation requests held at once; more get 429.
+    ``max_body_bytes``: a longer request body gets 413, unread."""
+    check_api_key(api_key)
+    server = _Server(llm, model_name, max_queue)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -221,11 +217,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
 
     app = FastAPI(title="PaCoRe Engine (OpenAI-compatible)", lifespan=lifespan)
     app.state.server = server
-    bearer = HTTPBearer(auto_error=False)
-
-    def authorized(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
-        server.authorize(credentials)
-    v1 = [Depends(authorized)]
+    app.add_middleware(FrontDoor, api_key=api_key, max_body_bytes=max_body_bytes)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
@@ -247,16 +239,16 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
         message = "; ".join(f"{f or 'body'}: {err['msg']}" for f, err in zip(fields, errors))
         return JSONResponse(APIError(422, message, fields[0] or None).body(), status_code=422)
 
-    @app.post("/v1/chat/completions", dependencies=v1)
+    @app.post("/v1/chat/completions")
     async def chat_completions(body: api.ChatCompletionRequest, request: Request):
         messages = [m.for_template() for m in body.messages]
         return await server.generate(request, body, "chat", [messages])
 
-    @app.post("/v1/completions", dependencies=v1)
+    @app.post("/v1/completions")
     async def completions(body: api.CompletionRequest, request: Request):
         return await server.generate(request, body, "completions", body.prompts())
 
-    @app.get("/v1/models", dependencies=v1)
+    @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": server.created,
                                             "owned_by": "pacore", "max_model_len": server.max_model_len}]}

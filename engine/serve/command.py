@@ -8,6 +8,7 @@ import sys
 
 from engine.config import ENGINE_FLAGS, add_engine_flags, engine_kwargs, positive_int
 
+DEFAULT_MAX_BODY_BYTES = 32 * 2 ** 20  # a 128k-token prompt as JSON token ids is ~1 MB
 SERVE_EXTRA_HINT = "pacore serve needs the serve extra: pip install -e '.[serve]' (fastapi, uvicorn, prometheus-client)"
 SERVE_FLAGS = ENGINE_FLAGS + ("seed",)  # the engine seed, for requests without one
 
@@ -27,9 +28,12 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                    help="the model name clients send and /v1/models lists (default: the model folder's name, "
                         "smollm2-135m for the embedded model)")
     p.add_argument("--api-key", default=os.environ.get("PACORE_API_KEY"), metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: $PACORE_API_KEY, else none)")
+                   help="require 'Authorization: Bearer KEY' on the /v1 routes (/health, /metrics, /docs stay open, "
+                        "as in vLLM; default: $PACORE_API_KEY, else none; an empty key is refused)")
     p.add_argument("--max-queue", type=positive_int, default=1024, metavar="N",
                    help="generation requests held at once, running or waiting; more get 429 (default 1024)")
+    p.add_argument("--max-body-bytes", type=positive_int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
+                   help=f"largest request body; a longer one gets 413 before it is read (default {DEFAULT_MAX_BODY_BYTES})")
     add_engine_flags(p.add_argument_group("engine"), SERVE_FLAGS)
     return p
 
@@ -52,6 +56,13 @@ def main(args) -> int:
     from engine import LLM
 
     from .app import create_app
+    from .front_door import check_api_key
+
+    try:
+        check_api_key(args.api_key)  # before the model loads
+    except ValueError as e:
+        print(f"pacore: {e}", file=sys.stderr)
+        return 2
 
     model = None if args.model in (None, "default") else args.model
     try:
@@ -60,6 +71,7 @@ def main(args) -> int:
         print(f"pacore: {e}", file=sys.stderr)
         return 2
     with llm:  # stops tensor-parallel workers when the server exits
-        app = create_app(llm, args.served_model_name or served_name(args.model), args.api_key, args.max_queue)
+        app = create_app(llm, args.served_model_name or served_name(args.model), args.api_key, args.max_queue,
+                         args.max_body_bytes)
         uvicorn.run(app, host=args.host, port=args.port)
     return 0
