@@ -17,6 +17,7 @@ from . import protocol as api
 from .engine_loop import ChoiceEnd, EngineLoop, EngineUnavailable, Failed, Job, JobDone, TextDelta
 from .front_door import DEFAULT_MAX_BODY_BYTES, FrontDoor, check_api_key
 from .metrics import ServerMetrics
+from .prompts import PromptReader
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                 413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
@@ -48,12 +49,13 @@ class _Server:
         self.metrics = ServerMetrics(self.engine)
         self.model_name, self.max_queue = model_name, max_queue
         self.max_model_len = llm.max_model_len
+        self.prompts = PromptReader(llm.tokenizer, llm.max_model_len)
         self.created = int(time.time())
         self.in_flight = 0  # generation requests being served; only the event loop touches it
 
     async def generate(self, request: Request, body: api._Generate, endpoint: str, prompts: list):
         try:
-            job = self._submit(body, endpoint, prompts)
+            job = await self._submit(body, endpoint, prompts)
         except APIError:
             self.metrics.requests.labels(endpoint, "error").inc()
             raise
@@ -76,7 +78,7 @@ class _Server:
         finally:
             self._close(job, endpoint, outcome)
 
-    def _submit(self, body: api._Generate, endpoint: str, prompts: list) -> Job:
+    async def _submit(self, body: api._Generate, endpoint: str, prompts: list) -> Job:
         if body.model != self.model_name:
             raise APIError(404, f"The model `{body.model}` does not exist; this server serves "
                                 f"`{self.model_name}`.", param="model")
@@ -90,7 +92,11 @@ class _Server:
             raise APIError(400, str(e), param=field if field in type(body).model_fields else None) from None
         if self.in_flight >= self.max_queue:
             raise APIError(429, f"the server holds its limit of {self.max_queue} requests (--max-queue); retry later")
-        job = Job(prompts, params, chat, body.stream, asyncio.get_running_loop())
+        try:  # a worker thread: a long prompt must not hold up the event loop or the engine thread
+            ids = await asyncio.to_thread(lambda: [self.prompts.token_ids(p, chat, params) for p in prompts])
+        except ValueError as e:
+            raise APIError(400, str(e)) from None
+        job = Job(ids, params, body.stream, asyncio.get_running_loop())
         try:
             self.engine.submit(job)
         except EngineUnavailable as e:

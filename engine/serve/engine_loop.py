@@ -16,8 +16,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine.chat import chat_prompt_ids
-from engine.checks import check_text
 from engine.sampling_params import SamplingParams
 
 from .text import IncrementalText
@@ -64,11 +62,10 @@ class EngineUnavailable(RuntimeError):
 
 @dataclass(eq=False)
 class Job:
-    """One HTTP request: its prompts (chat messages, text or token ids), each an engine request
-    whose n choices are numbered prompt * n + child, as OpenAI numbers a batch."""
-    prompts: list
+    """One HTTP request: its prompts' token ids (tokenized by the handler, off this thread), each an
+    engine request whose n choices are numbered prompt * n + child, as OpenAI numbers a batch."""
+    prompts: list[list[int]]
     params: SamplingParams
-    chat: bool
     stream: bool
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -175,10 +172,9 @@ class EngineLoop:
             job.emit(Failed(503, reason))  # nobody may wait forever (a handler reads only its first end)
 
     def _start(self, job: Job) -> None:
+        ids = job.prompts
         try:
-            ids = [self._prompt_ids(job, p) for p in job.prompts]
             for i, prompt_ids in enumerate(ids):
-                self._check_context(prompt_ids, job.params)
                 rid = f"{job.id}-{i}"
                 self.llm.add_request(prompt_ids, job.params, request_id=rid)
                 job.request_ids.append(rid)
@@ -194,30 +190,6 @@ class EngineLoop:
             tok = self.llm.tokenizer
             job.texts = {c: IncrementalText(tok, job.params.stop) for c in range(len(ids) * job.params.n)}
         job.emit(Accepted())
-
-    def _prompt_ids(self, job: Job, prompt) -> list[int]:
-        tok = self.llm.tokenizer
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return prompt
-        if tok is None:
-            raise ValueError("this server has no tokenizer: send token ids to /v1/completions")
-        for text in [m["content"] for m in prompt] if job.chat else [prompt]:
-            check_text(text)  # JSON may escape a lone surrogate, which is no text and breaks tokenizers
-        try:
-            # Chat: as vLLM, and as `pacore run` builds its prompts. Text: special tokens added as the
-            # engine and vLLM add them.
-            return chat_prompt_ids(tok, prompt) if job.chat else tok.encode(prompt)
-        except Exception as e:  # e.g. a template that rejects these messages (roles, order)
-            raise ValueError(f"the prompt could not be tokenized: {e}") from None
-
-    def _check_context(self, ids: list[int], params: SamplingParams) -> None:
-        # The engine refuses this too; vLLM's wording is kept because clients act on it (the
-        # reference PaCoRe client retries without max_tokens on "reduce the length").
-        limit, budget = self.llm.max_model_len, params.max_tokens or 1  # None: the rest of the context
-        if len(ids) + budget > limit:
-            raise ValueError(f"This model's maximum context length is {limit} tokens. However, you requested "
-                             f"{len(ids) + budget} tokens ({len(ids)} in the messages, {budget} in the "
-                             "completion). Please reduce the length of the messages or completion.")
 
     def _drop(self, job: Job) -> None:
         for rid in job.request_ids:
