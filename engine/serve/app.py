@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from . import protocol as api
-from .engine_loop import ChoiceEnd, EngineLoop, EngineUnavailable, Failed, Job, JobDone, TextDelta
+from .engine_loop import ChoiceEnd, EngineLoop, EngineUnavailable, Failed, Job, JobDone, TextReady
 from .front_door import DEFAULT_MAX_BODY_BYTES, FrontDoor, check_api_key
 from .metrics import ServerMetrics
 from .prompts import PromptReader
@@ -52,6 +52,7 @@ class _Server:
         self.prompts = PromptReader(llm.tokenizer, llm.max_model_len)
         self.created = int(time.time())
         self.in_flight = 0  # generation requests being served; only the event loop touches it
+        self.queued = 0  # sequences (prompts x n) the engine holds or will: what --max-queue bounds
 
     async def generate(self, request: Request, body: api._Generate, endpoint: str, prompts: list):
         try:
@@ -90,20 +91,45 @@ class _Server:
         except ValueError as e:
             field = str(e).partition(" ")[0].removeprefix("SamplingParams.")
             raise APIError(400, str(e), param=field if field in type(body).model_fields else None) from None
-        if self.in_flight >= self.max_queue:
-            raise APIError(429, f"the server holds its limit of {self.max_queue} requests (--max-queue); retry later")
-        try:  # a worker thread: a long prompt must not hold up the event loop or the engine thread
-            ids = await asyncio.to_thread(lambda: [self.prompts.token_ids(p, chat, params) for p in prompts])
-        except ValueError as e:
-            raise APIError(400, str(e)) from None
-        job = Job(ids, params, body.stream, asyncio.get_running_loop())
+        release = self._hold(len(prompts) * params.n, len(prompts), params.n)
         try:
+            # A worker thread: a long prompt must not hold up the event loop or the engine thread.
+            ids = await asyncio.to_thread(lambda: [self.prompts.token_ids(p, chat, params) for p in prompts])
+            job = Job(ids, params, body.stream, asyncio.get_running_loop(), on_done=release)
             self.engine.submit(job)
-        except EngineUnavailable as e:
-            raise APIError(503, str(e)) from None
+        except BaseException as e:
+            release()
+            if isinstance(e, ValueError):
+                raise APIError(400, str(e)) from None
+            if isinstance(e, EngineUnavailable):
+                raise APIError(503, str(e)) from None
+            raise
         return job
 
+    def _hold(self, seqs: int, num_prompts: int, n: int):
+        """Count ``seqs`` against --max-queue until the returned release() (idempotent) is called:
+        when the engine is done with them, not when the client has read them."""
+        if seqs > self.max_queue:
+            raise APIError(400, f"this request asks for {seqs} sequences ({num_prompts} prompts x n={n}), more "
+                                f"than the server holds at once (--max-queue {self.max_queue}); lower n or send "
+                                "fewer prompts", param="n")
+        if self.queued + seqs > self.max_queue:
+            raise APIError(429, f"the server holds {self.queued} of its {self.max_queue} sequences (--max-queue: "
+                                f"prompts x n of the requests in the engine); this one needs {seqs}; retry later")
+        self.queued += seqs
+        self.metrics.queued.set(self.queued)
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self.queued -= seqs
+                self.metrics.queued.set(self.queued)
+        return release
+
     def _close(self, job: Job, endpoint: str, outcome: str) -> None:
+        job.on_done()  # already done unless the request was aborted
         self.in_flight -= 1
         self.metrics.in_flight.dec()
         self.metrics.requests.labels(endpoint, outcome).inc()
@@ -164,8 +190,9 @@ class _Server:
             ends = []
             while True:
                 event = await job.events.get()
-                if isinstance(event, TextDelta):
-                    yield chunk(event.index, event.text)
+                if isinstance(event, TextReady):
+                    for index, text in job.take_text().items():
+                        yield chunk(index, text)
                 elif isinstance(event, ChoiceEnd):
                     ends.append(event)
                     yield chunk(event.index, event.text, event.finish_reason)

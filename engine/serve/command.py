@@ -31,7 +31,8 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                    help="require 'Authorization: Bearer KEY' on the /v1 routes (/health, /metrics, /docs stay open, "
                         "as in vLLM; default: $PACORE_API_KEY, else none; an empty key is refused)")
     p.add_argument("--max-queue", type=positive_int, default=1024, metavar="N",
-                   help="generation requests held at once, running or waiting; more get 429 (default 1024)")
+                   help="sequences (prompts x n) held at once, running or waiting; a request beyond the limit gets "
+                        "429, one that alone exceeds it 400 (default 1024)")
     p.add_argument("--max-body-bytes", type=positive_int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
                    help=f"largest request body; a longer one gets 413 before it is read (default {DEFAULT_MAX_BODY_BYTES})")
     add_engine_flags(p.add_argument_group("engine"), SERVE_FLAGS)
@@ -56,6 +57,7 @@ def main(args) -> int:
     from engine import LLM
 
     from .app import create_app
+    from .connection import HalfCloseProtocol
     from .front_door import check_api_key
 
     try:
@@ -73,5 +75,5 @@ def main(args) -> int:
     with llm:  # stops tensor-parallel workers when the server exits
         app = create_app(llm, args.served_model_name or served_name(args.model), args.api_key, args.max_queue,
                          args.max_body_bytes)
-        uvicorn.run(app, host=args.host, port=args.port)
+        uvicorn.run(app, host=args.host, port=args.port, http=HalfCloseProtocol)
     return 0

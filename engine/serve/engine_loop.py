@@ -31,9 +31,8 @@ class Accepted:
 
 
 @dataclass(slots=True)
-class TextDelta:
-    index: int
-    text: str
+class TextReady:
+    """New stream text waits in the job (Job.take_text); one event however many steps it covers."""
 
 
 @dataclass(slots=True)
@@ -75,13 +74,36 @@ class Job:
     ended: set[int] = field(default_factory=set)  # streams: choices whose last chunk has gone
     prompt_tokens: int = 0
     unfinished: int = 0
+    on_done: Callable[[], None] | None = None  # on the loop, once the engine holds nothing of the job
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _texts: dict[int, list[str]] = field(default_factory=dict)  # streams: text the handler has not taken
+    _woken: bool = False  # a TextReady is queued and not yet taken
 
     def emit(self, event) -> None:
         """Post an event to the handler; safe from any thread, a no-op once the loop is closed."""
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+            if self.on_done is not None and isinstance(event, (JobDone, Failed)):
+                self.loop.call_soon_threadsafe(self.on_done)
         except RuntimeError:
             pass
+
+    def emit_text(self, index: int, text: str) -> None:
+        """Add new text of choice ``index`` (engine thread). A reader that lags finds its text merged:
+        what waits for it is that text and one TextReady, not an event per token."""
+        with self._lock:
+            self._texts.setdefault(index, []).append(text)
+            if self._woken:
+                return
+            self._woken = True
+        self.emit(TextReady())
+
+    def take_text(self) -> dict[int, str]:
+        """Per choice, the text added since the last call (the handler, on a TextReady). Text added
+        before a ChoiceEnd was posted is taken at a TextReady queued ahead of that ChoiceEnd."""
+        with self._lock:
+            texts, self._texts, self._woken = self._texts, {}, False
+        return {index: "".join(parts) for index, parts in texts.items()}
 
 
 class EngineLoop:
@@ -257,7 +279,7 @@ class EngineLoop:
                 elif tokens:
                     delta = texts[child].feed(tokens)
                     if delta:
-                        job.emit(TextDelta(index, delta))
+                        job.emit_text(index, delta)
 
     def _stats(self) -> dict:
         stats = self.llm.stats()

@@ -211,7 +211,7 @@ def test_a_client_that_disconnects_before_the_reply_frees_its_blocks(server):
     wait_until(lambda: metrics(server.base)["pacore_kv_blocks_used"] > 0, "the request to run")
     sock.close()
     aborted = "pacore_requests_total{endpoint=completions,outcome=aborted}"
-    wait_until(lambda: (m := metrics(server.base))[aborted] == before.get(aborted, 0) + 1
+    wait_until(lambda: (m := metrics(server.base)).get(aborted) == before.get(aborted, 0) + 1
                and m["pacore_kv_blocks_used"] == 0 and m["pacore_http_requests_in_flight"] == 0,
                "the abort to free the blocks")
 
@@ -375,7 +375,7 @@ def test_serve_flags_reach_the_engine_and_the_app(monkeypatch):
     monkeypatch.setattr(engine, "LLM", FakeLLM)
     monkeypatch.setattr(serve_app, "create_app", lambda llm, name, key, queue, body: seen.update(app=(name, key, queue),
                                                                                                body=body))
-    monkeypatch.setattr(uvicorn, "run", lambda app, host, port: seen.update(bind=(host, port)))
+    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kw: seen.update(bind=(host, port)))
     monkeypatch.setenv("PACORE_API_KEY", "from-env")
     assert main(["serve", "--model", "/m/PaCoRe-8B/", "--dtype", "bfloat16", "--max-model-len", "64",
                  "--rope-scaling", '{"factor": 2.0}', "--max-num-seqs", "3", "--num-kv-blocks", "9",
