@@ -248,7 +248,9 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
         yield
         await asyncio.to_thread(server.engine.close)
 
-    app = FastAPI(title="PaCoRe Engine (OpenAI-compatible)", lifespan=lifespan)
+    # strict_content_type=False: a body without a Content-Type is read as JSON (curl -d, scripts);
+    # another type than JSON is refused by the front door.
+    app = FastAPI(title="PaCoRe Engine (OpenAI-compatible)", lifespan=lifespan, strict_content_type=False)
     app.state.server = server
     app.add_middleware(FrontDoor, api_key=api_key, max_body_bytes=max_body_bytes)
 
@@ -268,9 +270,13 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
         if any(err["type"] == "json_invalid" for err in errors):  # not JSON at all: a bad request
             detail = errors[0].get("ctx", {}).get("error", "")
             return JSONResponse(APIError(400, f"malformed JSON body: {detail}").body(), status_code=400)
-        fields = [".".join(str(x) for x in err["loc"] if x != "body") for err in errors]
-        message = "; ".join(f"{f or 'body'}: {err['msg']}" for f, err in zip(fields, errors))
-        return JSONResponse(APIError(422, message, fields[0] or None).body(), status_code=422)
+        # A bad text is a 400, as the engine's refusal of a bad prompt; a wrong type or field is a 422.
+        errors = [err for err in errors if err["type"] == api.INVALID_UNICODE] or errors
+        status = 400 if errors[0]["type"] == api.INVALID_UNICODE else 422
+        locs = [[str(x) for x in err["loc"] if x != "body"] for err in errors]
+        message = "; ".join(f"{'.'.join(loc) or 'body'}: {err['msg']}" for loc, err in zip(locs, errors))
+        # param: the request's field (a union's error locations also name the member types tried).
+        return JSONResponse(APIError(status, message, locs[0][0] if locs[0] else None).body(), status_code=status)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: api.ChatCompletionRequest, request: Request):

@@ -250,11 +250,12 @@ def test_refusals_are_openai_errors(server, client):
     for method, path, status in (("GET", "/v1/nowhere", 404), ("GET", "/v1/completions", 405)):
         r = httpx.request(method, f"{server.base}{path}", headers={"Authorization": f"Bearer {KEY}"})
         assert r.status_code == status and r.json()["error"]["code"] == status
-    # A lone surrogate is no text: the prompt is refused, and an error that names one still renders.
+    # A lone surrogate is no text: refused in any field (issue 22: the model's was a 404), and the
+    # error that names it still renders.
     r = _post(server, "/v1/completions", b'{"model": "tiny", "prompt": "a\\ud800b", "max_tokens": 1}')
     assert r.status_code == 400 and "not valid Unicode" in r.json()["error"]["message"]
     r = _post(server, "/v1/completions", b'{"model": "ti\\ud800ny", "prompt": "x", "max_tokens": 1}')
-    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
     # top_k past int64 failed the sampler, so the whole step (every request in it) with 500.
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=MODEL, prompt="x", max_tokens=1, extra_body={"top_k": 2 ** 63})
