@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from engine.config import ENGINE_FLAGS, add_engine_flags, engine_kwargs, positive_int
@@ -35,8 +36,21 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "429, one that alone exceeds it 400 (default 1024)")
     p.add_argument("--max-body-bytes", type=positive_int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
                    help=f"largest request body; a longer one gets 413 before it is read (default {DEFAULT_MAX_BODY_BYTES})")
+    p.add_argument("--shutdown-timeout", type=_seconds, default=30.0, metavar="S",
+                   help="on SIGTERM or Ctrl-C: stop admitting requests, let running ones finish for up to S "
+                        "seconds, then abort the rest and exit (default 30)")
     add_engine_flags(p.add_argument_group("engine"), SERVE_FLAGS)
     return p
+
+
+def _seconds(value: str) -> float:
+    try:
+        s = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not 0 <= s < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {value}")
+    return s
 
 
 def served_name(model: str | None) -> str:
@@ -75,5 +89,13 @@ def main(args) -> int:
     with llm:  # stops tensor-parallel workers when the server exits
         app = create_app(llm, args.served_model_name or served_name(args.model), args.api_key, args.max_queue,
                          args.max_body_bytes)
-        uvicorn.run(app, host=args.host, port=args.port, http=HalfCloseProtocol)
+        # uvicorn drains on SIGTERM (timeout_graceful_shutdown: then it cancels what still runs, and
+        # the engine aborts those requests), then raises the signal again for the handler it found:
+        # with a no-op one the process leaves through `with llm` and exits 0.
+        previous = signal.signal(signal.SIGTERM, lambda *_: None)
+        try:
+            uvicorn.run(app, host=args.host, port=args.port, http=HalfCloseProtocol,
+                        timeout_graceful_shutdown=args.shutdown_timeout)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     return 0

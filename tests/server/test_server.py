@@ -376,7 +376,7 @@ def test_serve_flags_reach_the_engine_and_the_app(monkeypatch):
     monkeypatch.setattr(engine, "LLM", FakeLLM)
     monkeypatch.setattr(serve_app, "create_app", lambda llm, name, key, queue, body: seen.update(app=(name, key, queue),
                                                                                                body=body))
-    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kw: seen.update(bind=(host, port)))
+    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kw: seen.update(bind=(host, port), uvicorn=kw))
     monkeypatch.setenv("PACORE_API_KEY", "from-env")
     assert main(["serve", "--model", "/m/PaCoRe-8B/", "--dtype", "bfloat16", "--max-model-len", "64",
                  "--rope-scaling", '{"factor": 2.0}', "--max-num-seqs", "3", "--num-kv-blocks", "9",
@@ -385,9 +385,11 @@ def test_serve_flags_reach_the_engine_and_the_app(monkeypatch):
         seed=5, dtype="bfloat16", max_model_len=64, rope_scaling={"factor": 2.0}, max_num_seqs=3, num_kv_blocks=9,
         batch_invariant=True, tensor_parallel_size=2, enforce_eager=True)
     assert seen["app"] == ("PaCoRe-8B", "from-env", 1024) and seen["bind"] == ("127.0.0.1", 9)
-    assert seen["body"] == 32 * 2 ** 20
-    assert main(["serve", "--served-model-name", "x", "--api-key", "k", "--max-queue", "2", "--max-body-bytes", "7"]) == 0
+    assert seen["body"] == 32 * 2 ** 20 and seen["uvicorn"]["timeout_graceful_shutdown"] == 30.0
+    assert main(["serve", "--served-model-name", "x", "--api-key", "k", "--max-queue", "2", "--max-body-bytes", "7",
+                 "--shutdown-timeout", "0.5"]) == 0
     assert seen["model"] is None and seen["app"] == ("x", "k", 2) and seen["body"] == 7
+    assert seen["uvicorn"]["timeout_graceful_shutdown"] == 0.5
     assert main(["serve"]) == 0 and seen["app"][0] == "smollm2-135m"
 
 
