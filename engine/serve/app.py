@@ -13,9 +13,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
+from . import DEFAULT_MAX_BODY_BYTES
 from . import protocol as api
 from .engine_loop import ChoiceEnd, EngineLoop, EngineUnavailable, Failed, Job, JobDone, TextReady
-from .front_door import DEFAULT_MAX_BODY_BYTES, FrontDoor, check_api_key
+from .front_door import FrontDoor, check_api_key
 from .metrics import ServerMetrics
 from .prompts import PromptReader
 

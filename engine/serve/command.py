@@ -9,7 +9,8 @@ import sys
 
 from engine.config import ENGINE_FLAGS, add_engine_flags, engine_kwargs, positive_int
 
-DEFAULT_MAX_BODY_BYTES = 32 * 2 ** 20  # a 128k-token prompt as JSON token ids is ~1 MB
+from . import DEFAULT_MAX_BODY_BYTES
+
 SERVE_EXTRA_HINT = "pacore serve needs the serve extra: pip install -e '.[serve]' (fastapi, uvicorn, prometheus-client)"
 SERVE_FLAGS = ENGINE_FLAGS + ("seed",)  # the engine seed, for requests without one
 

@@ -16,7 +16,6 @@ from starlette.responses import JSONResponse
 from .protocol import error_body
 
 GUARDED_PREFIX = "/v1"
-from .command import DEFAULT_MAX_BODY_BYTES  # noqa: F401  (one default, defined where --help needs it)
 
 
 def check_api_key(api_key: str | None) -> None:

@@ -46,7 +46,7 @@ def test_models_health_and_metrics(server, client):
     client.completions.create(model=MODEL, prompt="x", max_tokens=1)
     names = {name.partition("{")[0] for name in metrics(server.base)}
     assert {"pacore_requests_total", "pacore_prompt_tokens_total", "pacore_completion_tokens_total",  # the README's
-            "pacore_http_requests_in_flight", "pacore_prefill_tokens_total", "pacore_decode_tokens_total",
+            "pacore_http_requests_in_flight", "pacore_queued_sequences", "pacore_prefill_tokens_total", "pacore_decode_tokens_total",
             "pacore_prefix_cache_hit_tokens_total", "pacore_cascade_decode_steps_total", "pacore_engine_steps_total",
             "pacore_preemptions_total", "pacore_kv_blocks_used", "pacore_kv_blocks_shared", "pacore_kv_blocks_total",
             "pacore_num_sequences_waiting", "pacore_num_sequences_running", "pacore_num_requests_in_engine",
