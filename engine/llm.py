@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import numbers
+import threading
 import time
 import weakref
 
@@ -51,6 +52,11 @@ class LLM:
     options: the fields of EngineConfig (engine/config.py), which documents each one, e.g.
     max_model_len, rope_scaling, num_kv_blocks, max_num_seqs, cascade_attention, batch_invariant,
     tokenizer / skip_tokenizer_init.
+
+    Threads: ``generate`` may be called from several threads at once; the calls are serialized (one
+    runs, the others wait for it). The step API (``add_request``, ``step``, ``abort_request``,
+    ``new_tokens``, ...) is not thread-safe: drive it from one thread, and not while another thread
+    is in ``generate`` (the server's engine thread, engine/serve/engine_loop.py, owns its LLM so).
     """
 
     def __init__(self, model: str | None = None, **options):
@@ -107,6 +113,7 @@ class LLM:
         self._ids = itertools.count()
         self._steps = 0
         self._cascade_steps = 0
+        self._generate_lock = threading.RLock()  # generate() from several threads: one at a time
         self.hooks = StepHooks(opts.record_steps, self.device, self.runner.mark_ranges)
 
     @property
@@ -272,7 +279,12 @@ class LLM:
         """Run prompts (texts or token-id lists) to completion; outputs in prompt order.
 
         Requests added earlier with add_request keep running alongside; their outputs are returned
-        by the next step(). If generate raises, the requests it added are aborted, no others."""
+        by the next step(). If generate raises, the requests it added are aborted, no others.
+        Safe to call from several threads: each call waits for the one running to return."""
+        with self._generate_lock:
+            return self._generate(prompts, params, use_tqdm)
+
+    def _generate(self, prompts, params, use_tqdm: bool) -> list[RequestOutput]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], numbers.Integral)):
             prompts = [prompts]
         params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)

@@ -62,9 +62,10 @@ class Sampler:
         min_p = torch.tensor([p.min_p for p in params], device=dev)
         sorted_p, idx = probs.sort(dim=-1, descending=True)
         rank = torch.arange(probs.shape[1], device=dev)[None, :]
-        # Keep a token if the mass strictly before it is below top_p (so the top token always stays).
+        # Keep a token if the mass strictly before it is below top_p. The top token always stays: a
+        # top_p below float32's smallest subnormal (~7e-46) is 0 here, and 0 < 0 would keep nothing.
         before = sorted_p.cumsum(dim=-1) - sorted_p
-        keep = (rank < top_k[:, None]) & (before < top_p[:, None])
+        keep = (rank < top_k[:, None]) & ((before < top_p[:, None]) | (rank == 0))
         keep &= sorted_p >= min_p[:, None] * sorted_p[:, :1]
         sorted_p = sorted_p * keep
         return torch.zeros_like(probs).scatter_(1, idx, sorted_p)

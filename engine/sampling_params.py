@@ -57,8 +57,9 @@ class SamplingParams:
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
             raise ValueError(f"SamplingParams.max_tokens must be an integer >= 1 or None (fill the context), "
                              f"got {self.max_tokens!r}")
-        if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"SamplingParams.seed must be an integer or None, got {self.seed!r}")
+        if self.seed is not None and not (_is_int(self.seed) and -2 ** 63 <= self.seed < 2 ** 64):
+            # int64 and uint64 seeds both work; a larger one would silently alias one modulo 2**64.
+            raise ValueError(f"SamplingParams.seed must be an integer in [-2**63, 2**64) or None, got {self.seed!r}")
         if not all(isinstance(s, str) for s in self.stop):
             raise ValueError(f"SamplingParams.stop must be strings, got {self.stop!r}")
         if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):

@@ -1,25 +1,27 @@
-"""The routes: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics."""
+"""The routes: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics (the API key,
+the body limit and the content type are checked before them: front_door.py)."""
 from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import time
 from contextlib import asynccontextmanager
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
+from . import DEFAULT_MAX_BODY_BYTES
 from . import protocol as api
-from .engine_loop import ChoiceEnd, EngineLoop, EngineUnavailable, Failed, Job, JobDone, TextDelta
+from .engine_loop import ChoiceEnd, EngineLoop, EngineUnavailable, Failed, Job, JobDone, TextReady
+from .front_door import FrontDoor, check_api_key
 from .metrics import ServerMetrics
+from .prompts import PromptReader
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+                413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's and vLLM's for /v1/completions; chat fills the context
 
 
@@ -43,24 +45,19 @@ class _ClientGone(Exception):
 class _Server:
     """What the routes share: the engine thread, the metrics and the limits."""
 
-    def __init__(self, llm, model_name: str, api_key: str | None, max_queue: int):
+    def __init__(self, llm, model_name: str, max_queue: int):
         self.engine = EngineLoop(llm)
         self.metrics = ServerMetrics(self.engine)
-        self.model_name, self.api_key, self.max_queue = model_name, api_key, max_queue
+        self.model_name, self.max_queue = model_name, max_queue
         self.max_model_len = llm.max_model_len
+        self.prompts = PromptReader(llm.tokenizer, llm.max_model_len)
         self.created = int(time.time())
         self.in_flight = 0  # generation requests being served; only the event loop touches it
-
-    def authorize(self, credentials: HTTPAuthorizationCredentials | None) -> None:
-        if self.api_key is None:
-            return
-        given = credentials.credentials if credentials else ""
-        if not secrets.compare_digest(given.encode(), self.api_key.encode()):
-            raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer KEY'")
+        self.queued = 0  # sequences (prompts x n) the engine holds or will: what --max-queue bounds
 
     async def generate(self, request: Request, body: api._Generate, endpoint: str, prompts: list):
         try:
-            job = self._submit(body, endpoint, prompts)
+            job = await self._submit(body, endpoint, prompts)
         except APIError:
             self.metrics.requests.labels(endpoint, "error").inc()
             raise
@@ -83,7 +80,7 @@ class _Server:
         finally:
             self._close(job, endpoint, outcome)
 
-    def _submit(self, body: api._Generate, endpoint: str, prompts: list) -> Job:
+    async def _submit(self, body: api._Generate, endpoint: str, prompts: list) -> Job:
         if body.model != self.model_name:
             raise APIError(404, f"The model `{body.model}` does not exist; this server serves "
                                 f"`{self.model_name}`.", param="model")
@@ -95,16 +92,45 @@ class _Server:
         except ValueError as e:
             field = str(e).partition(" ")[0].removeprefix("SamplingParams.")
             raise APIError(400, str(e), param=field if field in type(body).model_fields else None) from None
-        if self.in_flight >= self.max_queue:
-            raise APIError(429, f"the server holds its limit of {self.max_queue} requests (--max-queue); retry later")
-        job = Job(prompts, params, chat, body.stream, asyncio.get_running_loop())
+        release = self._hold(len(prompts) * params.n, len(prompts), params.n)
         try:
+            # A worker thread: a long prompt must not hold up the event loop or the engine thread.
+            ids = await asyncio.to_thread(lambda: [self.prompts.token_ids(p, chat, params) for p in prompts])
+            job = Job(ids, params, body.stream, asyncio.get_running_loop(), on_done=release)
             self.engine.submit(job)
-        except EngineUnavailable as e:
-            raise APIError(503, str(e)) from None
+        except BaseException as e:
+            release()
+            if isinstance(e, ValueError):
+                raise APIError(400, str(e)) from None
+            if isinstance(e, EngineUnavailable):
+                raise APIError(503, str(e)) from None
+            raise
         return job
 
+    def _hold(self, seqs: int, num_prompts: int, n: int):
+        """Count ``seqs`` against --max-queue until the returned release() (idempotent) is called:
+        when the engine is done with them, not when the client has read them."""
+        if seqs > self.max_queue:
+            raise APIError(400, f"this request asks for {seqs} sequences ({num_prompts} prompts x n={n}), more "
+                                f"than the server holds at once (--max-queue {self.max_queue}); lower n or send "
+                                "fewer prompts", param="n")
+        if self.queued + seqs > self.max_queue:
+            raise APIError(429, f"the server holds {self.queued} of its {self.max_queue} sequences (--max-queue: "
+                                f"prompts x n of the requests in the engine); this one needs {seqs}; retry later")
+        self.queued += seqs
+        self.metrics.queued.set(self.queued)
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                self.queued -= seqs
+                self.metrics.queued.set(self.queued)
+        return release
+
     def _close(self, job: Job, endpoint: str, outcome: str) -> None:
+        job.on_done()  # already done unless the request was aborted
         self.in_flight -= 1
         self.metrics.in_flight.dec()
         self.metrics.requests.labels(endpoint, outcome).inc()
@@ -165,8 +191,9 @@ class _Server:
             ends = []
             while True:
                 event = await job.events.get()
-                if isinstance(event, TextDelta):
-                    yield chunk(event.index, event.text)
+                if isinstance(event, TextReady):
+                    for index, text in job.take_text().items():
+                        yield chunk(index, text)
                 elif isinstance(event, ChoiceEnd):
                     ends.append(event)
                     yield chunk(event.index, event.text, event.finish_reason)
@@ -207,11 +234,14 @@ async def _unless_disconnected(request: Request, work):
     return task.result()
 
 
-def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int = 1024) -> FastAPI:
+def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int = 1024,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """An OpenAI-compatible app serving ``llm`` as ``model_name``; the engine thread runs while the
-    app does (its lifespan). ``api_key``: /v1 routes need ``Authorization: Bearer KEY``.
-    ``max_queue``: generation requests held at once; more get 429."""
-    server = _Server(llm, model_name, api_key, max_queue)
+    app does (its lifespan). ``api_key``: /v1 routes need ``Authorization: Bearer KEY`` (an empty
+    key is refused). ``max_queue``: generation requests held at once; more get 429.
+    ``max_body_bytes``: a longer request body gets 413, unread."""
+    check_api_key(api_key)
+    server = _Server(llm, model_name, max_queue)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -219,13 +249,11 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
         yield
         await asyncio.to_thread(server.engine.close)
 
-    app = FastAPI(title="PaCoRe Engine (OpenAI-compatible)", lifespan=lifespan)
+    # strict_content_type=False: a body without a Content-Type is read as JSON (curl -d, scripts);
+    # another type than JSON is refused by the front door.
+    app = FastAPI(title="PaCoRe Engine (OpenAI-compatible)", lifespan=lifespan, strict_content_type=False)
     app.state.server = server
-    bearer = HTTPBearer(auto_error=False)
-
-    def authorized(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
-        server.authorize(credentials)
-    v1 = [Depends(authorized)]
+    app.add_middleware(FrontDoor, api_key=api_key, max_body_bytes=max_body_bytes)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
@@ -243,20 +271,24 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
         if any(err["type"] == "json_invalid" for err in errors):  # not JSON at all: a bad request
             detail = errors[0].get("ctx", {}).get("error", "")
             return JSONResponse(APIError(400, f"malformed JSON body: {detail}").body(), status_code=400)
-        fields = [".".join(str(x) for x in err["loc"] if x != "body") for err in errors]
-        message = "; ".join(f"{f or 'body'}: {err['msg']}" for f, err in zip(fields, errors))
-        return JSONResponse(APIError(422, message, fields[0] or None).body(), status_code=422)
+        # A bad text is a 400, as the engine's refusal of a bad prompt; a wrong type or field is a 422.
+        errors = [err for err in errors if err["type"] == api.INVALID_UNICODE] or errors
+        status = 400 if errors[0]["type"] == api.INVALID_UNICODE else 422
+        locs = [[str(x) for x in err["loc"] if x != "body"] for err in errors]
+        message = "; ".join(f"{'.'.join(loc) or 'body'}: {err['msg']}" for loc, err in zip(locs, errors))
+        # param: the request's field (a union's error locations also name the member types tried).
+        return JSONResponse(APIError(status, message, locs[0][0] if locs[0] else None).body(), status_code=status)
 
-    @app.post("/v1/chat/completions", dependencies=v1)
+    @app.post("/v1/chat/completions")
     async def chat_completions(body: api.ChatCompletionRequest, request: Request):
         messages = [m.for_template() for m in body.messages]
         return await server.generate(request, body, "chat", [messages])
 
-    @app.post("/v1/completions", dependencies=v1)
+    @app.post("/v1/completions")
     async def completions(body: api.CompletionRequest, request: Request):
         return await server.generate(request, body, "completions", body.prompts())
 
-    @app.get("/v1/models", dependencies=v1)
+    @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": server.created,
                                             "owned_by": "pacore", "max_model_len": server.max_model_len}]}

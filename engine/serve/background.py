@@ -12,7 +12,8 @@ def serve_in_background(app, host: str = "127.0.0.1", port: int = 0, start_timeo
     """Run ``app`` under uvicorn on a thread; yields its base URL (port 0: a free one) and stops it on exit."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    from .connection import HalfCloseProtocol
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", http=HalfCloseProtocol))
     thread = threading.Thread(target=server.run, name="pacore-uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + start_timeout_s

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from engine.config import ENGINE_FLAGS, add_engine_flags, engine_kwargs, positive_int
+
+from . import DEFAULT_MAX_BODY_BYTES
 
 SERVE_EXTRA_HINT = "pacore serve needs the serve extra: pip install -e '.[serve]' (fastapi, uvicorn, prometheus-client)"
 SERVE_FLAGS = ENGINE_FLAGS + ("seed",)  # the engine seed, for requests without one
@@ -27,11 +30,28 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                    help="the model name clients send and /v1/models lists (default: the model folder's name, "
                         "smollm2-135m for the embedded model)")
     p.add_argument("--api-key", default=os.environ.get("PACORE_API_KEY"), metavar="KEY",
-                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: $PACORE_API_KEY, else none)")
+                   help="require 'Authorization: Bearer KEY' on the /v1 routes (/health, /metrics, /docs stay open, "
+                        "as in vLLM; default: $PACORE_API_KEY, else none; an empty key is refused)")
     p.add_argument("--max-queue", type=positive_int, default=1024, metavar="N",
-                   help="generation requests held at once, running or waiting; more get 429 (default 1024)")
+                   help="sequences (prompts x n) held at once, running or waiting; a request beyond the limit gets "
+                        "429, one that alone exceeds it 400 (default 1024)")
+    p.add_argument("--max-body-bytes", type=positive_int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
+                   help=f"largest request body; a longer one gets 413 before it is read (default {DEFAULT_MAX_BODY_BYTES})")
+    p.add_argument("--shutdown-timeout", type=_seconds, default=30.0, metavar="S",
+                   help="on SIGTERM or Ctrl-C: stop admitting requests, let running ones finish for up to S "
+                        "seconds, then abort the rest and exit (default 30)")
     add_engine_flags(p.add_argument_group("engine"), SERVE_FLAGS)
     return p
+
+
+def _seconds(value: str) -> float:
+    try:
+        s = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not 0 <= s < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {value}")
+    return s
 
 
 def served_name(model: str | None) -> str:
@@ -52,6 +72,14 @@ def main(args) -> int:
     from engine import LLM
 
     from .app import create_app
+    from .connection import HalfCloseProtocol
+    from .front_door import check_api_key
+
+    try:
+        check_api_key(args.api_key)  # before the model loads
+    except ValueError as e:
+        print(f"pacore: {e}", file=sys.stderr)
+        return 2
 
     model = None if args.model in (None, "default") else args.model
     try:
@@ -60,6 +88,15 @@ def main(args) -> int:
         print(f"pacore: {e}", file=sys.stderr)
         return 2
     with llm:  # stops tensor-parallel workers when the server exits
-        app = create_app(llm, args.served_model_name or served_name(args.model), args.api_key, args.max_queue)
-        uvicorn.run(app, host=args.host, port=args.port)
+        app = create_app(llm, args.served_model_name or served_name(args.model), args.api_key, args.max_queue,
+                         args.max_body_bytes)
+        # uvicorn drains on SIGTERM (timeout_graceful_shutdown: then it cancels what still runs, and
+        # the engine aborts those requests), then raises the signal again for the handler it found:
+        # with a no-op one the process leaves through `with llm` and exits 0.
+        previous = signal.signal(signal.SIGTERM, lambda *_: None)
+        try:
+            uvicorn.run(app, host=args.host, port=args.port, http=HalfCloseProtocol,
+                        timeout_graceful_shutdown=args.shutdown_timeout)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     return 0

@@ -16,8 +16,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine.chat import chat_prompt_ids
-from engine.checks import check_text
 from engine.sampling_params import SamplingParams
 
 from .text import IncrementalText
@@ -33,9 +31,8 @@ class Accepted:
 
 
 @dataclass(slots=True)
-class TextDelta:
-    index: int
-    text: str
+class TextReady:
+    """New stream text waits in the job (Job.take_text); one event however many steps it covers."""
 
 
 @dataclass(slots=True)
@@ -64,11 +61,10 @@ class EngineUnavailable(RuntimeError):
 
 @dataclass(eq=False)
 class Job:
-    """One HTTP request: its prompts (chat messages, text or token ids), each an engine request
-    whose n choices are numbered prompt * n + child, as OpenAI numbers a batch."""
-    prompts: list
+    """One HTTP request: its prompts' token ids (tokenized by the handler, off this thread), each an
+    engine request whose n choices are numbered prompt * n + child, as OpenAI numbers a batch."""
+    prompts: list[list[int]]
     params: SamplingParams
-    chat: bool
     stream: bool
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
@@ -78,13 +74,36 @@ class Job:
     ended: set[int] = field(default_factory=set)  # streams: choices whose last chunk has gone
     prompt_tokens: int = 0
     unfinished: int = 0
+    on_done: Callable[[], None] | None = None  # on the loop, once the engine holds nothing of the job
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _texts: dict[int, list[str]] = field(default_factory=dict)  # streams: text the handler has not taken
+    _woken: bool = False  # a TextReady is queued and not yet taken
 
     def emit(self, event) -> None:
         """Post an event to the handler; safe from any thread, a no-op once the loop is closed."""
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+            if self.on_done is not None and isinstance(event, (JobDone, Failed)):
+                self.loop.call_soon_threadsafe(self.on_done)
         except RuntimeError:
             pass
+
+    def emit_text(self, index: int, text: str) -> None:
+        """Add new text of choice ``index`` (engine thread). A reader that lags finds its text merged:
+        what waits for it is that text and one TextReady, not an event per token."""
+        with self._lock:
+            self._texts.setdefault(index, []).append(text)
+            if self._woken:
+                return
+            self._woken = True
+        self.emit(TextReady())
+
+    def take_text(self) -> dict[int, str]:
+        """Per choice, the text added since the last call (the handler, on a TextReady). Text added
+        before a ChoiceEnd was posted is taken at a TextReady queued ahead of that ChoiceEnd."""
+        with self._lock:
+            texts, self._texts, self._woken = self._texts, {}, False
+        return {index: "".join(parts) for index, parts in texts.items()}
 
 
 class EngineLoop:
@@ -175,10 +194,9 @@ class EngineLoop:
             job.emit(Failed(503, reason))  # nobody may wait forever (a handler reads only its first end)
 
     def _start(self, job: Job) -> None:
+        ids = job.prompts
         try:
-            ids = [self._prompt_ids(job, p) for p in job.prompts]
             for i, prompt_ids in enumerate(ids):
-                self._check_context(prompt_ids, job.params)
                 rid = f"{job.id}-{i}"
                 self.llm.add_request(prompt_ids, job.params, request_id=rid)
                 job.request_ids.append(rid)
@@ -194,30 +212,6 @@ class EngineLoop:
             tok = self.llm.tokenizer
             job.texts = {c: IncrementalText(tok, job.params.stop) for c in range(len(ids) * job.params.n)}
         job.emit(Accepted())
-
-    def _prompt_ids(self, job: Job, prompt) -> list[int]:
-        tok = self.llm.tokenizer
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            return prompt
-        if tok is None:
-            raise ValueError("this server has no tokenizer: send token ids to /v1/completions")
-        for text in [m["content"] for m in prompt] if job.chat else [prompt]:
-            check_text(text)  # JSON may escape a lone surrogate, which is no text and breaks tokenizers
-        try:
-            # Chat: as vLLM, and as `pacore run` builds its prompts. Text: special tokens added as the
-            # engine and vLLM add them.
-            return chat_prompt_ids(tok, prompt) if job.chat else tok.encode(prompt)
-        except Exception as e:  # e.g. a template that rejects these messages (roles, order)
-            raise ValueError(f"the prompt could not be tokenized: {e}") from None
-
-    def _check_context(self, ids: list[int], params: SamplingParams) -> None:
-        # The engine refuses this too; vLLM's wording is kept because clients act on it (the
-        # reference PaCoRe client retries without max_tokens on "reduce the length").
-        limit, budget = self.llm.max_model_len, params.max_tokens or 1  # None: the rest of the context
-        if len(ids) + budget > limit:
-            raise ValueError(f"This model's maximum context length is {limit} tokens. However, you requested "
-                             f"{len(ids) + budget} tokens ({len(ids)} in the messages, {budget} in the "
-                             "completion). Please reduce the length of the messages or completion.")
 
     def _drop(self, job: Job) -> None:
         for rid in job.request_ids:
@@ -285,7 +279,7 @@ class EngineLoop:
                 elif tokens:
                     delta = texts[child].feed(tokens)
                     if delta:
-                        job.emit(TextDelta(index, delta))
+                        job.emit_text(index, delta)
 
     def _stats(self) -> dict:
         stats = self.llm.stats()

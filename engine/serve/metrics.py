@@ -51,8 +51,10 @@ class ServerMetrics:
                                      registry=self.registry)
         self.completion_tokens = Counter("pacore_completion_tokens", "Tokens generated for finished requests, "
                                          "all choices", registry=self.registry)
-        self.in_flight = Gauge("pacore_http_requests_in_flight", "Generation requests being served (bounded by "
-                               "--max-queue)", registry=self.registry)
+        self.in_flight = Gauge("pacore_http_requests_in_flight", "Generation requests being served",
+                               registry=self.registry)
+        self.queued = Gauge("pacore_queued_sequences", "Sequences (prompts x n) of the requests in the engine, "
+                            "bounded by --max-queue", registry=self.registry)
         self.registry.register(_EngineCollector(engine))
 
     def render(self) -> bytes:

@@ -1,7 +1,9 @@
 """The OpenAI API's request and response bodies, as far as the engine implements them.
 
 Requests forbid unknown fields, so a misspelt or unsupported option is a 422 naming it instead of
-being silently ignored. A few OpenAI fields the engine cannot honour (logprobs, echo, penalties)
+being silently ignored, and take types strictly, as OpenAI does: ``"max_tokens": true`` or ``"2"``
+is a 422, not 1 or 2. A string that is no Unicode text (a lone surrogate, which JSON can escape)
+is a 400 in any field. A few OpenAI fields the engine cannot honour (logprobs, echo, penalties)
 are accepted only at their "off" value, for clients that always send them.
 """
 from __future__ import annotations
@@ -11,12 +13,38 @@ import uuid
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from engine.sampling_params import SamplingParams
 
 
+INVALID_UNICODE = "invalid_unicode"  # the error type app.py answers with 400
+
+
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _unicode(cls, value):
+        _check_strings(value)
+        return value
+
+
+def _check_strings(value) -> None:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise PydanticCustomError(INVALID_UNICODE, "not valid Unicode text ({reason} at character {at}); remove "
+                                      "lone surrogates", {"reason": e.reason, "at": e.start}) from None
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _check_strings(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_strings(key)
+            _check_strings(item)
 
 
 class StreamOptions(_Body):

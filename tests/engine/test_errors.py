@@ -108,3 +108,11 @@ def test_abort_frees_blocks(llm):
     out = llm.generate([[9, 8, 7]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
                        use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 3
+
+
+def test_seeds_outside_int64_and_uint64_are_refused_not_aliased():
+    for seed in (2 ** 64, -2 ** 63 - 1):  # each would alias another seed modulo 2**64
+        with pytest.raises(ValueError, match=r"seed must be an integer in \[-2\*\*63, 2\*\*64\)"):
+            SamplingParams(seed=seed)
+    for seed in (-2 ** 63, 2 ** 64 - 1):
+        SamplingParams(seed=seed)

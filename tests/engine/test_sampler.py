@@ -85,3 +85,14 @@ def test_a_stop_string_found_when_its_characters_span_many_byte_tokens():
         seq.token_ids.append(t)
         reasons.append(checker.check(seq))
     assert reasons[-1] == "stop" and set(reasons[:-1]) == {None}
+
+
+@pytest.mark.parametrize("top_p", [5e-324, 1e-300, 1e-46, 7e-46, 7.1e-46, 1.4e-45, 1e-38, 1.1754942e-38])
+def test_a_tiny_top_p_keeps_the_top_token_at_the_edges_of_float32(top_p):
+    # Below ~7e-46 top_p rounds to 0 in float32, and no token was kept: every draw was the last id.
+    logits = torch.randn(32, 1000)
+    params = SamplingParams(top_p=top_p, seed=3)
+    assert Sampler(torch.device("cpu"))(logits, _seqs(params, 32)) == logits.argmax(-1).tolist()
+    mixed = [_seqs(params, 16)[i] if i % 2 else _seqs(SamplingParams(top_p=1.0), 16)[i] for i in range(16)]
+    draws = Sampler(torch.device("cpu"))(logits[:16], mixed)  # beside unfiltered rows too
+    assert draws[1::2] == logits[:16].argmax(-1).tolist()[1::2]

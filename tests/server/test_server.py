@@ -46,7 +46,7 @@ def test_models_health_and_metrics(server, client):
     client.completions.create(model=MODEL, prompt="x", max_tokens=1)
     names = {name.partition("{")[0] for name in metrics(server.base)}
     assert {"pacore_requests_total", "pacore_prompt_tokens_total", "pacore_completion_tokens_total",  # the README's
-            "pacore_http_requests_in_flight", "pacore_prefill_tokens_total", "pacore_decode_tokens_total",
+            "pacore_http_requests_in_flight", "pacore_queued_sequences", "pacore_prefill_tokens_total", "pacore_decode_tokens_total",
             "pacore_prefix_cache_hit_tokens_total", "pacore_cascade_decode_steps_total", "pacore_engine_steps_total",
             "pacore_preemptions_total", "pacore_kv_blocks_used", "pacore_kv_blocks_shared", "pacore_kv_blocks_total",
             "pacore_num_sequences_waiting", "pacore_num_sequences_running", "pacore_num_requests_in_engine",
@@ -211,7 +211,7 @@ def test_a_client_that_disconnects_before_the_reply_frees_its_blocks(server):
     wait_until(lambda: metrics(server.base)["pacore_kv_blocks_used"] > 0, "the request to run")
     sock.close()
     aborted = "pacore_requests_total{endpoint=completions,outcome=aborted}"
-    wait_until(lambda: (m := metrics(server.base))[aborted] == before.get(aborted, 0) + 1
+    wait_until(lambda: (m := metrics(server.base)).get(aborted) == before.get(aborted, 0) + 1
                and m["pacore_kv_blocks_used"] == 0 and m["pacore_http_requests_in_flight"] == 0,
                "the abort to free the blocks")
 
@@ -250,11 +250,12 @@ def test_refusals_are_openai_errors(server, client):
     for method, path, status in (("GET", "/v1/nowhere", 404), ("GET", "/v1/completions", 405)):
         r = httpx.request(method, f"{server.base}{path}", headers={"Authorization": f"Bearer {KEY}"})
         assert r.status_code == status and r.json()["error"]["code"] == status
-    # A lone surrogate is no text: the prompt is refused, and an error that names one still renders.
+    # A lone surrogate is no text: refused in any field (issue 22: the model's was a 404), and the
+    # error that names it still renders.
     r = _post(server, "/v1/completions", b'{"model": "tiny", "prompt": "a\\ud800b", "max_tokens": 1}')
     assert r.status_code == 400 and "not valid Unicode" in r.json()["error"]["message"]
     r = _post(server, "/v1/completions", b'{"model": "ti\\ud800ny", "prompt": "x", "max_tokens": 1}')
-    assert r.status_code == 404 and r.json()["error"]["param"] == "model"
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
     # top_k past int64 failed the sampler, so the whole step (every request in it) with 500.
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=MODEL, prompt="x", max_tokens=1, extra_body={"top_k": 2 ** 63})
@@ -373,8 +374,9 @@ def test_serve_flags_reach_the_engine_and_the_app(monkeypatch):
         def __exit__(self, *exc):
             pass
     monkeypatch.setattr(engine, "LLM", FakeLLM)
-    monkeypatch.setattr(serve_app, "create_app", lambda llm, name, key, queue: seen.update(app=(name, key, queue)))
-    monkeypatch.setattr(uvicorn, "run", lambda app, host, port: seen.update(bind=(host, port)))
+    monkeypatch.setattr(serve_app, "create_app", lambda llm, name, key, queue, body: seen.update(app=(name, key, queue),
+                                                                                               body=body))
+    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kw: seen.update(bind=(host, port), uvicorn=kw))
     monkeypatch.setenv("PACORE_API_KEY", "from-env")
     assert main(["serve", "--model", "/m/PaCoRe-8B/", "--dtype", "bfloat16", "--max-model-len", "64",
                  "--rope-scaling", '{"factor": 2.0}', "--max-num-seqs", "3", "--num-kv-blocks", "9",
@@ -383,8 +385,11 @@ def test_serve_flags_reach_the_engine_and_the_app(monkeypatch):
         seed=5, dtype="bfloat16", max_model_len=64, rope_scaling={"factor": 2.0}, max_num_seqs=3, num_kv_blocks=9,
         batch_invariant=True, tensor_parallel_size=2, enforce_eager=True)
     assert seen["app"] == ("PaCoRe-8B", "from-env", 1024) and seen["bind"] == ("127.0.0.1", 9)
-    assert main(["serve", "--served-model-name", "x", "--api-key", "k", "--max-queue", "2"]) == 0
-    assert seen["model"] is None and seen["app"] == ("x", "k", 2)
+    assert seen["body"] == 32 * 2 ** 20 and seen["uvicorn"]["timeout_graceful_shutdown"] == 30.0
+    assert main(["serve", "--served-model-name", "x", "--api-key", "k", "--max-queue", "2", "--max-body-bytes", "7",
+                 "--shutdown-timeout", "0.5"]) == 0
+    assert seen["model"] is None and seen["app"] == ("x", "k", 2) and seen["body"] == 7
+    assert seen["uvicorn"]["timeout_graceful_shutdown"] == 0.5
     assert main(["serve"]) == 0 and seen["app"][0] == "smollm2-135m"
 
 

@@ -1,0 +1,32 @@
+"""uvicorn's HTTP/1.1 protocol (h11), except that a client that half-closes after sending its request
+(``shutdown(SHUT_WR)``, as `curl` and scripts do) still gets the answer: uvicorn takes the end of
+its input for a disconnect and drops the request.
+
+TCP cannot tell a half-close from a close until the server writes, so while the answer is not
+started the connection is probed with an interim ``100 Continue`` (every HTTP/1.1 client skips 1xx
+responses): a client that has really gone answers the first probe with a reset, a later probe's
+write fails, and that is the disconnect that aborts its request and frees its blocks.
+"""
+from __future__ import annotations
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+PROBE_INTERVAL_S = 1.0
+
+
+class HalfCloseProtocol(H11Protocol):
+    def eof_received(self) -> bool:
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete or self.conn.their_state is not h11.DONE:
+            return False  # no whole request to answer: close, as uvicorn does
+        cycle.keep_alive = False  # nothing more can come: close after this answer
+        self._probe()
+        return True  # keep the transport open for the answer
+
+    def _probe(self) -> None:
+        cycle = self.cycle
+        if cycle is None or cycle.response_started or cycle.disconnected or self.transport.is_closing():
+            return
+        self.transport.write(self.conn.send(h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")))
+        self.loop.call_later(PROBE_INTERVAL_S, self._probe)
