@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -25,6 +25,7 @@ class AttentionMetadata:
     group_prefix_lens: torch.Tensor | None = None
     max_group_size: int | None = None          # host-side bound, so kernels need no device read
     plan: list | None = None                   # batch-invariant attention's index plan (first layer)
+    work_plans: dict = field(default_factory=dict)  # kernels' per-step plans: built by layer 1, reused
 
 
 _OPS = ("store_kvcache", "paged_decode", "cascade_decode", "prefill_attention", "rmsnorm", "rope",
@@ -56,7 +57,7 @@ class Backend:
                 decode = self.cascade_decode(qd, k_cache, v_cache, meta.decode_block_tables,
                                              meta.decode_seq_lens, meta.group_starts,
                                              meta.group_prefix_lens, scale,
-                                             max_group_size=meta.max_group_size)
+                                             max_group_size=meta.max_group_size, work_plans=meta.work_plans)
             else:
                 decode = self.paged_decode(qd, k_cache, v_cache, meta.decode_block_tables,
                                            meta.decode_seq_lens, scale)

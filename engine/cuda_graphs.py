@@ -13,6 +13,17 @@ import torch
 from engine.attention import AttentionMetadata
 
 
+def pad_groups(group_starts: torch.Tensor, group_prefix_lens: torch.Tensor, batch: int,
+               size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch's cascade groups padded to a bucket: rows batch..size-1 become groups of one (no prefix)
+    and the groups after them are empty. Returns int32 group_starts [size + 1], group_prefix_lens [size]."""
+    starts = torch.cat([group_starts.to(torch.int32), torch.arange(batch + 1, size + 1, dtype=torch.int32)])
+    starts = torch.cat([starts, torch.full((size + 1 - starts.shape[0],), size, dtype=torch.int32)])
+    prefix = torch.zeros(size, dtype=torch.int32)
+    prefix[:group_prefix_lens.shape[0]] = group_prefix_lens
+    return starts, prefix
+
+
 def bucket_sizes(max_batch: int) -> list[int]:
     sizes = [b for b in (1, 2, 4, 8) if b < max_batch] + list(range(16, max_batch, 16))
     return sizes + [max_batch]
@@ -35,7 +46,8 @@ class DecodeGraphs:
         self.graphs: dict[tuple[int, bool], tuple[object, torch.Tensor]] = {}
         pool = None if emulate else torch.cuda.graph_pool_handle()
         for size in reversed(self.sizes):  # largest first, so smaller graphs reuse its memory pool
-            for use_cascade in ((False, True) if cascade else (False,)):
+            # Cascade needs >= 2 decodes sharing a prefix: a 1-row cascade graph would never be replayed.
+            for use_cascade in ((False, True) if cascade and size >= 2 else (False,)):
                 self.graphs[size, use_cascade] = self._capture(size, use_cascade, pool)
 
     def _meta(self, size: int, cascade: bool) -> AttentionMetadata:
@@ -78,13 +90,9 @@ class DecodeGraphs:
         width = meta.decode_block_tables.shape[1]
         self.tables[:b, :width].copy_(meta.decode_block_tables, non_blocking=True)
         if cascade:
-            g = meta.group_prefix_lens.shape[0]
-            # Padding rows b..size-1 become groups of one; the groups after them are empty.
-            starts = torch.cat([meta.group_starts, torch.arange(b + 1, size + 1, dtype=torch.int32)])
-            starts = torch.cat([starts, torch.full((size + 1 - starts.shape[0],), size, dtype=torch.int32)])
+            starts, prefix = pad_groups(meta.group_starts, meta.group_prefix_lens, b, size)
             self.group_starts[:size + 1].copy_(starts, non_blocking=True)
-            self.prefix_lens[:g].copy_(meta.group_prefix_lens, non_blocking=True)
-            self.prefix_lens[g:size].zero_()
+            self.prefix_lens[:size].copy_(prefix, non_blocking=True)
         graph, out = self.graphs[size, cascade]
         if self.emulate:
             return self._forward(size, cascade)[:b]

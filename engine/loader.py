@@ -128,8 +128,12 @@ def load_model(cfg, dtype: torch.dtype, device: torch.device, shard: Shard | Non
     """Build the model (this rank's shard of it under tensor parallelism) and load its weights."""
     with torch.device("meta"):
         model = CausalLM(cfg, shard, tp)
-    model = model.to_empty(device=device).to(dtype)
+    # Cast on meta (free), then allocate: the device holds the weights once, in their dtype. (Allocating
+    # fp32 and casting peaked at ~2x the weights, and left that in torch's cache.)
+    model = model.to(dtype).to_empty(device=device)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     load_weights(model, cfg.path)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # what loading left cached counts as used in the KV cache's sizing
     return model.eval()

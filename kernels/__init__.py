@@ -11,7 +11,10 @@ Triton kernel notes:
 - paged_decode_triton / prefill_attention_triton never sync with the host. cascade_decode_triton reads
   the largest group size from group_starts (a sync, per call) unless given max_group_size=<int>, as
   the engine always does.
-  Optional num_splits / suffix_splits override the split-KV heuristics.
+  Optional num_splits (paged) / suffix_splits (cascade) override the split-KV heuristics. Cascade's
+  prefix splits are planned on the device from the real groups (cascade_prefix_plan), once per step
+  when the caller passes a work_plans dict (AttentionMetadata.work_plans), so a CUDA graph captured
+  at a padded bucket splits like an eager call.
 - rmsnorm_triton returns new tensors (like the ref); rope_* rotate q and k in place.
 - No flash-attn path: its paged varlen kernel needs 256-token blocks (the engine uses 16), so
   prefill always runs prefill_attention_triton on CUDA.

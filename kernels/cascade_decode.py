@@ -3,19 +3,23 @@ from __future__ import annotations
 
 import torch
 
+from dataclasses import dataclass
+
 from ._utils import (HAS_TRITON, attend_key_range, check, check_int, gather_blocks, masked_softmax_attend,
                      merge_attn_states, next_pow2, require_triton, tl, triton)
-from .paged_decode import (_LOG2E, check_decode_args, default_num_splits, dot_precision, launch_decode_splits,
-                           launch_merge, launch_opts, paged_decode_ref)
+from .paged_decode import (_LOG2E, _MAX_SPLITS, MIN_TOKENS_PER_SPLIT, check_decode_args, default_num_splits,
+                           dot_precision, fill_target, launch_decode_splits, launch_merge, launch_opts,
+                           paged_decode_ref)
 
 
 def cascade_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        block_tables: torch.Tensor, seq_lens: torch.Tensor, group_starts: torch.Tensor,
                        group_prefix_lens: torch.Tensor, sm_scale: float,
-                       max_group_size: int | None = None) -> torch.Tensor:
+                       max_group_size: int | None = None, work_plans: dict | None = None) -> torch.Tensor:
     """q [B, Hq, D]; groups per engine/kv_cache.py. Returns out [B, Hq, D] in q.dtype.
 
-    max_group_size is a launch hint of the Triton version, accepted here so both share one signature."""
+    max_group_size and work_plans are launch hints of the Triton version, accepted here so both share
+    one signature."""
     B, Hq, D = q.shape
     _, bs, Hkv, _ = k_cache.shape
     G = Hq // Hkv
@@ -54,50 +58,107 @@ def cascade_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
 
 
 # --- Triton ---------------------------------------------------------------------------------------
-# Stage 1: one program per (group, member tile, kv head, prefix split). Its M dim packs MT members x QPK
-# q heads, so each prefix K/V tile is read once for all of them (the point of cascade). Stage 2 is the
-# paged decode split kernel over each row's suffix [prefix_len, seq_len). Both write partial states into
-# one [B, Hq, S1 + S2, D] buffer that a single log-sum-exp merge reduces.
+# Stage 1 (prefix): work items are (group, member tile, kv head, prefix split); an item's M dim packs MT
+# members x QPK q heads, so each prefix K/V tile is read once for all of them (the point of cascade).
+# The items are planned on the device from the real groups (cascade_prefix_plan), so a CUDA graph
+# captured at a padded bucket splits a long prefix as finely as an eager call, and a fixed grid of
+# about two programs per SM walks them (grid-stride): no empty programs per padding group.
+# Stage 2 is the paged decode split kernel over each row's suffix [prefix_len, seq_len). Both write
+# partial states into one [B, Hq, S1 + S2, D] buffer that a single log-sum-exp merge reduces; a row's
+# unused prefix slots are skipped by the merge, never written.
 
 _MAX_BLOCK_M = 64  # rows of the prefix dot; larger groups are tiled over members
 
 
-@triton.jit
-def _cascade_prefix_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, gs_ptr, gp_ptr, o_ptr, lse_ptr,
+@dataclass(slots=True)
+class CascadePrefixPlan:
+    """Stage 1's work, planned from the groups on the device (no host sync, the same under a graph).
+
+    splits int32 [G]: prefix splits of group g (0: no prefix); row_splits int32 [B]: its row's;
+    row_prefix [B]: its row's prefix length (where the suffix starts);
+    cum_items int32 [G]: inclusive cumsum of the items (member tiles x kv heads x splits) of each group;
+    max_splits: slots per row in the partial buffer; num_programs: the fixed grid walking the items."""
+
+    splits: torch.Tensor
+    row_splits: torch.Tensor
+    row_prefix: torch.Tensor
+    cum_items: torch.Tensor
+    members_per_tile: int
+    block_m: int
+    max_splits: int
+    num_programs: int
+
+
+def cascade_prefix_plan(group_starts: torch.Tensor, group_prefix_lens: torch.Tensor, num_rows: int,
+                        num_q_heads: int, num_kv_heads: int, max_group_size: int, max_tokens: int,
+                        target: int, block_n: int) -> CascadePrefixPlan:
+    """Split every group's prefix into chunks of one common length, >= MIN_TOKENS_PER_SPLIT and large
+    enough that all items together number about `target` (programs that fill the device)."""
+    qpk = num_q_heads // num_kv_heads
+    block_m = max(16, next_pow2(qpk), min(_MAX_BLOCK_M, next_pow2(max(1, max_group_size) * qpk)))
+    mt = block_m // qpk
+    # Each split of a group is >= work / target tokens long, so a group of one tile has at most
+    # target / Hkv + 1 splits: that bounds the slots without reading the device.
+    max_splits = max(1, min(_MAX_SPLITS, -(-target // num_kv_heads) + 1, -(-max_tokens // MIN_TOKENS_PER_SPLIT)))
+    plen = group_prefix_lens.to(torch.int64)
+    sizes = (group_starts[1:] - group_starts[:-1]).to(torch.int64)
+    tiles = torch.where(plen > 0, (sizes + mt - 1) // mt, 0)
+    work = (tiles * plen).sum() * num_kv_heads                 # tokens x (tile, kv head) pairs
+    chunk = torch.clamp_min((work + target - 1) // target, MIN_TOKENS_PER_SPLIT)
+    chunk = (chunk + block_n - 1) // block_n * block_n
+    splits = torch.where(tiles > 0, ((plen + chunk - 1) // chunk).clamp(1, max_splits), 0)
+    cum = torch.cumsum(tiles * splits * num_kv_heads, 0).to(torch.int32)
+    row_splits = torch.repeat_interleave(splits.to(torch.int32), sizes, output_size=num_rows)  # sync-free
+    row_prefix = torch.repeat_interleave(group_prefix_lens, sizes, output_size=num_rows)
+    return CascadePrefixPlan(splits.to(torch.int32), row_splits, row_prefix, cum, mt, block_m, max_splits, target)
+
+
+@triton.jit(do_not_specialize=["stride_bt", "stride_lb", "stride_lh", "stride_ls", "G", "NUM_PROGRAMS"])
+def _cascade_prefix_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, gs_ptr, gp_ptr, sp_ptr, cum_ptr, o_ptr, lse_ptr,
                            stride_qb, stride_bt, stride_tok, stride_ob, stride_oh, stride_os,
-                           stride_lb, stride_lh, stride_ls, HKV, NUM_SPLITS, qk_scale,
+                           stride_lb, stride_lh, stride_ls, G, HKV, NUM_PROGRAMS, qk_scale,
                            QPK: tl.constexpr, MT: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                            DOT_PREC: tl.constexpr):
-    g = tl.program_id(0)
-    h = tl.program_id(2) % HKV
-    split = tl.program_id(2) // HKV
-    r0 = tl.load(gs_ptr + g).to(tl.int64)
-    r1 = tl.load(gs_ptr + g + 1).to(tl.int64)
-    plen = tl.load(gp_ptr + g).to(tl.int32)
-    row_base = r0 + tl.program_id(1) * MT
-    if row_base >= r1:  # this member tile is past the end of a smaller group
-        return
-
     r = tl.arange(0, BLOCK_M)
     member = r // QPK
-    head = h * QPK + r % QPK
-    row = row_base + member
-    row_ok = (member < MT) & (row < r1)
     d = tl.arange(0, BLOCK_D)
-    q = tl.load(q_ptr + row[:, None] * stride_qb + head[:, None] * D + d[None, :],
-                mask=row_ok[:, None] & (d[None, :] < D), other=0.0)
+    n_items = tl.load(cum_ptr + G - 1)
+    for item in range(tl.program_id(0), n_items, NUM_PROGRAMS):
+        lo = tl.full([], 0, tl.int32)  # the item's group: the first g with cum_items[g] > item
+        hi = tl.full([], 0, tl.int32) + G
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if tl.load(cum_ptr + mid) <= item:
+                lo = mid + 1
+            else:
+                hi = mid
+        g = lo
+        base = tl.load(cum_ptr + g - 1, mask=g > 0, other=0)
+        r0 = tl.load(gs_ptr + g).to(tl.int64)
+        r1 = tl.load(gs_ptr + g + 1).to(tl.int64)
+        plen = tl.load(gp_ptr + g).to(tl.int32)
+        n_splits = tl.load(sp_ptr + g)
+        n_tiles = tl.cdiv(r1 - r0, MT)
+        rest = item - base  # tiles vary fastest: neighbouring programs read the same K/V tiles
+        tile = rest % n_tiles
+        h = (rest // n_tiles) % HKV
+        split = (rest // n_tiles) // HKV
 
-    chunk = tl.cdiv(tl.cdiv(plen, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    t0 = split * chunk
-    t1 = tl.minimum(t0 + chunk, plen)
-    bt_row = bt_ptr + r0 * stride_bt  # the prefix blocks: the group's first row, shared by all members
-    # No prefix (plen 0) or an empty split: o = 0, lse = -inf, ignored by the merge.
-    o, lse = attend_key_range(q, kc_ptr, vc_ptr, bt_row, t0, t1, h, d, stride_tok, qk_scale, BS, D, BLOCK_N,
-                              DOT_PREC)
-    tl.store(o_ptr + row[:, None] * stride_ob + head[:, None] * stride_oh + split * stride_os + d[None, :],
-             o, mask=row_ok[:, None] & (d[None, :] < D))
-    tl.store(lse_ptr + row * stride_lb + head * stride_lh + split * stride_ls, lse, mask=row_ok)
+        row = r0 + tile * MT + member
+        head = h * QPK + r % QPK
+        row_ok = (member < MT) & (row < r1)
+        q = tl.load(q_ptr + row[:, None] * stride_qb + head[:, None] * D + d[None, :],
+                    mask=row_ok[:, None] & (d[None, :] < D), other=0.0)
+        chunk = tl.cdiv(tl.cdiv(plen, n_splits), BLOCK_N) * BLOCK_N
+        t0 = split * chunk
+        t1 = tl.minimum(t0 + chunk, plen)
+        bt_row = bt_ptr + r0 * stride_bt  # the prefix blocks: the group's first row, shared by all members
+        o, lse = attend_key_range(q, kc_ptr, vc_ptr, bt_row, t0, t1, h, d, stride_tok, qk_scale, BS, D,
+                                  BLOCK_N, DOT_PREC)
+        tl.store(o_ptr + row[:, None] * stride_ob + head[:, None] * stride_oh + split * stride_os + d[None, :],
+                 o, mask=row_ok[:, None] & (d[None, :] < D))
+        tl.store(lse_ptr + row * stride_lb + head * stride_lh + split * stride_ls, lse, mask=row_ok)
 
 
 def _max_group_size(group_starts: torch.Tensor) -> int:
@@ -105,14 +166,22 @@ def _max_group_size(group_starts: torch.Tensor) -> int:
     return int((group_starts[1:] - group_starts[:-1]).max().item()) if group_starts.numel() > 1 else 0
 
 
+def _block_n(D: int) -> int:
+    return 64 if D <= 64 else 32
+
+
 def cascade_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                           block_tables: torch.Tensor, seq_lens: torch.Tensor, group_starts: torch.Tensor,
                           group_prefix_lens: torch.Tensor, sm_scale: float, max_group_size: int | None = None,
-                          num_splits: int | None = None, suffix_splits: int | None = None) -> torch.Tensor:
+                          work_plans: dict | None = None, suffix_splits: int | None = None,
+                          num_programs: int | None = None) -> torch.Tensor:
     """Triton cascade decode; same contract as cascade_decode_ref.
 
     Optional host ints avoid GPU->host syncs (and are required under CUDA-graph capture): max_group_size
-    (an upper bound on the rows of any group; else read from group_starts), num_splits (prefix split count) and suffix_splits (default: heuristics from the block-table width).
+    (an upper bound on the rows of any group; else read from group_starts) and suffix_splits (default: a
+    heuristic from the block-table width). work_plans: a dict shared by the layers of one step, which
+    keeps the prefix plan (it depends on the groups only) so it is built once per step.
+    num_programs overrides the prefix grid (tests).
     """
     require_triton()
     check_decode_args(q, k_cache, v_cache, block_tables, seq_lens)
@@ -127,31 +196,31 @@ def cascade_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if B == 0:
         return out
-    if max_group_size is None:
-        max_group_size = _max_group_size(group_starts)
     max_tokens = block_tables.shape[1] * bs
-    block_m = max(16, next_pow2(qpk), min(_MAX_BLOCK_M, next_pow2(max_group_size * qpk)))
-    mt = block_m // qpk
-    m_tiles = max(1, -(-max_group_size // mt))
-    s1 = num_splits or default_num_splits(q, max(1, G * m_tiles * Hkv), max_tokens)
+    plan = work_plans.get("cascade_prefix") if work_plans is not None else None
+    if plan is None:
+        if max_group_size is None:
+            max_group_size = _max_group_size(group_starts)
+        plan = cascade_prefix_plan(group_starts, group_prefix_lens, B, Hq, Hkv, max_group_size, max_tokens,
+                                   num_programs or fill_target(q.device), _block_n(D))
+        if work_plans is not None:
+            work_plans["cascade_prefix"] = plan
+    s1 = plan.max_splits
     s2 = suffix_splits or default_num_splits(q, B * Hkv, max_tokens)
-    check(s1 >= 1 and s2 >= 1, "split counts must be >= 1")
+    check(s2 >= 1, "suffix_splits must be >= 1")
 
     o_part = torch.empty(B, Hq, s1 + s2, D, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(B, Hq, s1 + s2, dtype=torch.float32, device=q.device)
     if G > 0:
-        _cascade_prefix_kernel[(G, m_tiles, Hkv * s1)](
-            q, k_cache, v_cache, block_tables, group_starts, group_prefix_lens, o_part, lse_part,
-            q.stride(0), block_tables.stride(0), Hkv * D, *o_part.stride()[:3], *lse_part.stride(),
-            Hkv, s1, sm_scale * _LOG2E, QPK=qpk, MT=mt, D=D, BS=bs, BLOCK_M=block_m,
-            BLOCK_N=64 if D <= 64 else 32, BLOCK_D=max(16, next_pow2(D)), DOT_PREC=dot_precision(q.dtype),
-            **launch_opts(q.dtype))
-    # Each row's suffix starts at its group's prefix length (sync-free: output_size is given).
-    sizes = group_starts[1:] - group_starts[:-1]
-    row_prefix = torch.repeat_interleave(group_prefix_lens, sizes, output_size=B)
-    launch_decode_splits(q, k_cache, v_cache, block_tables, seq_lens, row_prefix, sm_scale,
+        _cascade_prefix_kernel[(plan.num_programs,)](
+            q, k_cache, v_cache, block_tables, group_starts, group_prefix_lens, plan.splits, plan.cum_items,
+            o_part, lse_part, q.stride(0), block_tables.stride(0), Hkv * D, *o_part.stride()[:3],
+            *lse_part.stride(), G, Hkv, plan.num_programs, sm_scale * _LOG2E, QPK=qpk, MT=plan.members_per_tile,
+            D=D, BS=bs, BLOCK_M=plan.block_m, BLOCK_N=_block_n(D), BLOCK_D=max(16, next_pow2(D)),
+            DOT_PREC=dot_precision(q.dtype), **launch_opts(q.dtype))
+    launch_decode_splits(q, k_cache, v_cache, block_tables, seq_lens, plan.row_prefix, sm_scale,
                          o_part, lse_part, s1, s2)
-    launch_merge(o_part, lse_part, out)
+    launch_merge(o_part, lse_part, out, prefix_splits=plan.row_splits, num_prefix_slots=s1)
     return out
 
 if not HAS_TRITON:  # only the reference is offered where triton does not import

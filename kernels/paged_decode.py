@@ -57,11 +57,13 @@ def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 # With one split, stage 1 writes the final output directly.
 
 _LOG2E = 1.4426950408889634
-_MIN_TOKENS_PER_SPLIT = 256
+MIN_TOKENS_PER_SPLIT = 256
 _MAX_SPLITS = 64
 
 
-@triton.jit
+# Integers that change from call to call (split counts, table widths, strides over the split count) are
+# not specialised on their value: each distinct ==1 / %16 pattern would be one more compile.
+@triton.jit(do_not_specialize=["stride_bt", "stride_lb", "stride_lh", "stride_ls", "split_off", "NUM_SPLITS"])
 def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, start_ptr, o_ptr, lse_ptr,
                          stride_qb, stride_bt, stride_tok, stride_ob, stride_oh, stride_os,
                          stride_lb, stride_lh, stride_ls, split_off, NUM_SPLITS, qk_scale,
@@ -97,22 +99,27 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, start_ptr, o_pt
         tl.store(lse_ptr + b * stride_lb + head * stride_lh + sidx * stride_ls, lse, mask=row_ok)
 
 
-@triton.jit
-def _merge_splits_kernel(o_part_ptr, lse_part_ptr, out_ptr, lse_ptr, S, stride_pb, stride_ph, stride_ps,
+@triton.jit(do_not_specialize=["S", "S1", "stride_lb", "stride_lh", "stride_fb"])
+def _merge_splits_kernel(o_part_ptr, lse_part_ptr, out_ptr, lse_ptr, n1_ptr, S, S1, stride_pb, stride_ph, stride_ps,
                          stride_lb, stride_lh, stride_ob, stride_oh, stride_fb, D: tl.constexpr,
-                         BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, STORE_LSE: tl.constexpr):
+                         BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, STORE_LSE: tl.constexpr,
+                         HAS_N1: tl.constexpr):
     # One program per (row, q head): exact log-sum-exp merge of S partial states. -inf parts weigh 0.
+    # HAS_N1 (cascade): of the first S1 slots only the row's n1[b] prefix splits were written.
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
-    lse = tl.load(lse_part_ptr + b * stride_lb + h * stride_lh + s, mask=s < S, other=float("-inf"))
+    ok = s < S
+    if HAS_N1:
+        ok = ok & ((s < tl.load(n1_ptr + b)) | (s >= S1))
+    lse = tl.load(lse_part_ptr + b * stride_lb + h * stride_lh + s, mask=ok, other=float("-inf"))
     mx = tl.max(lse, 0)
     mx = tl.where(mx == float("-inf"), 0.0, mx)
     w = tl.exp(lse - mx)
     den = tl.sum(w, 0)
     o = tl.load(o_part_ptr + b * stride_pb + h * stride_ph + s[:, None] * stride_ps + d[None, :],
-                mask=(s[:, None] < S) & (d[None, :] < D), other=0.0)
+                mask=ok[:, None] & (d[None, :] < D), other=0.0)
     out = tl.sum(o * w[:, None], 0) / tl.where(den > 0, den, 1.0)
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < D)
     if STORE_LSE:
@@ -123,17 +130,20 @@ def _merge_splits_kernel(o_part_ptr, lse_part_ptr, out_ptr, lse_ptr, S, stride_p
 _SM_COUNT: dict = {}
 
 
+def fill_target(device: torch.device) -> int:
+    """Programs that keep the device busy: two per SM on CUDA (4 under the CPU interpreter)."""
+    if device.type != "cuda":
+        return 4
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SM_COUNT:
+        _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return 2 * _SM_COUNT[idx]
+
+
 def default_num_splits(q: torch.Tensor, work_items: int, max_tokens: int) -> int:
     """Enough (row, head, split) programs to fill the GPU, but no split under ~256 tokens."""
-    if q.is_cuda:
-        idx = q.device.index if q.device.index is not None else torch.cuda.current_device()
-        if idx not in _SM_COUNT:
-            _SM_COUNT[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-        target = 2 * _SM_COUNT[idx]
-    else:
-        target = 4
-    by_fill = -(-target // max(1, work_items))
-    by_len = -(-max_tokens // _MIN_TOKENS_PER_SPLIT)
+    by_fill = -(-fill_target(q.device) // max(1, work_items))
+    by_len = -(-max_tokens // MIN_TOKENS_PER_SPLIT)
     return max(1, min(by_fill, by_len, _MAX_SPLITS))
 
 
@@ -186,13 +196,18 @@ def launch_decode_splits(q, k_cache, v_cache, block_tables, seq_lens, start_lens
         DOT_PREC=dot_precision(q.dtype), **launch_opts(q.dtype))
 
 
-def launch_merge(o_part, lse_part, out, lse=None):
+def launch_merge(o_part, lse_part, out, lse=None, prefix_splits=None, num_prefix_slots=0):
+    """Merge [B, Hq, S, D] partial states into out. prefix_splits (int32 [B], cascade): row b wrote only
+    its first prefix_splits[b] of the num_prefix_slots prefix slots; the rest are never read."""
     B, Hq, S, D = o_part.shape
+    # BLOCK_S >= 16: split counts up to 16 share one compiled merge (masked slots cost nothing).
     _merge_splits_kernel[(B, Hq)](
-        o_part, lse_part, out, lse if lse is not None else lse_part, S,
+        o_part, lse_part, out, lse if lse is not None else lse_part,
+        prefix_splits if prefix_splits is not None else lse_part, S, num_prefix_slots,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse_part.stride(0), lse_part.stride(1),
         out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
-        D=D, BLOCK_S=next_pow2(S), BLOCK_D=max(16, next_pow2(D)), STORE_LSE=lse is not None, num_warps=4)
+        D=D, BLOCK_S=max(16, next_pow2(S)), BLOCK_D=max(16, next_pow2(D)), STORE_LSE=lse is not None,
+        HAS_N1=prefix_splits is not None, num_warps=4)
 
 
 def paged_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

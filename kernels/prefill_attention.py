@@ -56,7 +56,7 @@ def prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
 # Keys are read through the block table per token, up to the tile's last query position (causal).
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt", "S"])
 def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, seq_ptr, tile_seq_ptr, tile_idx_ptr, o_ptr,
                     stride_qt, stride_ot, stride_bt, stride_tok, S, qk_scale,
                     QPK: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BLOCK_M: tl.constexpr,

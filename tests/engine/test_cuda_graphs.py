@@ -23,6 +23,9 @@ def test_graph_buffers_give_eager_tokens(tiny_model_dir, cascade, tp):
     eager = LLM(model, **kw).generate(prompts, params, use_tqdm=False)
     llm = LLM(model, tensor_parallel_size=tp, **kw)
     llm.runner.capture_decode_graphs(5, emulate=True)  # with tp=2, on both ranks: replays pair up
+    captured = set(llm.runner.graphs.graphs)
+    # cascade needs >= 2 decodes: no 1-row cascade graph is captured (it could never be replayed)
+    assert captured == {(n, c) for n in (1, 2, 4, 5) for c in ((False, True) if cascade else (False,))} - {(1, True)}
     calls = []
     real_run = llm.runner.graphs.run
     llm.runner.graphs.run = lambda *a: calls.append(a[0].shape[0]) or real_run(*a)

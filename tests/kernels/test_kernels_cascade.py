@@ -31,19 +31,23 @@ def _batch(bs, groups, prefix_blocks, suffixes, Hkv, D, qpk, dtype):
     return q, kc, vc, bt, torch.tensor(seq, **i32), gs, torch.tensor(prefix_lens, **i32)
 
 
-# (head_dim, q heads per kv head, block size, prefix splits, suffix splits, max BLOCK_M)
-CASES = [(64, 1, 16, None, None, 64), (128, 2, 32, 3, 2, 64), (64, 4, 16, 1, 1, 16), (128, 8, 16, 9, 1, 16),
-         (64, 8, 32, 2, 7, 64), (128, 4, 32, 1, 3, 32)]
+# (head_dim, q heads per kv head, block size, min prefix split tokens, prefix programs, suffix splits,
+# max BLOCK_M). Small split floors cut the test prefixes into several splits; few programs make each
+# walk several work items.
+CASES = [(64, 1, 16, None, None, None, 64), (128, 2, 32, 16, 3, 2, 64), (64, 4, 16, 16, 1, 1, 16),
+         (128, 8, 16, 16, 64, 1, 16), (64, 8, 32, 32, 2, 7, 64), (128, 4, 32, None, 5, 3, 32)]
 
 
-@pytest.mark.parametrize("D,qpk,bs,s1,s2,max_m", CASES)
+@pytest.mark.parametrize("D,qpk,bs,min_split,programs,s2,max_m", CASES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_cascade_decode_triton(D, qpk, bs, s1, s2, max_m, dtype, monkeypatch):
+def test_cascade_decode_triton(D, qpk, bs, min_split, programs, s2, max_m, dtype, monkeypatch):
     monkeypatch.setattr(cd, "_MAX_BLOCK_M", max_m)  # 16 forces tiling groups over members
+    if min_split:
+        monkeypatch.setattr(cd, "MIN_TOKENS_PER_SPLIT", min_split)
     Hkv = 2 if qpk <= 2 else 1
     args = _batch(bs, [3, 1, 5, 2], [2, 0, 3, 1], [0, 1, bs + 3, 2 * bs, 5], Hkv, D, qpk, dtype)
     sc = 1 / math.sqrt(D)
-    out = cascade_decode_triton(*args, sc, num_splits=s1, suffix_splits=s2)
+    out = cascade_decode_triton(*args, sc, num_programs=programs, suffix_splits=s2)
     ref = cascade_decode_ref(*args, sc)
     assert out.dtype == dtype and out.shape == args[0].shape
     assert env.rel_err(out, ref) < env.TOL[dtype]
@@ -53,7 +57,7 @@ def test_cascade_decode_triton_one_big_group():
     # a PaCoRe-like fork: one prompt, many members, prefix longer than the suffixes, given max_group_size
     bs, D, qpk = 16, 64, 4
     args = _batch(bs, [12], [4], [1, 2, 17, 0], 1, D, qpk, torch.float32)
-    out = cascade_decode_triton(*args, 0.125, max_group_size=12, num_splits=2)
+    out = cascade_decode_triton(*args, 0.125, max_group_size=12, num_programs=3)
     assert env.rel_err(out, cascade_decode_ref(*args, 0.125)) < 1e-3
 
 

@@ -77,15 +77,17 @@ def _compile_all() -> int:
                          HAS_START=has_start, STORE_LSE=True, DOT_PREC=paged_decode.dot_precision(dt),
                          **paged_decode.launch_opts(dt)))
     compile_one(paged_decode._merge_splits_kernel,
-                dict(o_part_ptr=f32, lse_part_ptr=f32, out_ptr=torch.bfloat16, lse_ptr=f32, S=7, stride_pb=9,
-                     stride_ph=9, stride_ps=9, stride_lb=9, stride_lh=9, stride_ob=9, stride_oh=9, stride_fb=9),
-                dict(D=128, BLOCK_S=64, BLOCK_D=128, STORE_LSE=True, num_warps=4))
+                dict(o_part_ptr=f32, lse_part_ptr=f32, out_ptr=torch.bfloat16, lse_ptr=f32, n1_ptr=i32, S=7, S1=3,
+                     stride_pb=9, stride_ph=9, stride_ps=9, stride_lb=9, stride_lh=9, stride_ob=9, stride_oh=9,
+                     stride_fb=9),
+                dict(D=128, BLOCK_S=64, BLOCK_D=128, STORE_LSE=True, HAS_N1=True, num_warps=4))
     for dt, D, qpk in [(torch.bfloat16, 128, 8), (f32, 128, 4), (torch.float16, 64, 1), (torch.bfloat16, 128, 3)]:
         block_m = 64
         compile_one(cascade_decode._cascade_prefix_kernel,
-                    dict(q_ptr=dt, kc_ptr=dt, vc_ptr=dt, bt_ptr=i32, gs_ptr=i32, gp_ptr=i32, o_ptr=f32, lse_ptr=f32,
-                         stride_qb=4096, stride_bt=64, stride_tok=1024, stride_ob=9, stride_oh=9, stride_os=9,
-                         stride_lb=9, stride_lh=9, stride_ls=9, HKV=8, NUM_SPLITS=5, qk_scale=0.1),
+                    dict(q_ptr=dt, kc_ptr=dt, vc_ptr=dt, bt_ptr=i32, gs_ptr=i32, gp_ptr=i32, sp_ptr=i32, cum_ptr=i32,
+                         o_ptr=f32, lse_ptr=f32, stride_qb=4096, stride_bt=64, stride_tok=1024, stride_ob=9,
+                         stride_oh=9, stride_os=9, stride_lb=9, stride_lh=9, stride_ls=9, G=4, HKV=8,
+                         NUM_PROGRAMS=264, qk_scale=0.1),
                     dict(QPK=qpk, MT=block_m // qpk, D=D, BS=16, BLOCK_M=block_m, BLOCK_N=64 if D <= 64 else 32,
                          BLOCK_D=D, DOT_PREC=paged_decode.dot_precision(dt), **paged_decode.launch_opts(dt)))
     for dt, D in [(torch.bfloat16, 128), (f32, 128)]:
