@@ -50,7 +50,8 @@ class Backend:
         prefill = decode = None
         if num_p:
             prefill = self.prefill_attention(q[:num_p], k_cache, v_cache, meta.prefill_block_tables,
-                                             meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale)
+                                             meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale,
+                                             work_plans=meta.work_plans, k=k[:num_p], v=v[:num_p])
         if num_p < q.shape[0]:
             qd = q[num_p:]
             if meta.group_starts is not None:

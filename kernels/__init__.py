@@ -16,8 +16,12 @@ Triton kernel notes:
   when the caller passes a work_plans dict (AttentionMetadata.work_plans), so a CUDA graph captured
   at a padded bucket splits like an eager call.
 - rmsnorm_triton returns new tensors (like the ref); rope_* rotate q and k in place.
-- No flash-attn path: its paged varlen kernel needs 256-token blocks (the engine uses 16), so
-  prefill always runs prefill_attention_triton on CUDA.
+- FlashAttention reaches the engine through torch SDPA: a prefill chunk of whole prompts (nothing
+  cached before them) runs F.scaled_dot_product_attention on its own K/V (the flash kernel on CUDA;
+  prefill_attention.SDPA_WHOLE_PROMPTS). Chunks after a cached prefix run prefill_attention_triton
+  (flash-attn's paged varlen kernel needs 256-token blocks; the engine uses 16). The prefill kernel
+  packs a kv head's q heads into one block and masks only the diagonal key tiles; its tile map and
+  cascade's prefix plan are built once per step (the work_plans dict of AttentionMetadata).
 - fp32 inputs use exact fp32 dots (input_precision="ieee"), not TF32.
 
 batch_invariant.py holds the torch ops of LLM(batch_invariant=True) (no Triton twins): linear layers

@@ -122,15 +122,17 @@ def load_kv_tile(kc_ptr, vc_ptr, bt_row, pos, ok, h, d, stride_tok, BS: tl.const
 
 @triton.jit
 def online_softmax_tile(q, k, v, keep, qk_scale, m_i, l_i, acc, DOT_PREC: tl.constexpr):
-    """One key tile of the online softmax: scores q @ k^T (keep false -> -inf), then the running max m_i,
-    the running sum l_i of exp2 and the unnormalised output acc are rescaled and updated. Returns them.
+    """One key tile of the online softmax: scores q @ k^T (keep false -> -inf; keep None: every key is
+    kept, no mask is applied), then the running max m_i, the running sum l_i of exp2 and the
+    unnormalised output acc are rescaled and updated. Returns them.
 
     The caller guarantees every row's new max is finite (a kept key in this or an earlier tile): with
     m_i = m_new = -inf, exp2(m_i - m_new) would be NaN."""
     # An FP8 tile is upcast here, in registers, to q's dtype (exact: every FP8 value is a bf16/fp16
     # value); its K scale is folded into qk_scale and its V scale applied to the output by the caller.
     s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * qk_scale
-    s = tl.where(keep, s, float("-inf"))
+    if keep is not None:
+        s = tl.where(keep, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])

@@ -14,9 +14,13 @@ _REF_MAX_SCORES = 1 << 25
 
 def prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                           block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
-                          sm_scale: float) -> torch.Tensor:
+                          sm_scale: float, work_plans: dict | None = None, k: torch.Tensor | None = None,
+                          v: torch.Tensor | None = None) -> torch.Tensor:
     """q [Tq, Hq, D]; query i of sequence s sits at position seq_lens[s] - q_len_s + i and attends
-    causally to cache positions 0..=that position. Returns out [Tq, Hq, D] in q.dtype."""
+    causally to cache positions 0..=that position. Returns out [Tq, Hq, D] in q.dtype.
+
+    work_plans, k and v (this chunk's keys and values, already stored in the cache) are hints of the
+    Triton version, accepted here so both share one signature."""
     Tq, Hq, D = q.shape
     _, bs, Hkv, _ = k_cache.shape
     G = Hq // Hkv
@@ -51,19 +55,27 @@ def prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
 
 
 # --- Triton ---------------------------------------------------------------------------------------
-# One program per (query tile of one sequence, q head). Tiles of all sequences are laid out flat; the
-# tile -> (sequence, tile index) map is built on the device with torch ops, so there is no host sync.
-# Keys are read through the block table per token, up to the tile's last query position (causal).
+# FlashAttention-style. One program per (query tile of one sequence, kv head): its M dim packs BLOCK_Q
+# query positions x the kv head's QPK query heads, so each K/V tile is read once for the whole GQA group.
+# Keys every query of the tile may see are walked without a mask; only the tiles on the causal diagonal
+# are masked. Tiles of all sequences are laid out flat; the tile -> (sequence, tile index) map is built
+# on the device once per step (work_plans), with no host sync. Keys are read through the block table.
+#
+# A chunk that is a whole prompt with nothing cached before it (every query sees exactly this chunk's
+# keys) can instead go to torch's SDPA flash kernel (FlashAttention-2 inside PyTorch) on the chunk's own
+# K/V: no paged reads at all. SDPA_WHOLE_PROMPTS picks that path when k/v are given.
+
+SDPA_WHOLE_PROMPTS = True
 
 
 @triton.jit(do_not_specialize=["stride_bt", "S"])
 def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, seq_ptr, tile_seq_ptr, tile_idx_ptr, o_ptr,
                     stride_qt, stride_ot, stride_bt, stride_tok, S, qk_scale,
-                    QPK: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr):
+                    QPK: tl.constexpr, QPK_P2: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr):
+    BLOCK_Q: tl.constexpr = BLOCK_M // QPK_P2  # query positions per tile
     tile = tl.program_id(0)
-    hq = tl.program_id(1)
-    h = hq // QPK
+    h = tl.program_id(1)                       # kv head
     s = tl.load(tile_seq_ptr + tile)
     if s >= S:  # the flat grid is an upper bound on the number of tiles
         return
@@ -72,27 +84,35 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, seq_ptr, tile_seq_ptr
     qlen = (tl.load(cu_ptr + s + 1) - q0).to(tl.int32)
     ctx = tl.load(seq_ptr + s).to(tl.int32)
 
-    i = ti * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = i < qlen
-    qpos = ctx - qlen + i                          # absolute position of each query
+    r = tl.arange(0, BLOCK_M)
+    i = ti * BLOCK_Q + r // QPK_P2             # query index within the chunk
+    head = h * QPK + r % QPK_P2
+    row_ok = (i < qlen) & (r % QPK_P2 < QPK)
+    qpos = ctx - qlen + i                      # absolute position of each query
     d = tl.arange(0, BLOCK_D)
-    q_off = (q0 + i)[:, None] * stride_qt + hq * D + d[None, :]
+    q_off = (q0 + i)[:, None] * stride_qt + head[:, None] * D + d[None, :]
     q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & (d[None, :] < D), other=0.0)
 
-    kv_end = tl.minimum(ctx, ctx - qlen + (ti + 1) * BLOCK_M)  # last query of the tile sees < kv_end
+    first_q = ctx - qlen + ti * BLOCK_Q        # the tile's first query position
+    kv_end = tl.minimum(ctx, first_q + BLOCK_Q)  # its last query sees keys < kv_end
+    full_end = (first_q + 1) // BLOCK_N * BLOCK_N  # keys [0, full_end): whole tiles every query sees
     bt_row = bt_ptr + s.to(tl.int64) * stride_bt
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for n0 in range(0, kv_end, BLOCK_N):
+    for n0 in range(0, full_end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        k, v = load_kv_tile(kc_ptr, vc_ptr, bt_row, pos, pos < full_end, h, d, stride_tok, BS, D)
+        m_i, l_i, acc = online_softmax_tile(q, k, v, None, qk_scale, m_i, l_i, acc, DOT_PREC)
+    for n0 in range(full_end, kv_end, BLOCK_N):  # the diagonal: causal mask
         pos = n0 + tl.arange(0, BLOCK_N)
         ok = pos < kv_end
         k, v = load_kv_tile(kc_ptr, vc_ptr, bt_row, pos, ok, h, d, stride_tok, BS, D)
-        keep = ok[None, :] & (pos[None, :] <= qpos[:, None])  # causal
-        # Key 0 is in the first tile and visible to every query, so the max is finite from then on.
+        keep = ok[None, :] & (pos[None, :] <= qpos[:, None])
+        # Key 0 is in the first tile walked and visible to every query: the max is finite from then on.
         m_i, l_i, acc = online_softmax_tile(q, k, v, keep, qk_scale, m_i, l_i, acc, DOT_PREC)
     o, _ = online_softmax_finish(m_i, l_i, acc)  # prefill writes the final output: no lse
-    o_off = (q0 + i)[:, None] * stride_ot + hq * D + d[None, :]
+    o_off = (q0 + i)[:, None] * stride_ot + head[:, None] * D + d[None, :]
     tl.store(o_ptr + o_off, o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (d[None, :] < D))
 
 
@@ -111,31 +131,82 @@ def _check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_len
                       cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens)
 
 
+def prefill_blocks(dtype: torch.dtype, qpk: int, D: int) -> tuple[int, int, int]:
+    """(BLOCK_M rows = query positions x padded q heads per kv head, BLOCK_N keys, num_warps)."""
+    if dtype == torch.float32:  # fp32 tiles are twice the bytes: smaller ones stay inside shared memory
+        return max(64, next_pow2(qpk)), 64 if D <= 64 else 32, 4
+    return max(128, next_pow2(qpk)), 64, 8
+
+
+def prefill_tile_map(cu_seqlens_q: torch.Tensor, num_tokens: int, block_q: int):
+    """(tile_seq, tile_idx, n_bound): the flat grid's tiles -> (sequence, query tile), on the device.
+    tile_seq == S past the last real tile; n_bound >= sum_s ceil(qlen_s / block_q)."""
+    S = cu_seqlens_q.shape[0] - 1
+    qlens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(torch.int64)
+    tiles = (qlens + block_q - 1) // block_q
+    cum = torch.cumsum(tiles, 0)
+    n_bound = -(-num_tokens // block_q) + S
+    t = torch.arange(n_bound, device=cu_seqlens_q.device)
+    tile_seq = torch.searchsorted(cum, t, right=True)
+    tile_idx = t - (cum - tiles)[tile_seq.clamp(max=S - 1)]
+    return tile_seq.to(torch.int32), tile_idx.to(torch.int32), n_bound
+
+
+def _whole_prompts(cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor) -> list[int] | None:
+    """The chunk's sequence boundaries when every sequence is a whole prompt (nothing cached before it),
+    else None. One device read per step (callers cache it in work_plans)."""
+    cu = cu_seqlens_q.tolist()
+    lens = seq_lens.tolist()
+    return cu if all(cu[i + 1] - cu[i] == n for i, n in enumerate(lens)) else None
+
+
+def prefill_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: list[int], sm_scale: float) -> torch.Tensor:
+    """Causal attention of whole prompts on their own K/V through torch SDPA (its flash kernel on CUDA).
+    q [Tq, Hq, D], k/v [Tq, Hkv, D]; cu: host sequence boundaries."""
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    for a, b in zip(cu[:-1], cu[1:]):
+        if b > a:
+            o = F.scaled_dot_product_attention(q[a:b].transpose(0, 1), k[a:b].transpose(0, 1),
+                                               v[a:b].transpose(0, 1), is_causal=True, scale=sm_scale,
+                                               enable_gqa=True)
+            out[a:b] = o.transpose(0, 1)
+    return out
+
+
 def prefill_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
-                             sm_scale: float) -> torch.Tensor:
-    """Triton chunked prefill over the paged cache; same contract as prefill_attention_ref."""
+                             sm_scale: float, work_plans: dict | None = None, k: torch.Tensor | None = None,
+                             v: torch.Tensor | None = None, sdpa: bool | None = None) -> torch.Tensor:
+    """Triton chunked prefill over the paged cache; same contract as prefill_attention_ref.
+
+    work_plans: a dict shared by the layers of one step; it keeps the tile map (and whether the chunk
+    is whole prompts), so they are built once per step. k, v: this chunk's keys and values [Tq, Hkv, D];
+    with them, a chunk of whole prompts runs torch SDPA instead (sdpa, default SDPA_WHOLE_PROMPTS)."""
     require_triton()
     _check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens)
     Tq, Hq, D = q.shape
     _, bs, Hkv, _ = k_cache.shape
     S = seq_lens.shape[0]
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if Tq == 0 or S == 0:
-        return out
-    block_m = 64
-    qlens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(torch.int64)
-    tiles = (qlens + block_m - 1) // block_m
-    cum = torch.cumsum(tiles, 0)
-    n_bound = -(-Tq // block_m) + S                # >= sum_s ceil(qlen_s / BLOCK_M)
-    t = torch.arange(n_bound, device=q.device)
-    tile_seq = torch.searchsorted(cum, t, right=True)   # == S past the last real tile
-    tile_idx = t - (cum - tiles)[tile_seq.clamp(max=S - 1)]
-    _prefill_kernel[(n_bound, Hq)](
-        q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, tile_seq.to(torch.int32),
-        tile_idx.to(torch.int32), out, q.stride(0), out.stride(0), block_tables.stride(0), Hkv * D, S,
-        sm_scale * _LOG2E, QPK=Hq // Hkv, D=D, BS=bs, BLOCK_M=block_m, BLOCK_N=64 if D <= 64 else 32,
-        BLOCK_D=max(16, next_pow2(D)), DOT_PREC=dot_precision(q.dtype), **launch_opts(q.dtype))
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
+    plans = work_plans if work_plans is not None else {}
+    if (SDPA_WHOLE_PROMPTS if sdpa is None else sdpa) and k is not None and v is not None:
+        if "prefill_whole" not in plans:
+            plans["prefill_whole"] = _whole_prompts(cu_seqlens_q, seq_lens)
+        if plans["prefill_whole"] is not None:
+            return prefill_sdpa(q, k, v, plans["prefill_whole"], sm_scale)
+    qpk = Hq // Hkv
+    block_m, block_n, warps = prefill_blocks(q.dtype, qpk, D)
+    key = ("prefill_tiles", block_m // next_pow2(qpk))
+    if key not in plans:
+        plans[key] = prefill_tile_map(cu_seqlens_q, Tq, block_m // next_pow2(qpk))
+    tile_seq, tile_idx, n_bound = plans[key]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    _prefill_kernel[(n_bound, Hkv)](
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, tile_seq, tile_idx, out, q.stride(0),
+        out.stride(0), block_tables.stride(0), Hkv * D, S, sm_scale * _LOG2E, QPK=qpk, QPK_P2=next_pow2(qpk),
+        D=D, BS=bs, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, next_pow2(D)),
+        DOT_PREC=dot_precision(q.dtype), num_warps=warps, num_stages=launch_opts(q.dtype)["num_stages"])
     return out
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")
+import kernels.prefill_attention as pa  # noqa: E402
 from kernels.prefill_attention import prefill_attention_ref, prefill_attention_triton  # noqa: E402
 
 DEV = env.DEVICE
@@ -33,8 +34,9 @@ CASES = [(64, 1, 16), (128, 2, 32), (64, 4, 32), (128, 8, 16)]
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_prefill_attention_triton(D, qpk, bs, dtype):
     Hkv = 1 if qpk >= 4 else 2
-    # full prefill (non-multiple of bs), chunk after a cached prefix, a one-token chunk, a chunk > one tile
-    cases = [(bs + 5, bs + 5), (3 * bs, bs - 3), (2 * bs + 1, 1), (70, 67)]
+    # full prefill (non-multiple of bs), chunk after a cached prefix, a one-token chunk, a chunk > one tile,
+    # chunks after prefixes long enough for unmasked key tiles before the diagonal ones
+    cases = [(bs + 5, bs + 5), (3 * bs, bs - 3), (2 * bs + 1, 1), (70, 67), (200, 40), (330, 150)]
     args = _batch(cases, bs, Hkv, D, qpk, dtype)
     out = prefill_attention_triton(*args, 1 / math.sqrt(D))
     ref = prefill_attention_ref(*args, 1 / math.sqrt(D))
@@ -48,3 +50,48 @@ def test_prefill_attention_triton_validates():
         prefill_attention_triton(q, kc, vc, bt, cu[:1], sl, 0.1)
     with pytest.raises(ValueError, match="contiguous"):
         prefill_attention_triton(q.transpose(0, 1), kc, vc, bt, cu, sl, 0.1)
+
+
+def _whole_prompts(lens, Hkv, D, qpk, dtype):
+    """Chunks that are whole prompts, with the chunk's own K/V (as the model hands them over)."""
+    q, kc, vc, bt, cu, sl = _batch([(n, n) for n in lens], 16, Hkv, D, qpk, dtype)
+    k, v = torch.empty(q.shape[0], Hkv, D, dtype=dtype, device=DEV), torch.empty(q.shape[0], Hkv, D, dtype=dtype, device=DEV)
+    for s, n in enumerate(lens):
+        pos = torch.arange(n, device=DEV)
+        slots = bt[s, pos // 16].long() * 16 + pos % 16
+        k[cu[s]:cu[s + 1]] = kc.view(-1, Hkv, D)[slots]
+        v[cu[s]:cu[s + 1]] = vc.view(-1, Hkv, D)[slots]
+    return (q, kc, vc, bt, cu, sl), k, v
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_whole_prompts_through_sdpa_match_the_reference(dtype, monkeypatch):
+    args, k, v = _whole_prompts([37, 100, 5], 2, 64, 4, dtype)
+    ref = prefill_attention_ref(*args, 0.125)
+    launches = []
+    monkeypatch.setattr(pa, "_prefill_kernel", type("K", (), {"__getitem__": lambda s, g: launches.append(g)})())
+    plans = {}
+    out = prefill_attention_triton(*args, 0.125, work_plans=plans, k=k, v=v, sdpa=True)
+    assert not launches and plans["prefill_whole"] == args[4].tolist()  # SDPA ran, not the Triton kernel
+    assert env.rel_err(out, ref) < env.TOL[dtype]
+
+
+def test_chunk_after_a_cached_prefix_never_takes_sdpa():
+    q, kc, vc, bt, cu, sl = _batch([(40, 40), (3 * 16, 7)], 16, 2, 64, 2, torch.float32)
+    k = torch.zeros(q.shape[0], 2, 64, device=DEV)  # wrong K/V: used, they would spoil the output
+    plans = {}
+    out = prefill_attention_triton(q, kc, vc, bt, cu, sl, 0.125, work_plans=plans, k=k, v=k, sdpa=True)
+    assert plans["prefill_whole"] is None
+    assert env.rel_err(out, prefill_attention_ref(q, kc, vc, bt, cu, sl, 0.125)) < 1e-3
+
+
+def test_tile_map_is_built_once_per_step(monkeypatch):
+    args = _batch([(70, 67), (200, 40)], 16, 1, 64, 4, torch.float32)
+    calls = []
+    real = pa.prefill_tile_map
+    monkeypatch.setattr(pa, "prefill_tile_map", lambda *a: calls.append(a) or real(*a))
+    plans = {}
+    first = prefill_attention_triton(*args, 0.125, work_plans=plans)
+    for _ in range(2):  # the other layers of the step
+        assert torch.equal(prefill_attention_triton(*args, 0.125, work_plans=plans), first)
+    assert len(calls) == 1
