@@ -96,12 +96,14 @@ def _compile_all() -> int:
                          NUM_PROGRAMS=264, qk_scale=0.1, v_scale=1.0),
                     dict(QPK=qpk, MT=block_m // qpk, D=D, BS=16, BLOCK_M=block_m, BLOCK_N=64 if D <= 64 else 32,
                          BLOCK_D=D, DOT_PREC=paged_decode.dot_precision(dt), **paged_decode.launch_opts(dt)))
-    for dt, D, qpk in [(torch.bfloat16, 128, 4), (f32, 128, 4), (torch.float16, 64, 3), (torch.bfloat16, 128, 1)]:
+    for dt, kv, D, qpk in [(torch.bfloat16, torch.bfloat16, 128, 4), (f32, f32, 128, 4),
+                           (torch.float16, torch.float16, 64, 3), (torch.bfloat16, torch.bfloat16, 128, 1),
+                           (torch.bfloat16, e4m3, 128, 4), (torch.bfloat16, e5m2, 128, 1), (f32, e4m3, 128, 4)]:
         block_m, block_n, warps = prefill_attention.prefill_blocks(dt, qpk, D)
         compile_one(prefill_attention._prefill_kernel,
-                    dict(q_ptr=dt, kc_ptr=dt, vc_ptr=dt, bt_ptr=i32, cu_ptr=i32, seq_ptr=i32, tile_seq_ptr=i32,
+                    dict(q_ptr=dt, kc_ptr=kv, vc_ptr=kv, bt_ptr=i32, cu_ptr=i32, seq_ptr=i32, tile_seq_ptr=i32,
                          tile_idx_ptr=i32, o_ptr=dt, stride_qt=4096, stride_ot=4096, stride_bt=64, stride_tok=1024,
-                         S=3, qk_scale=0.1),
+                         S=3, qk_scale=0.1, v_scale=1.0),
                     dict(QPK=qpk, QPK_P2=1 << (qpk - 1).bit_length(), D=D, BS=16, BLOCK_M=block_m, BLOCK_N=block_n,
                          BLOCK_D=D, DOT_PREC=paged_decode.dot_precision(dt), num_warps=warps,
                          num_stages=paged_decode.launch_opts(dt)["num_stages"]))
