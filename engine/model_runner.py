@@ -25,6 +25,7 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.distributed import Shard, TPGroup
 from engine.kv_cache import allocate_kv_cache, bytes_per_block, copy_blocks, resolve_kv_dtype
 from engine.loader import load_model
+from kernels._utils import is_fp8
 from engine.model import tile_linears
 from engine.scheduler import StepPlan
 from engine.sequence import Sequence
@@ -61,6 +62,9 @@ class ModelRunner:
         self.cfg, self.dtype, self.device, self.block_size = cfg, dtype, device, block_size
         self.kv_dtype = resolve_kv_dtype(kv_cache_dtype, dtype)
         self.model = load_model(cfg, dtype, device, shard, tp)
+        if not is_fp8(self.kv_dtype):  # a checkpoint's KV scales quantize an FP8 cache only (as vLLM)
+            for layer in self.model.layers:
+                layer.self_attn.k_scale = layer.self_attn.v_scale = 1.0
         # Two roles, two names: rank 0 of a group holds its TPWorkers (engine/tp_workers.py, which
         # imports this module; None on one rank and on a worker); a worker (rank >= 1) mirrors the
         # block-table writes rank 0 sends it.

@@ -67,3 +67,56 @@ def test_triton_backend_with_fp8_same_tokens_as_torch(kind, tiny_model_dir):
         assert llm.stats()["cascade_decode_steps"] > 0
     assert runs["triton"][0] == runs["torch"][0]
     assert worst_relative_logit_error(runs["torch"], runs["triton"]) < 1e-3
+
+
+# --- the checkpoint's scales ------------------------------------------------------------------------
+def with_tensors(src, dst, tensors: dict):
+    """A copy of checkpoint folder src in dst with extra tensors in its safetensors file."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(src, dst)
+    (file,) = dst.glob("*.safetensors")
+    save_file({**load_file(file), **tensors}, file, metadata={"format": "pt"})
+    return dst
+
+
+def scales_of(llm):
+    return [(a.self_attn.k_scale, a.self_attn.v_scale) for a in llm.runner.model.layers]
+
+
+@pytest.mark.parametrize("names", [("self_attn.k_scale", "self_attn.v_scale"),
+                                   ("self_attn.k_proj.output_scale", "self_attn.v_proj.output_scale")])
+def test_kv_scales_are_read_from_the_checkpoint(names, tiny_model_dir, tmp_path):
+    kn, vn = names
+    extra = {f"model.layers.{i}.{kn}": torch.tensor(0.5 + i) for i in range(2)}
+    extra |= {f"model.layers.{i}.{vn}": torch.tensor([2.0 + i]) for i in range(2)}
+    extra["model.layers.0.self_attn.q_scale"] = torch.tensor(3.0)  # q stays in the model dtype: ignored
+    path = str(with_tensors(tiny_model_dir("llama"), tmp_path / "scaled", extra))
+    fp8 = LLM(path, num_kv_blocks=64, max_model_len=512, kv_cache_dtype="fp8_e4m3")
+    assert scales_of(fp8) == [(0.5, 2.0), (1.5, 3.0)]
+    assert scales_of(LLM(path, num_kv_blocks=64, max_model_len=512)) == [(1.0, 1.0)] * 2  # auto: unscaled
+    # The store divides by the scale, attention multiplies by it: logits stay as close as unscaled.
+    base = step_logits(LLM(path, num_kv_blocks=64, max_model_len=512))
+    assert worst_relative_logit_error(base, step_logits(fp8)) < LOGIT_BOUND["fp8_e4m3"]
+    # Layer 0's K and V do not depend on any scale: stored / 0.5 and / 2.0, they dequantize to what an
+    # unscaled FP8 cache holds, within two roundings (2 x 2^-4 relative, plus the subnormal step).
+    plain = LLM(str(tiny_model_dir("llama")), num_kv_blocks=64, max_model_len=512, kv_cache_dtype="fp8_e4m3")
+    step_logits(plain)
+    for kv, scale in ((0, 0.5), (1, 2.0)):
+        a, b = fp8.runner.kv_cache[0, kv].float() * scale, plain.runner.kv_cache[0, kv].float()
+        assert b.abs().max() > 0 and ((a - b).abs() <= b.abs() * 2 ** -3 + 2 ** -9 * scale).all()
+
+
+def test_the_old_single_kv_scale_sets_both(tiny_model_dir, tmp_path):
+    extra = {f"model.layers.{i}.self_attn.kv_scale": torch.tensor(0.25) for i in range(2)}
+    path = str(with_tensors(tiny_model_dir("llama"), tmp_path / "kv", extra))
+    assert scales_of(LLM(path, num_kv_blocks=8, max_model_len=128, kv_cache_dtype="fp8_e5m2")) == [(0.25, 0.25)] * 2
+
+
+@pytest.mark.parametrize("value, match", [(torch.ones(2), "only per-tensor"), (torch.tensor(0.0), "positive and finite"),
+                                          (torch.tensor(float("inf")), "positive and finite")])
+def test_bad_kv_scales_are_refused(value, match, tiny_model_dir, tmp_path):
+    path = str(with_tensors(tiny_model_dir("llama"), tmp_path / "bad", {"model.layers.1.self_attn.k_scale": value}))
+    with pytest.raises(ValueError, match=match):
+        LLM(path, num_kv_blocks=8, max_model_len=128, kv_cache_dtype="fp8_e4m3")
