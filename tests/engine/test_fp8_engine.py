@@ -120,3 +120,112 @@ def test_bad_kv_scales_are_refused(value, match, tiny_model_dir, tmp_path):
     path = str(with_tensors(tiny_model_dir("llama"), tmp_path / "bad", {"model.layers.1.self_attn.k_scale": value}))
     with pytest.raises(ValueError, match=match):
         LLM(path, num_kv_blocks=8, max_model_len=128, kv_cache_dtype="fp8_e4m3")
+
+
+# --- every engine feature on FP8 blocks ----------------------------------------------------------------
+FP8 = dict(kv_cache_dtype="fp8_e4m3")
+MAIN = SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=20, ignore_eos=True)
+PROMPT = torch.randint(3, 256, (150,), generator=torch.Generator().manual_seed(1)).tolist()  # a partial last block
+
+
+def _seeded(model, setup: str, **kw):
+    """The seeded request MAIN on an FP8 batch-invariant engine under one setup: (tokens, logits by
+    (child, tokens before), stats)."""
+    opts = {"num_kv_blocks": 256, "batch_invariant": True, **FP8, **kw}
+    if setup == "preempted":
+        opts["num_kv_blocks"] = 16
+    elif setup == "no fork":
+        opts["enable_fork"] = False
+    elif setup == "chunked":
+        opts["max_num_batched_tokens"] = 8
+    logits = {}
+
+    def engine():
+        llm = LLM(model, **opts)
+        sample = llm.sampler
+
+        def recording(rows, seqs):
+            for row, seq in zip(rows, seqs):
+                if seq.request.request_id == "main":
+                    logits[seq.index, seq.num_generated] = row.clone()
+            return sample(rows, seqs)
+        llm.sampler = recording
+        return llm
+    llm = engine()
+    if setup == "prefix cached":  # an earlier request left the prompt's FP8 blocks in the cache
+        llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+    llm.add_request(PROMPT, MAIN, request_id="main")
+    if setup == "resumed":
+        for _ in range(8):
+            llm.step()
+        partial = llm.partial_outputs("main")
+        llm = engine()
+        llm.add_request(PROMPT, MAIN, request_id="main", resume=partial)
+    done = {}
+    while llm.has_unfinished():
+        done |= {o.request_id: o for o in llm.step()}
+    return [o.token_ids for o in done["main"].outputs], logits, llm.stats()
+
+
+@pytest.fixture(scope="module")
+def seeded_reference(tiny_model_dir):
+    return _seeded(str(tiny_model_dir("qwen3")), "reference")
+
+
+@pytest.mark.parametrize("setup", ["preempted", "resumed", "no fork", "chunked", "prefix cached"])
+def test_batch_invariant_fp8_logits_are_identical_under_every_setup(setup, seeded_reference, tiny_model_dir):
+    """FP8 blocks are forked (a partial block copied), shared by the prefix cache, dropped and recomputed
+    on preemption, rebuilt on resume: with batch_invariant=True the logits stay the same bits."""
+    ref_tokens, ref_logits, ref_stats = seeded_reference
+    tokens, logits, stats = _seeded(str(tiny_model_dir("qwen3")), setup)
+    assert tokens == ref_tokens and logits.keys() == ref_logits.keys() and len(logits) == MAIN.n * MAIN.max_tokens
+    assert [k for k in ref_logits if not torch.equal(logits[k], ref_logits[k])] == []
+    assert stats["kv_cache_dtype"] == "fp8_e4m3"
+    if setup == "preempted":
+        assert stats["preemptions"] > 0
+    if setup == "prefix cached":
+        assert stats["prefix_cache_hit_tokens"] >= 144
+
+
+def test_fp8_greedy_survives_preemption_and_prefix_sharing(tiny_model_dir):
+    model = str(tiny_model_dir("llama"))
+    prompts = [list(range(3, 40)), list(range(3, 40)) + [50, 51], list(range(60, 100))]
+    params = SamplingParams(n=2, temperature=0, max_tokens=40, ignore_eos=True)
+    big = LLM(model, num_kv_blocks=512, **FP8)
+    want = [[o.token_ids for o in r.outputs] for r in big.generate(prompts, params, use_tqdm=False)]
+    assert big.stats()["prefix_cache_hit_tokens"] > 0
+    small = LLM(model, num_kv_blocks=14, **FP8)
+    got = [[o.token_ids for o in r.outputs] for r in small.generate(prompts, params, use_tqdm=False)]
+    assert small.stats()["preemptions"] > 0 and got == want
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_fp8_decode_graph_buffers_give_eager_tokens(tiny_model_dir, tp):
+    model = str(tiny_model_dir("qwen3"))
+    prompts = [torch.randint(3, 256, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (35, 50, 7)]
+    params = [SamplingParams(n=k, temperature=0.9, seed=k, max_tokens=m, ignore_eos=True)
+              for k, m in ((3, 12), (2, 20), (1, 30))]
+    kw = dict(num_kv_blocks=128, cascade_attention=True, cascade_min_prefix=16, **FP8)
+    eager = LLM(model, **kw).generate(prompts, params, use_tqdm=False)
+    with LLM(model, tensor_parallel_size=tp, **kw) as llm:
+        llm.runner.capture_decode_graphs(5, emulate=True)
+        calls = []
+        real_run = llm.runner.graphs.run
+        llm.runner.graphs.run = lambda *a: calls.append(a[0].shape[0]) or real_run(*a)
+        got = llm.generate(prompts, params, use_tqdm=False)
+        assert calls and llm.stats()["cascade_decode_steps"] > 0
+    assert [[o.token_ids for o in r.outputs] for r in got] == [[o.token_ids for o in r.outputs] for r in eager]
+
+
+def test_fp8_tensor_parallel_each_rank_its_own_heads(tiny_model_dir):
+    """Two ranks, each storing its own KV heads in FP8 (scales are per layer, the same on every rank):
+    the unsplit engine's tokens, and its logits within float rounding."""
+    model = str(tiny_model_dir("llama"))  # 2 KV heads: one per rank
+    params = SamplingParams(n=3, temperature=0, max_tokens=12, ignore_eos=True)
+    one = step_logits(LLM(model, num_kv_blocks=96, **FP8), PROMPTS, params)
+    with LLM(model, num_kv_blocks=96, tensor_parallel_size=2, **FP8) as llm:
+        assert llm.runner.kv_cache.dtype == torch.float8_e4m3fn and llm.runner.kv_cache.shape[-2] == 1
+        two = step_logits(llm, PROMPTS, params)
+        assert llm.stats()["kv_bytes_per_token"] == 2 * 2 * 2 * 16  # both ranks' heads, one byte each
+    assert two[0] == one[0]
+    assert worst_relative_logit_error(one, two) < 1e-3
