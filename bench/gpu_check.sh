@@ -54,6 +54,7 @@ $PY -m bench.gpu_kernels --out "$TABLE_DIR" || status=1
 if [ -f bench/gpu_e2e.py ]; then
     echo "== end-to-end (bench/gpu_e2e.py)"
     $PY -m bench.gpu_e2e || status=1
+    $PY -m bench.gpu_e2e --kv-cache-dtype fp8_e4m3 || status=1
 fi
 
 echo "== summary (full numbers: ${OUT_DIR:-not kept, set OUT})"

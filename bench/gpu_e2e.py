@@ -6,6 +6,7 @@ with ignore_eos. Both settings share KV through fork; only the decode attention 
 
     python -m bench.gpu_e2e                 # CUDA, bf16, Triton kernels ($OUT/gpu_e2e.json if OUT is set)
     python -m bench.gpu_e2e --tiny          # CPU, a 2-layer model at tiny sizes: checks the code path
+    python -m bench.gpu_e2e --kv-cache-dtype fp8_e4m3   # the same with an FP8 KV cache ($OUT/gpu_e2e_fp8_e4m3.json)
 """
 from __future__ import annotations
 
@@ -77,6 +78,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default="2048x16,8192x16,2048x64", help="prompt_len x K, comma-separated")
     ap.add_argument("--gen-len", type=int, default=128)
     ap.add_argument("--out", default=os.environ.get("OUT") or None, help="folder for gpu_e2e.json")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=("auto", "fp8_e4m3", "fp8_e5m2"),
+                    help="KV cache format of both settings (default auto: the model's bf16)")
     args = ap.parse_args(argv)
     import torch
     from engine import LLM
@@ -93,7 +96,7 @@ def main(argv=None) -> int:
     bs = 16
     need = max(args.problems * (-(-plen // bs) + k * (-(-args.gen_len // bs) + 1)) for plen, k in cases)
     engines = {on: LLM(str(folder), dtype=dtype, device=device, num_kv_blocks=need + 64, record_steps=True,
-                       cascade_attention=on, max_num_seqs=max(args.problems * k for _, k in cases))
+                       cascade_attention=on, kv_cache_dtype=args.kv_cache_dtype, max_num_seqs=max(args.problems * k for _, k in cases))
                for on in (True, False)}
     g = torch.Generator().manual_seed(0)
     rows = []
@@ -116,12 +119,15 @@ def main(argv=None) -> int:
                          f"{r['decode_model_ms']:>15.2f}{ratio:>15}")
     dev_name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     table = f"end-to-end decode, {'tiny random' if args.tiny else 'Qwen3-0.6B-shaped random'} model, " \
-            f"{dtype}, {dev_name}, P={args.problems}, G={args.gen_len}\n" + "\n".join(lines)
+            f"{dtype}, KV {engines[True].stats()['kv_cache_dtype']}, {dev_name}, P={args.problems}, G={args.gen_len}\n" \
+        + "\n".join(lines)
     print(table)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "gpu_e2e.json").write_text(json.dumps(dict(device=dev_name, dtype=dtype, rows=rows), indent=1))
-        (Path(args.out) / "gpu_e2e_table.txt").write_text(table + "\n")
+        name = "gpu_e2e" if args.kv_cache_dtype == "auto" else f"gpu_e2e_{args.kv_cache_dtype}"
+        (Path(args.out) / f"{name}.json").write_text(json.dumps(dict(device=dev_name, dtype=dtype, kv_cache_dtype=
+                                                                  args.kv_cache_dtype, rows=rows), indent=1))
+        (Path(args.out) / f"{name}_table.txt").write_text(table + "\n")
     return 0
 
 

@@ -9,6 +9,10 @@ fraction of the measured device-to-device copy bandwidth, for the bytes each met
 - sdpa:    torch SDPA on K/V already gathered into dense [K, Hkv, L, D] tensors (gather not timed: a
            best case for torch), reads K full sequences like paged.
 
+Each case runs for every --kv-dtypes format: auto (the cache in --dtype) and fp8_e4m3 / fp8_e5m2 (one
+byte per value, upcast in registers), so bytes/s and times compare the formats (SDPA reads the FP8
+cache dequantized to --dtype).
+
     python -m bench.gpu_kernels [--out DIR] [--dtype bfloat16]
     python -m bench.gpu_kernels --dry-run      # tiny shapes on CPU under the Triton interpreter
 """
@@ -33,6 +37,7 @@ def parse_args(argv=None):
     ap.add_argument("--suffix", type=int, default=128, help="tokens each trajectory generated so far")
     ap.add_argument("--heads", default="32,8,128", help="Hq,Hkv,head_dim (default: Llama-3-8B-like)")
     ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--kv-dtypes", default="auto,fp8_e4m3", help="KV cache formats to run each case in")
     return ap.parse_args(argv)
 
 
@@ -78,12 +83,16 @@ def main(argv=None) -> int:
     print(f"device: {name}; copy bandwidth {copy_bw / 1e9:.1f} GB/s; {args.dtype}, Hq={Hq} Hkv={Hkv} D={D} bs={bs}")
 
     rows = []
+    from engine.kv_cache import resolve_kv_dtype
     for P in (int(x) for x in args.prefix_lens.split(",")):
         P = -(-P // bs) * bs  # the shared prefix is whole blocks
-        for K in (int(x) for x in args.ks.split(",")):
-            rows.append(run_case(torch, kernels, dev, dtype, P, K, args.suffix, Hq, Hkv, D, bs, elem, bench, copy_bw))
+        for K, fmt in ((int(k), f) for k in args.ks.split(",") for f in args.kv_dtypes.split(",")):
+            kv_dtype = resolve_kv_dtype(fmt, dtype)
+            rows.append(run_case(torch, kernels, dev, dtype, P, K, args.suffix, Hq, Hkv, D, bs, kv_dtype.itemsize,
+                                 bench, copy_bw, kv_dtype))
             r = rows[-1]
-            print(f"P={P:6d} K={K:3d}  paged {r['paged_us']:9.1f} us  cascade {r['cascade_us']:9.1f} us  "
+            r["kv_dtype"] = fmt
+            print(f"P={P:6d} K={K:3d} {fmt:>8}  paged {r['paged_us']:9.1f} us  cascade {r['cascade_us']:9.1f} us  "
                   f"sdpa {r['sdpa_us']:9.1f} us  max|cascade-paged| {r['max_diff']:.2e}", flush=True)
 
     table = format_table(rows)
@@ -98,15 +107,16 @@ def main(argv=None) -> int:
     return 0
 
 
-def run_case(torch, kernels, dev, dtype, P, K, suffix, Hq, Hkv, D, bs, elem, bench, copy_bw):
-    """One group of K rows sharing a P-token prefix (same physical blocks), each with its own suffix."""
+def run_case(torch, kernels, dev, dtype, P, K, suffix, Hq, Hkv, D, bs, elem, bench, copy_bw, kv_dtype=None):
+    """One group of K rows sharing a P-token prefix (same physical blocks), each with its own suffix;
+    the cache in kv_dtype (default dtype), elem bytes per value."""
     g = torch.Generator(device="cpu").manual_seed(P * 131 + K)
     seq = P + suffix
     pblocks = P // bs
     sblocks = -(-seq // bs) - pblocks
     nblocks = 1 + pblocks + K * sblocks
-    k_cache = torch.randn(nblocks, bs, Hkv, D, generator=g).to(dtype=dtype, device=dev)
-    v_cache = torch.randn(nblocks, bs, Hkv, D, generator=g).to(dtype=dtype, device=dev)
+    k_cache = torch.randn(nblocks, bs, Hkv, D, generator=g).to(dtype=kv_dtype or dtype, device=dev)
+    v_cache = torch.randn(nblocks, bs, Hkv, D, generator=g).to(dtype=kv_dtype or dtype, device=dev)
     tables = torch.zeros(K, pblocks + sblocks, dtype=torch.int32)
     tables[:, :pblocks] = torch.arange(1, 1 + pblocks, dtype=torch.int32)
     tables[:, pblocks:] = (1 + pblocks + torch.arange(K * sblocks, dtype=torch.int32)).view(K, sblocks)
@@ -126,8 +136,8 @@ def run_case(torch, kernels, dev, dtype, P, K, suffix, Hq, Hkv, D, bs, elem, ben
                                              max_group_size=K)
 
     # SDPA baseline on pre-gathered dense K/V, [K, Hkv, L, D] with GQA broadcast.
-    kd = k_cache[tables.long()].reshape(K, -1, Hkv, D)[:, :seq].transpose(1, 2).contiguous()
-    vd = v_cache[tables.long()].reshape(K, -1, Hkv, D)[:, :seq].transpose(1, 2).contiguous()
+    kd = k_cache[tables.long()].reshape(K, -1, Hkv, D)[:, :seq].transpose(1, 2).to(dtype).contiguous()
+    vd = v_cache[tables.long()].reshape(K, -1, Hkv, D)[:, :seq].transpose(1, 2).to(dtype).contiguous()
     qd = q.unsqueeze(2)  # [K, Hq, 1, D]
 
     def sdpa():
@@ -160,12 +170,12 @@ def run_case(torch, kernels, dev, dtype, P, K, suffix, Hq, Hkv, D, bs, elem, ben
 
 
 def format_table(rows) -> str:
-    head = (f"{'prefix':>7} {'K':>3} | {'paged us':>9} {'bw':>5} | {'cascade us':>10} {'bw':>5} {'x paged':>7} | "
+    head = (f"{'prefix':>7} {'K':>3} {'kv':>8} | {'paged us':>9} {'bw':>5} | {'cascade us':>10} {'bw':>5} {'x paged':>7} | "
             f"{'sdpa us':>9} {'bw':>5}")
     lines = ["bw = achieved / device copy bandwidth (bytes each method must read; cascade: prefix once)", head,
              "-" * len(head)]
     for r in rows:
-        lines.append(f"{r['prefix']:>7} {r['K']:>3} | {r['paged_us']:>9.1f} {r['paged_bw_frac']:>5.2f} | "
+        lines.append(f"{r['prefix']:>7} {r['K']:>3} {r.get('kv_dtype', 'auto'):>8} | {r['paged_us']:>9.1f} {r['paged_bw_frac']:>5.2f} | "
                      f"{r['cascade_us']:>10.1f} {r['cascade_bw_frac']:>5.2f} {r['cascade_speedup_vs_paged']:>7.2f} | "
                      f"{r['sdpa_us']:>9.1f} {r['sdpa_bw_frac']:>5.2f}")
     return "\n".join(lines)
