@@ -138,7 +138,8 @@ def main(argv=None) -> int:
         llm = LLM(args.model, dtype=args.dtype)
         records = run_profiled(llm, args.problems, args.k, args.prompt_len, args.gen_len, trace_steps=0)
         elem = torch.empty((), dtype=llm.dtype).element_size()
-        m, device, dtype = ModelShape.from_config(llm.config, elem), llm.device.type, str(llm.dtype).split(".")[-1]
+        m = ModelShape.from_config(llm.config, elem, llm.runner.kv_dtype.itemsize)  # FP8 KV: 1 byte a value
+        device, dtype = llm.device.type, str(llm.dtype).split(".")[-1]
     mach = measure_machine(device, dtype)
     rows = analyze(records, m, mach)
     print(format_table(rows, mach))

@@ -44,24 +44,28 @@ class Backend:
     rope: Callable
     silu_and_mul: Callable
 
-    def attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        self.store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
+    def attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, k_scale: float = 1.0,
+                  v_scale: float = 1.0) -> torch.Tensor:
+        """Store the new K/V, then attend; k_scale / v_scale: an FP8 cache's scales for this layer."""
+        kv_scales = dict(k_scale=k_scale, v_scale=v_scale)
+        self.store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping, **kv_scales)
         num_p = meta.num_prefill_tokens
         prefill = decode = None
         if num_p:
             prefill = self.prefill_attention(q[:num_p], k_cache, v_cache, meta.prefill_block_tables,
                                              meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale,
-                                             work_plans=meta.work_plans, k=k[:num_p], v=v[:num_p])
+                                             work_plans=meta.work_plans, k=k[:num_p], v=v[:num_p], **kv_scales)
         if num_p < q.shape[0]:
             qd = q[num_p:]
             if meta.group_starts is not None:
                 decode = self.cascade_decode(qd, k_cache, v_cache, meta.decode_block_tables,
                                              meta.decode_seq_lens, meta.group_starts,
                                              meta.group_prefix_lens, scale,
-                                             max_group_size=meta.max_group_size, work_plans=meta.work_plans)
+                                             max_group_size=meta.max_group_size, work_plans=meta.work_plans,
+                                             **kv_scales)
             else:
                 decode = self.paged_decode(qd, k_cache, v_cache, meta.decode_block_tables,
-                                           meta.decode_seq_lens, scale)
+                                           meta.decode_seq_lens, scale, **kv_scales)
         if prefill is None or decode is None:
             return prefill if decode is None else decode
         return torch.cat([prefill, decode])
@@ -105,17 +109,18 @@ class BatchInvariantBackend(Backend):
     """Every query token through one attention whose result for a query does not depend on the
     others (kernels/batch_invariant.py): the model runner hands decodes over as one-token chunks."""
 
-    def attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    def attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, k_scale: float = 1.0,
+                  v_scale: float = 1.0) -> torch.Tensor:
         from kernels.batch_invariant import max_pairs, plan_attention
         if meta.num_prefill_tokens != q.shape[0]:
             raise RuntimeError("batch-invariant attention takes decodes as one-token prefill chunks (engine bug)")
-        self.store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping)
+        self.store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping, k_scale=k_scale, v_scale=v_scale)
         if meta.plan is None:  # the same for every layer of the step
             meta.plan = plan_attention(meta.prefill_cu_seqlens_q, meta.prefill_seq_lens,
                                        meta.prefill_block_tables, k_cache.shape[1],
                                        max_pairs(q.shape[1], k_cache.shape[2], q.shape[2]))
         return self.prefill_attention(q, k_cache, v_cache, meta.prefill_block_tables, meta.prefill_cu_seqlens_q,
-                                      meta.prefill_seq_lens, scale, plan=meta.plan)
+                                      meta.prefill_seq_lens, scale, plan=meta.plan, k_scale=k_scale, v_scale=v_scale)
 
 
 def batch_invariant_backend() -> Backend:

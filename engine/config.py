@@ -15,6 +15,8 @@ if TYPE_CHECKING:  # torch is imported where it is used: `pacore --help` reads t
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
 SUPPORTED_ROPE_TYPES = {"default", "linear", "llama3", "yarn"}
 DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names
+# KV cache formats (vLLM's names): "auto" is the model's dtype; the FP8 ones store K and V in one byte.
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
 
 
 @dataclass(slots=True)
@@ -183,9 +185,10 @@ def json_object(value: str) -> dict:
     return obj
 
 
-def _flag(help: str, *, name: str | None = None, type=None, metavar: str | None = None) -> dict:
+def _flag(help: str, *, name: str | None = None, type=None, metavar: str | None = None,
+          choices: tuple | None = None) -> dict:
     """Field metadata making an EngineConfig field a command-line flag (``--field-name`` unless ``name``)."""
-    return {"flag": {"name": name, "help": help, "type": type, "metavar": metavar}}
+    return {"flag": {"name": name, "help": help, "type": type, "metavar": metavar, "choices": choices}}
 
 
 @dataclass(slots=True)
@@ -210,6 +213,10 @@ class EngineConfig:
     tensor_parallel_size=N splits the model over N ranks (Megatron-style, engine/distributed.py):
     N GPUs from ``device`` on, or N processes on a CPU that share its cores (torch.set_num_threads).
     Rank 0 is this process; the others are worker processes the LLM starts and stops (``shutdown()``).
+    kv_cache_dtype: 'auto' (the model's dtype), 'fp8_e4m3' or 'fp8_e5m2': K and V stored in one byte
+    each, half the bytes of bf16, so the same memory holds twice the tokens. Per-layer scales come
+    from the checkpoint (``self_attn.k_scale`` / ``v_scale``, llm-compressor's ``k_proj.output_scale``)
+    or are 1.0; values beyond the format's range saturate (engine/kv_cache.py).
     device_model: rehearse on a modelled device ('h200', or a parameters JSON a GPU run of bench/
     wrote): no weights or KV tensors are allocated, each step advances a virtual clock by its
     modelled cost, and tokens follow ``llm.sampler.workload`` (engine/rehearsal/).
@@ -224,6 +231,10 @@ class EngineConfig:
     num_kv_blocks: int | None = field(default=None, metadata=_flag(
         "KV-cache size in blocks (default: sized by the engine)", type=positive_int, metavar="N"))
     kv_cache_memory: int | None = None
+    kv_cache_dtype: str = field(default="auto", metadata=_flag(
+        "KV cache format: auto (the model's dtype), fp8_e4m3 or fp8_e5m2 (one byte per value: twice the tokens "
+        "in the same memory, half the bytes read per decode step; vLLM's --kv-cache-dtype)",
+        choices=KV_CACHE_DTYPES))
     gpu_memory_utilization: float = 0.9
     max_num_seqs: int = field(default=256, metadata=_flag(
         "most sequences (trajectories) decoded in one step (engine default 256)", type=positive_int, metavar="N"))
@@ -267,14 +278,16 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if not 0 <= self.cascade_min_saved_fraction <= 1:
             raise ValueError(f"cascade_min_saved_fraction must be in [0, 1], got {self.cascade_min_saved_fraction}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.attention_backend not in (None, "torch", "triton"):
             raise ValueError(f"attention_backend must be 'torch', 'triton' or None, got {self.attention_backend!r}")
 
 
 # The flags of `pacore run`, `demo` and `serve`, in their --help order; `serve` adds the engine's "seed"
 # (`pacore run --seed` is the run's seed, which also seeds its engine).
-ENGINE_FLAGS = ("dtype", "max_model_len", "rope_scaling", "max_num_seqs", "num_kv_blocks", "tensor_parallel_size",
-                "batch_invariant", "enforce_eager")
+ENGINE_FLAGS = ("dtype", "kv_cache_dtype", "max_model_len", "rope_scaling", "max_num_seqs", "num_kv_blocks",
+                "tensor_parallel_size", "batch_invariant", "enforce_eager")
 _FIELDS = {f.name: f for f in dataclasses.fields(EngineConfig)}
 
 
@@ -288,7 +301,7 @@ def add_engine_flags(group, names: tuple[str, ...] = ENGINE_FLAGS) -> None:
         if f.type == "bool":
             group.add_argument(flag, dest=name, action="store_true", help=spec["help"])
             continue
-        kwargs = {k: spec[k] for k in ("type", "metavar") if spec[k] is not None}
+        kwargs = {k: spec[k] for k in ("type", "metavar", "choices") if spec.get(k) is not None}
         group.add_argument(flag, dest=name, default=f.default, help=spec["help"], **kwargs)
 
 

@@ -14,6 +14,14 @@ A token's *slot* is ``block_id * block_size + offset``; ``k_cache.view(-1, Hkv, 
 derived from them are computed in int64 by the kernels (num_blocks * block_size * Hkv * D overflows
 int32 on large GPUs).
 
+FP8 (``kv_cache_dtype="fp8_e4m3"`` / ``"fp8_e5m2"``)
+----------------------------------------------------
+The same layout in ``torch.float8_e4m3fn`` / ``torch.float8_e5m2``: one byte per value. Each layer has a
+K scale and a V scale (fp32 scalars): the store writes ``saturate(k / k_scale)``, where saturate clamps
+to the format's largest finite value (448 for e4m3, 57344 for e5m2), so nothing stored is inf or NaN;
+the attention kernels read ``stored * scale``, upcast in registers, with fp32 accumulation.
+Scales apply to FP8 caches only: a cache in the model's dtype stores K and V as they are.
+
 Block tables
 ------------
 ``block_tables`` is int32 ``[B, max_blocks]``: row b lists the physical blocks of sequence b in token
@@ -50,6 +58,22 @@ from __future__ import annotations
 
 import torch
 
+_KV_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+def resolve_kv_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The cache's torch dtype for an EngineConfig.kv_cache_dtype ("auto": the model's)."""
+    if kv_cache_dtype == "auto":
+        return model_dtype
+    if kv_cache_dtype not in _KV_DTYPES:
+        raise ValueError(f"kv_cache_dtype must be 'auto' or one of {sorted(_KV_DTYPES)}, got {kv_cache_dtype!r}")
+    return _KV_DTYPES[kv_cache_dtype]
+
+
+def kv_dtype_name(dtype: torch.dtype) -> str:
+    """The cache dtype as stats report it: 'fp8_e4m3', 'fp8_e5m2' or the torch name ('bfloat16')."""
+    return next((name for name, dt in _KV_DTYPES.items() if dt == dtype), str(dtype).removeprefix("torch."))
+
 
 def allocate_kv_cache(num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                       head_dim: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
@@ -59,8 +83,7 @@ def allocate_kv_cache(num_layers: int, num_blocks: int, block_size: int, num_kv_
 
 def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
                     dtype: torch.dtype) -> int:
-    elem = torch.empty((), dtype=dtype).element_size()
-    return num_layers * 2 * block_size * num_kv_heads * head_dim * elem
+    return num_layers * 2 * block_size * num_kv_heads * head_dim * dtype.itemsize
 
 
 def copy_blocks(kv: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import numbers
 import threading
 import time
@@ -24,6 +25,7 @@ from engine.block_manager import BlockManager
 from engine.checks import check_fits, check_resume, prompt_ids
 from engine.config import EngineConfig, ModelConfig, resolve_dtype
 from engine.default_model import resolve_model
+from engine.kv_cache import kv_dtype_name
 from engine.observers import StepHooks, StepObserver, StepRecord
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
@@ -31,6 +33,8 @@ from engine.scheduler import CascadePolicy, Scheduler, StepPlan
 from engine.sequence import Partial, Request, RequestMetrics, RequestOutput
 from engine.stopping import StopChecker
 from engine.tp_workers import start_ranks
+
+log = logging.getLogger("engine")
 
 
 class StepError(RuntimeError):
@@ -79,7 +83,8 @@ class LLM:
         runner_kwargs = dict(
             cfg=cfg, dtype=self.dtype, block_size=opts.block_size, max_num_seqs=opts.max_num_seqs,
             max_model_len=self.max_model_len, backend=opts.attention_backend or default_backend(self.device),
-            cascade=cascade.enabled is not False, batch_invariant=opts.batch_invariant)
+            cascade=cascade.enabled is not False, batch_invariant=opts.batch_invariant,
+            kv_cache_dtype=opts.kv_cache_dtype)
         if opts.device_model:
             from engine.rehearsal.device_model import DeviceParams
             from engine.rehearsal.runner import RehearsalRunner
@@ -97,6 +102,9 @@ class LLM:
         except BaseException:
             self.shutdown()
             raise
+        self.kv_cache_dtype = kv_dtype_name(self.runner.kv_dtype)
+        log.info("KV cache: %d blocks x %d tokens = %d tokens, %s, %d bytes per token", num_blocks, opts.block_size,
+                 num_blocks * opts.block_size, self.kv_cache_dtype, self.kv_bytes_per_block // opts.block_size)
         self.block_manager = BlockManager(num_blocks, opts.block_size, opts.enable_prefix_caching)
         self.stop_checker = StopChecker(self.tokenizer, cfg.eos_token_ids, self.max_model_len)
         self.scheduler = Scheduler(self.block_manager, self.stop_checker, opts.max_num_seqs,
@@ -327,7 +335,9 @@ class LLM:
         the present (KV blocks used and shared by more than one sequence, sequences waiting and running).
 
         kv_blocks_peak_saved is the engine-wide peak of blocks that sharing saved at one time (the
-        per-request figure is RequestOutput.metrics.kv_blocks_saved_by_sharing)."""
+        per-request figure is RequestOutput.metrics.kv_blocks_saved_by_sharing). kv_cache_dtype,
+        kv_bytes_per_token and kv_cache_tokens describe the cache: its format, what one token costs
+        (all layers, K and V, every rank) and how many tokens it holds."""
         bm, sch = self.block_manager, self.scheduler
         return dict(
             prefill_tokens=sch.prefill_tokens,
@@ -340,6 +350,9 @@ class LLM:
             kv_blocks_peak=bm.peak_used,
             kv_blocks_peak_saved=bm.peak_saved,
             kv_bytes_per_block=self.kv_bytes_per_block,
+            kv_cache_dtype=self.kv_cache_dtype,
+            kv_bytes_per_token=self.kv_bytes_per_block // self.block_size,
+            kv_cache_tokens=bm.num_blocks * self.block_size,
             preemptions=sch.num_preemptions,
             cascade_decode_steps=self._cascade_steps,
             num_waiting=len(sch.waiting),

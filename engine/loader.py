@@ -14,6 +14,14 @@ from engine.model import CausalLM
 _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
           "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
+# An FP8-KV checkpoint's per-layer cache scales, as vLLM reads them: self_attn.k_scale / v_scale (vLLM,
+# AutoFP8, llm-compressor), the older single self_attn.kv_scale (both), and compressed-tensors'
+# k_proj.output_scale / v_proj.output_scale. q_scale / prob_scale quantize q and the softmax, which
+# this engine keeps in the model's dtype: ignored.
+_KV_SCALE = re.compile(r"(?:model\.)?layers\.(\d+)\.self_attn\.(k_scale|v_scale|kv_scale|k_proj\.output_scale|"
+                       r"v_proj\.output_scale|q_scale|prob_scale|q_proj\.output_scale)$")
+_KV_SCALE_TARGETS = {"k_scale": ("k_scale",), "v_scale": ("v_scale",), "kv_scale": ("k_scale", "v_scale"),
+                     "k_proj.output_scale": ("k_scale",), "v_proj.output_scale": ("v_scale",)}
 
 
 def _checkpoint_files(path) -> list:
@@ -70,6 +78,9 @@ def load_weights(model: CausalLM, path) -> None:
             for hf_name in f.keys():
                 if _IGNORED.match(hf_name):
                     continue
+                if (m := _KV_SCALE.match(hf_name)) is not None:
+                    _load_kv_scale(model, file, hf_name, f.get_tensor(hf_name), int(m.group(1)), m.group(2))
+                    continue
                 name = hf_name.removeprefix("model.")
                 parts = name.split(".")
                 module = parts[-2] if len(parts) >= 2 else ""
@@ -115,6 +126,23 @@ def load_weights(model: CausalLM, path) -> None:
     missing = sorted(expected - loaded)
     if missing:
         raise ValueError(f"checkpoint in {path} lacks {len(missing)} tensors, e.g. {missing[:4]}")
+
+
+def _load_kv_scale(model: CausalLM, file, hf_name: str, tensor: torch.Tensor, layer: int, kind: str) -> None:
+    """Set layer ``layer``'s FP8 cache scale(s) from a checkpoint scalar (per-tensor, as vLLM's default)."""
+    targets = _KV_SCALE_TARGETS.get(kind)
+    if targets is None:
+        return
+    if layer >= len(model.layers):
+        raise ValueError(f"{file.name}: {hf_name!r} names layer {layer}, the model has {len(model.layers)}")
+    if tensor.numel() != 1:
+        raise ValueError(f"{file.name}: {hf_name!r} has shape {tuple(tensor.shape)}; only per-tensor (scalar) KV "
+                         "cache scales are supported, not per-head ones")
+    value = float(tensor.float().item())
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{file.name}: {hf_name!r} is {value}; a KV cache scale must be positive and finite")
+    for target in targets:
+        setattr(model.layers[layer].self_attn, target, value)
 
 
 def _bad_shape(file, hf_name: str, shape: tuple, implied: tuple, ranks: int = 1):

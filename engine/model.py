@@ -38,6 +38,8 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
         self.scale = cfg.head_dim ** -0.5
+        # An FP8 cache's per-layer scales (stored = value / scale): the checkpoint's, else 1.0 (engine/loader.py).
+        self.k_scale = self.v_scale = 1.0
 
     def forward(self, x, positions, meta: AttentionMetadata, kv: torch.Tensor, ops: Backend,
                 cos_sin: torch.Tensor) -> torch.Tensor:
@@ -51,7 +53,7 @@ class Attention(nn.Module):
         else:
             q, k = q.contiguous(), k.contiguous()
         q, k = ops.rope(positions, q, k, cos_sin)
-        out = ops.attention(q, k, v.contiguous(), kv[0], kv[1], meta, self.scale)
+        out = ops.attention(q, k, v.contiguous(), kv[0], kv[1], meta, self.scale, self.k_scale, self.v_scale)
         return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))
 
 

@@ -23,8 +23,9 @@ from engine.attention import AttentionMetadata, batch_invariant_backend, get_bac
 from engine.config import ModelConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.distributed import Shard, TPGroup
-from engine.kv_cache import allocate_kv_cache, bytes_per_block, copy_blocks
+from engine.kv_cache import allocate_kv_cache, bytes_per_block, copy_blocks, resolve_kv_dtype
 from engine.loader import load_model
+from kernels._utils import is_fp8
 from engine.model import tile_linears
 from engine.scheduler import StepPlan
 from engine.sequence import Sequence
@@ -57,9 +58,13 @@ class ModelRunner:
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, block_size: int,
                  max_num_seqs: int, max_model_len: int, backend: str, cascade: bool = True,
                  batch_invariant: bool = False, shard: Shard | None = None, tp: TPGroup | None = None,
-                 workers=None):
+                 workers=None, kv_cache_dtype: str = "auto"):
         self.cfg, self.dtype, self.device, self.block_size = cfg, dtype, device, block_size
+        self.kv_dtype = resolve_kv_dtype(kv_cache_dtype, dtype)
         self.model = load_model(cfg, dtype, device, shard, tp)
+        if not is_fp8(self.kv_dtype):  # a checkpoint's KV scales quantize an FP8 cache only (as vLLM)
+            for layer in self.model.layers:
+                layer.self_attn.k_scale = layer.self_attn.v_scale = 1.0
         # Two roles, two names: rank 0 of a group holds its TPWorkers (engine/tp_workers.py, which
         # imports this module; None on one rank and on a worker); a worker (rank >= 1) mirrors the
         # block-table writes rank 0 sends it.
@@ -88,7 +93,7 @@ class ModelRunner:
         """This rank's bytes per block (its KV heads only)."""
         cfg = self.cfg
         return bytes_per_block(cfg.num_layers, self.block_size, self.model.shard.num_kv_heads, cfg.head_dim,
-                               self.dtype)
+                               self.kv_dtype)
 
     def free_kv_bytes(self, gpu_memory_utilization: float) -> int:
         """Bytes this rank's GPU can give the cache, its weights loaded."""
@@ -144,7 +149,7 @@ class ModelRunner:
             self.workers.call("allocate_kv_cache", num_blocks, False, wait=False)
         cfg = self.cfg
         self.kv_cache = allocate_kv_cache(cfg.num_layers, num_blocks, self.block_size,
-                                          self.model.shard.num_kv_heads, cfg.head_dim, self.dtype, self.device)
+                                          self.model.shard.num_kv_heads, cfg.head_dim, self.kv_dtype, self.device)
         if cuda_graphs and self.device.type == "cuda" and self.ops.name == "triton":  # never batch_invariant
             try:
                 self.capture_decode_graphs(self.max_num_seqs)

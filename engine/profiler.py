@@ -102,7 +102,8 @@ class ProfileSession(StepObserver):
         elem = torch.empty((), dtype=llm.dtype).element_size()
         return dict(model=str(llm.config.path), device=llm.device.type, dtype=str(llm.dtype).split(".")[-1],
                     block_size=llm.block_size, kv_bytes_per_block=llm.kv_bytes_per_block,
-                    model_shape=dataclasses.asdict(ModelShape.from_config(llm.config, elem)))
+                    model_shape=dataclasses.asdict(ModelShape.from_config(llm.config, elem,
+                                                                          llm.runner.kv_dtype.itemsize)))
 
     def summary(self) -> dict:
         by_label: dict[str, dict] = {}

@@ -20,11 +20,12 @@ class ModelShape:
     vocab_size: int
     dtype_bytes: int
     qk_norm: bool = False
+    kv_dtype_bytes: int | None = None  # the KV cache's bytes per value (1 for FP8); None: dtype_bytes
 
     @classmethod
-    def from_config(cls, cfg, dtype_bytes: int) -> "ModelShape":
+    def from_config(cls, cfg, dtype_bytes: int, kv_dtype_bytes: int | None = None) -> "ModelShape":
         return cls(cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
-                   cfg.head_dim, cfg.vocab_size, dtype_bytes, cfg.qk_norm)
+                   cfg.head_dim, cfg.vocab_size, dtype_bytes, cfg.qk_norm, kv_dtype_bytes)
 
     @property
     def layer_linear_params(self) -> int:
@@ -41,7 +42,7 @@ class ModelShape:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * (self.kv_dtype_bytes or self.dtype_bytes)
 
     @property
     def attn_flops_per_pair(self) -> int:

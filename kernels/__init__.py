@@ -23,6 +23,10 @@ Triton kernel notes:
   packs a kv head's q heads into one block and masks only the diagonal key tiles; its tile map and
   cascade's prefix plan are built once per step (the work_plans dict of AttentionMetadata).
 - fp32 inputs use exact fp32 dots (input_precision="ieee"), not TF32.
+- FP8 caches (float8_e4m3fn / float8_e5m2, engine/kv_cache.py): store_kvcache takes k_scale / v_scale and
+  writes saturate(x / scale); the attention kernels take the same scales and upcast each K/V tile in
+  registers (fp32 accumulation). The interpreter reads FP8 exactly but rounds float -> FP8 wrongly, so
+  the store's rounding is checked on a GPU only.
 
 batch_invariant.py holds the torch ops of LLM(batch_invariant=True) (no Triton twins): linear layers
 in fixed row tiles and an attention whose result for a query does not depend on its batch.

@@ -4,9 +4,29 @@ from __future__ import annotations
 
 import torch
 
+# FP8 caches (engine/kv_cache.py): values stored as saturate(x / scale), read as stored * scale.
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
-def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """cache [N, bs, Hkv, D], blocks int64 [..., W] -> fp32 [Hkv, ..., W * bs, D], a fresh tensor.
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    return dtype in FP8_DTYPES
+
+
+def fp8_max(dtype: torch.dtype) -> float:
+    """The largest finite value of an FP8 format: 448 (e4m3fn), 57344 (e5m2)."""
+    return float(torch.finfo(dtype).max)
+
+
+def quantize_fp8(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """x / scale in ``dtype``, saturated at the format's largest finite value (never inf or NaN for
+    finite x). Multiplies by the fp32 reciprocal, as the Triton store does, so both round alike."""
+    m = fp8_max(dtype)
+    return (x.float() * (1.0 / scale)).clamp_(-m, m).to(dtype)
+
+
+def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """cache [N, bs, Hkv, D], blocks int64 [..., W] -> fp32 [Hkv, ..., W * bs, D], a fresh tensor,
+    times ``scale`` (an FP8 cache's dequantization factor).
 
     Two passes over the gathered bytes: a row gather of whole blocks (memcpy-like), then one copy
     that both moves Hkv first (so the matmuls batch over (Hkv, ...) without further copies) and
@@ -19,6 +39,8 @@ def gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     g = g.permute(perm)
     out = torch.empty(g.shape, dtype=torch.float32, device=cache.device)
     out.copy_(g)
+    if scale != 1.0:
+        out.mul_(scale)
     return out.flatten(-3, -2)
 
 
@@ -106,14 +128,16 @@ def online_softmax_tile(q, k, v, keep, qk_scale, m_i, l_i, acc, DOT_PREC: tl.con
 
     The caller guarantees every row's new max is finite (a kept key in this or an earlier tile): with
     m_i = m_new = -inf, exp2(m_i - m_new) would be NaN."""
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale
+    # An FP8 tile is upcast here, in registers, to q's dtype (exact: every FP8 value is a bf16/fp16
+    # value); its K scale is folded into qk_scale and its V scale applied to the output by the caller.
+    s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * qk_scale
     if keep is not None:
         s = tl.where(keep, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
     return m_new, l_i, acc
 
 
@@ -173,10 +197,22 @@ def check_int(name: str, t: torch.Tensor) -> None:
     check(t.is_contiguous(), f"{name}: must be contiguous")
 
 
-def check_attn_dtypes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+def check_kv_scales(cache_dtype: torch.dtype, k_scale: float, v_scale: float) -> None:
+    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+        check(isinstance(s, (int, float)) and not isinstance(s, bool) and 0 < s < float("inf"),
+              f"{name} must be a positive finite number, got {s!r}")
+    check(is_fp8(cache_dtype) or k_scale == v_scale == 1.0,
+          f"k_scale/v_scale ({k_scale}, {v_scale}) apply to FP8 caches only; a {cache_dtype} cache takes 1.0")
+
+
+def check_attn_dtypes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: float = 1.0,
+                      v_scale: float = 1.0) -> None:
+    """q in fp32/fp16/bf16; the caches in q's dtype or both in one FP8 format (then scaled)."""
     check(q.dtype in (torch.float32, torch.float16, torch.bfloat16), f"q: unsupported dtype {q.dtype}")
-    check(k_cache.dtype == q.dtype and v_cache.dtype == q.dtype,
-          f"q/k_cache/v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    check(k_cache.dtype == v_cache.dtype and (k_cache.dtype == q.dtype or is_fp8(k_cache.dtype)),
+          f"q/k_cache/v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype} (caches take q's dtype "
+          f"or one FP8 format)")
+    check_kv_scales(k_cache.dtype, k_scale, v_scale)
     check(k_cache.dim() == 4 and k_cache.shape == v_cache.shape,
           f"caches must be [N, bs, Hkv, D] and equal: {tuple(k_cache.shape)} vs {tuple(v_cache.shape)}")
     check(k_cache.is_contiguous() and v_cache.is_contiguous(), "k_cache/v_cache must be contiguous")

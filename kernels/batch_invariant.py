@@ -108,12 +108,15 @@ def _items(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     return buf
 
 
-def _tile_items(cache: torch.Tensor, c: AttentionChunk) -> torch.Tensor:
+def _tile_items(cache: torch.Tensor, c: AttentionChunk, scale: float = 1.0) -> torch.Tensor:
     """Each item's [K_TILE, D] keys (or values) per kv head, as _items lays them out: the distinct
-    tiles are gathered once, then copied whole to the items that share them."""
+    tiles are gathered once (an FP8 cache dequantized: times its scale, elementwise, so still
+    batch-invariant), then copied whole to the items that share them."""
     U, (_, Hkv, D), I = c.tile_slots.shape[0], cache.shape, c.item_tile.shape[0]
     tiles = torch.empty(U, Hkv, K_TILE, D, dtype=torch.float32, device=cache.device)
     tiles.copy_(cache.index_select(0, c.tile_slots.flatten()).view(U, K_TILE, Hkv, D).permute(0, 2, 1, 3))
+    if scale != 1.0:
+        tiles.mul_(scale)
     buf = torch.empty(-(-I * Hkv // BMM_ITEMS) * BMM_ITEMS, K_TILE, D, dtype=torch.float32, device=cache.device)
     torch.index_select(tiles, 0, c.item_tile, out=buf[:I * Hkv].view(I, Hkv, K_TILE, D))
     buf[I * Hkv:].zero_()
@@ -204,7 +207,8 @@ def _plan_chunk(a, b, seq, pos, n_tiles, ctx, tables, last_slot, bs) -> Attentio
 
 def attention_invariant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
-                        sm_scale: float, plan: list[AttentionChunk] | None = None) -> torch.Tensor:
+                        sm_scale: float, plan: list[AttentionChunk] | None = None, k_scale: float = 1.0,
+                        v_scale: float = 1.0) -> torch.Tensor:
     """prefill_attention_ref's contract (packed causal queries over the paged cache; a decode is a
     one-query sequence), with each query's result independent of the other queries and sequences.
 
@@ -213,8 +217,9 @@ def attention_invariant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     is exact in any order), weights summed per tile and then across tiles by tree_sum, the same for
     P @ V. Masked keys add exact zeros, and tiles past a query's own hold zeros, which leave every
     sum unchanged. plan: plan_attention's result for these arguments (layers of a step share it).
+    An FP8 cache is read as stored * k_scale / v_scale.
     """
-    check_attn_dtypes(q, k_cache, v_cache)
+    check_attn_dtypes(q, k_cache, v_cache, k_scale, v_scale)
     check(cu_seqlens_q.numel() == seq_lens.numel() + 1, "cu_seqlens_q must have one more entry than seq_lens")
     Tq, Hq, D = q.shape
     _, bs, Hkv, _ = k_cache.shape
@@ -226,7 +231,7 @@ def attention_invariant(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     out = torch.empty_like(q)
     for c in plan:
         out[c.queries] = _attend_chunk(qf, k_cache.view(-1, Hkv, D), v_cache.view(-1, Hkv, D), c,
-                                       sm_scale).to(q.dtype)
+                                       sm_scale, k_scale, v_scale).to(q.dtype)
     return out
 
 
@@ -237,13 +242,13 @@ def max_pairs(num_heads: int, num_kv_heads: int, head_dim: int) -> int:
 
 
 def _attend_chunk(qf: torch.Tensor, k_flat: torch.Tensor, v_flat: torch.Tensor, c: AttentionChunk,
-                  sm_scale: float) -> torch.Tensor:
+                  sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     Hq, D = qf.shape[1:]
     Hkv = k_flat.shape[1]
     G, (I, Qc), n = Hq // Hkv, (c.item_q.shape[0], c.queries.shape[0]), c.item_q.shape[0] * k_flat.shape[1]
     rows = torch.cat([c.queries, c.queries.new_full((1,), qf.shape[0] - 1)])[c.item_q]   # [I, Q_TILE]
     qi = _items(qf[rows].view(I, Q_TILE, Hkv, G, D).permute(0, 2, 1, 3, 4), Q_TILE * G, D)  # (item, kv head)
-    k, v = (_tile_items(flat, c) for flat in (k_flat, v_flat))
+    k, v = _tile_items(k_flat, c, k_scale), _tile_items(v_flat, c, v_scale)
     s = _item_bmm(qi, k, transpose_b=True)
     s5 = s[:n].view(I, Hkv, Q_TILE, G, K_TILE).mul_(sm_scale)
     s5.masked_fill_(~c.keep[:, None, :, None, :], float("-inf"))

@@ -15,8 +15,10 @@ from .paged_decode import (_LOG2E, _MAX_SPLITS, MIN_TOKENS_PER_SPLIT, check_deco
 def cascade_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                        block_tables: torch.Tensor, seq_lens: torch.Tensor, group_starts: torch.Tensor,
                        group_prefix_lens: torch.Tensor, sm_scale: float,
-                       max_group_size: int | None = None, work_plans: dict | None = None) -> torch.Tensor:
-    """q [B, Hq, D]; groups per engine/kv_cache.py. Returns out [B, Hq, D] in q.dtype.
+                       max_group_size: int | None = None, work_plans: dict | None = None,
+                       k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+    """q [B, Hq, D]; groups per engine/kv_cache.py. Returns out [B, Hq, D] in q.dtype. An FP8 cache is
+    read as stored * k_scale / v_scale.
 
     max_group_size and work_plans are launch hints of the Triton version, accepted here so both share
     one signature."""
@@ -39,8 +41,8 @@ def cascade_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         if plen <= 0 or r1 <= r0:
             continue
         blocks = block_tables[r0, : plen // bs].to(device=dev, dtype=torch.int64)
-        kp = gather_blocks(k_cache, blocks)                                  # [Hkv, P, D]
-        vp = gather_blocks(v_cache, blocks)
+        kp = gather_blocks(k_cache, blocks, k_scale)                         # [Hkv, P, D]
+        vp = gather_blocks(v_cache, blocks, v_scale)
         n = r1 - r0
         qg = qf[r0:r1].reshape(n, Hkv, G, D).permute(1, 0, 2, 3).reshape(Hkv, n * G, D)
         scores = torch.matmul(qg, kp.transpose(1, 2)) * sm_scale                            # [Hkv, n*G, P]
@@ -52,7 +54,7 @@ def cascade_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     # Stage 2: each row's own suffix [prefix_len, seq_len), then the exact merge.
     q2 = q if q.dtype == torch.float32 else qf
     o2, lse2 = paged_decode_ref(q2, k_cache, v_cache, block_tables, seq_lens, sm_scale,
-                                start_lens=row_prefix, return_lse=True)
+                                start_lens=row_prefix, return_lse=True, k_scale=k_scale, v_scale=v_scale)
     out, _ = merge_attn_states(o1, lse1, o2.float(), lse2)
     return out.to(q.dtype)
 
@@ -116,7 +118,7 @@ def cascade_prefix_plan(group_starts: torch.Tensor, group_prefix_lens: torch.Ten
 @triton.jit(do_not_specialize=["stride_bt", "stride_lb", "stride_lh", "stride_ls", "G", "NUM_PROGRAMS"])
 def _cascade_prefix_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, gs_ptr, gp_ptr, sp_ptr, cum_ptr, o_ptr, lse_ptr,
                            stride_qb, stride_bt, stride_tok, stride_ob, stride_oh, stride_os,
-                           stride_lb, stride_lh, stride_ls, G, HKV, NUM_PROGRAMS, qk_scale,
+                           stride_lb, stride_lh, stride_ls, G, HKV, NUM_PROGRAMS, qk_scale, v_scale,
                            QPK: tl.constexpr, MT: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                            DOT_PREC: tl.constexpr):
@@ -157,7 +159,7 @@ def _cascade_prefix_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, gs_ptr, gp_ptr, sp_ptr
         o, lse = attend_key_range(q, kc_ptr, vc_ptr, bt_row, t0, t1, h, d, stride_tok, qk_scale, BS, D,
                                   BLOCK_N, DOT_PREC)
         tl.store(o_ptr + row[:, None] * stride_ob + head[:, None] * stride_oh + split * stride_os + d[None, :],
-                 o, mask=row_ok[:, None] & (d[None, :] < D))
+                 o * v_scale, mask=row_ok[:, None] & (d[None, :] < D))
         tl.store(lse_ptr + row * stride_lb + head * stride_lh + split * stride_ls, lse, mask=row_ok)
 
 
@@ -174,7 +176,7 @@ def cascade_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                           block_tables: torch.Tensor, seq_lens: torch.Tensor, group_starts: torch.Tensor,
                           group_prefix_lens: torch.Tensor, sm_scale: float, max_group_size: int | None = None,
                           work_plans: dict | None = None, suffix_splits: int | None = None,
-                          num_programs: int | None = None) -> torch.Tensor:
+                          num_programs: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """Triton cascade decode; same contract as cascade_decode_ref.
 
     Optional host ints avoid GPU->host syncs (and are required under CUDA-graph capture): max_group_size
@@ -184,7 +186,7 @@ def cascade_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     num_programs overrides the prefix grid (tests).
     """
     require_triton()
-    check_decode_args(q, k_cache, v_cache, block_tables, seq_lens)
+    check_decode_args(q, k_cache, v_cache, block_tables, seq_lens, k_scale=k_scale, v_scale=v_scale)
     check_int("group_starts", group_starts)
     check_int("group_prefix_lens", group_prefix_lens)
     G = group_prefix_lens.shape[0]
@@ -215,11 +217,11 @@ def cascade_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         _cascade_prefix_kernel[(plan.num_programs,)](
             q, k_cache, v_cache, block_tables, group_starts, group_prefix_lens, plan.splits, plan.cum_items,
             o_part, lse_part, q.stride(0), block_tables.stride(0), Hkv * D, *o_part.stride()[:3],
-            *lse_part.stride(), G, Hkv, plan.num_programs, sm_scale * _LOG2E, QPK=qpk, MT=plan.members_per_tile,
+            *lse_part.stride(), G, Hkv, plan.num_programs, float(sm_scale * _LOG2E * k_scale), float(v_scale), QPK=qpk, MT=plan.members_per_tile,
             D=D, BS=bs, BLOCK_M=plan.block_m, BLOCK_N=_block_n(D), BLOCK_D=max(16, next_pow2(D)),
             DOT_PREC=dot_precision(q.dtype), **launch_opts(q.dtype))
     launch_decode_splits(q, k_cache, v_cache, block_tables, seq_lens, plan.row_prefix, sm_scale,
-                         o_part, lse_part, s1, s2)
+                         o_part, lse_part, s1, s2, k_scale=k_scale, v_scale=v_scale)
     launch_merge(o_part, lse_part, out, prefix_splits=plan.row_splits, num_prefix_slots=s1)
     return out
 

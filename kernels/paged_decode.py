@@ -10,10 +10,12 @@ from ._utils import (HAS_TRITON, check, check_attn_dtypes, check_int, check_rows
 
 def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float,
-                     start_lens: torch.Tensor | None = None, return_lse: bool = False):
+                     start_lens: torch.Tensor | None = None, return_lse: bool = False,
+                     k_scale: float = 1.0, v_scale: float = 1.0):
     """q [B, Hq, D] attends to the tokens [start_lens[b], seq_lens[b]) of sequence b.
 
     Returns out [B, Hq, D] (q.dtype), plus lse fp32 [B, Hq] when return_lse. Empty range: out 0, lse -inf.
+    Caches in q's dtype, or FP8 read as stored * k_scale / v_scale (engine/kv_cache.py).
     Vectorised: gathers only the blocks spanning [start, seq) for every row (a window of W blocks).
     """
     B, Hq, D = q.shape
@@ -36,8 +38,8 @@ def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     cols_c = torch.where(cols_ok, cols, torch.zeros_like(cols)).clamp_max(block_tables.shape[1] - 1)
     blocks = torch.gather(block_tables.to(device=dev, dtype=torch.int64), 1, cols_c)
     blocks = torch.where(cols_ok, blocks, torch.zeros_like(blocks))
-    k = gather_blocks(k_cache, blocks)  # [Hkv, B, L, D] fp32
-    v = gather_blocks(v_cache, blocks)
+    k = gather_blocks(k_cache, blocks, k_scale)  # [Hkv, B, L, D] fp32
+    v = gather_blocks(v_cache, blocks, v_scale)
     pos = (cols[:, :, None] * bs + torch.arange(bs, device=dev)).reshape(B, W * bs)  # token positions
     keep = (pos >= start[:, None]) & (pos < seq[:, None]) & cols_ok.repeat_interleave(bs, dim=1)
 
@@ -66,7 +68,7 @@ _MAX_SPLITS = 64
 @triton.jit(do_not_specialize=["stride_bt", "stride_lb", "stride_lh", "stride_ls", "split_off", "NUM_SPLITS"])
 def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, start_ptr, o_ptr, lse_ptr,
                          stride_qb, stride_bt, stride_tok, stride_ob, stride_oh, stride_os,
-                         stride_lb, stride_lh, stride_ls, split_off, NUM_SPLITS, qk_scale,
+                         stride_lb, stride_lh, stride_ls, split_off, NUM_SPLITS, qk_scale, v_scale,
                          QPK: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, BLOCK_M: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_START: tl.constexpr,
                          STORE_LSE: tl.constexpr, DOT_PREC: tl.constexpr):
@@ -94,7 +96,7 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, start_ptr, o_pt
                               BS, D, BLOCK_N, DOT_PREC)
     sidx = split_off + split
     tl.store(o_ptr + b * stride_ob + head[:, None] * stride_oh + sidx * stride_os + d[None, :],
-             o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (d[None, :] < D))
+             (o * v_scale).to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (d[None, :] < D))
     if STORE_LSE:
         tl.store(lse_ptr + b * stride_lb + head * stride_lh + sidx * stride_ls, lse, mask=row_ok)
 
@@ -156,9 +158,9 @@ def launch_opts(dtype: torch.dtype) -> dict:
     return dict(num_warps=4, num_stages=2 if dtype == torch.float32 else 3)
 
 
-def check_decode_args(q, k_cache, v_cache, block_tables, seq_lens, start_lens=None):
+def check_decode_args(q, k_cache, v_cache, block_tables, seq_lens, start_lens=None, k_scale=1.0, v_scale=1.0):
     check_rows("q", q, 3)
-    check_attn_dtypes(q, k_cache, v_cache)
+    check_attn_dtypes(q, k_cache, v_cache, k_scale, v_scale)
     check(block_tables.dim() == 2 and block_tables.shape[0] == q.shape[0],
           f"block_tables must be [B, max_blocks] with B={q.shape[0]}, got {tuple(block_tables.shape)}")
     check(block_tables.dtype in (torch.int32, torch.int64) and block_tables.stride(1) == 1,
@@ -174,9 +176,10 @@ def check_decode_args(q, k_cache, v_cache, block_tables, seq_lens, start_lens=No
 
 
 def launch_decode_splits(q, k_cache, v_cache, block_tables, seq_lens, start_lens, sm_scale,
-                         o_buf, lse_buf, split_off, num_splits, store_lse=True):
+                         o_buf, lse_buf, split_off, num_splits, store_lse=True, k_scale=1.0, v_scale=1.0):
     """Stage 1 into o_buf/lse_buf: [B, Hq, S_total, D] / [B, Hq, S_total] (or the final [B, Hq, D] / [B, Hq]
-    viewed with a zero split stride). Used by paged decode and by cascade decode's suffix stage."""
+    viewed with a zero split stride). Used by paged decode and by cascade decode's suffix stage.
+    An FP8 cache's K scale is folded into the score scale, its V scale into the output."""
     B, Hq, D = q.shape
     _, bs, Hkv, _ = k_cache.shape
     qpk = Hq // Hkv
@@ -190,7 +193,7 @@ def launch_decode_splits(q, k_cache, v_cache, block_tables, seq_lens, start_lens
         q, k_cache, v_cache, block_tables, seq_lens, start_lens if start_lens is not None else seq_lens,
         o_buf, lse_buf if lse_buf is not None else o_buf,
         q.stride(0), block_tables.stride(0), Hkv * D, *o_strides, *l_strides, split_off, num_splits,
-        sm_scale * _LOG2E,
+        float(sm_scale * _LOG2E * k_scale), float(v_scale),
         QPK=qpk, D=D, BS=bs, BLOCK_M=max(16, next_pow2(qpk)), BLOCK_N=64 if D <= 64 else 32,
         BLOCK_D=max(16, next_pow2(D)), HAS_START=start_lens is not None, STORE_LSE=store_lse,
         DOT_PREC=dot_precision(q.dtype), **launch_opts(q.dtype))
@@ -213,11 +216,12 @@ def launch_merge(o_part, lse_part, out, lse=None, prefix_splits=None, num_prefix
 def paged_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         block_tables: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float,
                         start_lens: torch.Tensor | None = None, return_lse: bool = False,
-                        num_splits: int | None = None):
+                        num_splits: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0):
     """Triton paged decode; same contract as paged_decode_ref. num_splits: split-KV count (default: a
-    heuristic from the block-table width, so no host sync)."""
+    heuristic from the block-table width, so no host sync). An FP8 cache is upcast tile by tile in
+    registers (fp32 accumulation), never dequantized in memory."""
     require_triton()
-    check_decode_args(q, k_cache, v_cache, block_tables, seq_lens, start_lens)
+    check_decode_args(q, k_cache, v_cache, block_tables, seq_lens, start_lens, k_scale, v_scale)
     B, Hq, D = q.shape
     Hkv = k_cache.shape[2]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -228,12 +232,12 @@ def paged_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         check(num_splits >= 1, "num_splits must be >= 1")
         if num_splits == 1:
             launch_decode_splits(q, k_cache, v_cache, block_tables, seq_lens, start_lens, sm_scale,
-                                 out, lse, 0, 1, store_lse=return_lse)
+                                 out, lse, 0, 1, store_lse=return_lse, k_scale=k_scale, v_scale=v_scale)
         else:
             o_part = torch.empty(B, Hq, num_splits, D, dtype=torch.float32, device=q.device)
             lse_part = torch.empty(B, Hq, num_splits, dtype=torch.float32, device=q.device)
             launch_decode_splits(q, k_cache, v_cache, block_tables, seq_lens, start_lens, sm_scale,
-                                 o_part, lse_part, 0, num_splits)
+                                 o_part, lse_part, 0, num_splits, k_scale=k_scale, v_scale=v_scale)
             launch_merge(o_part, lse_part, out, lse)
     return (out, lse) if return_lse else out
 

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from ._utils import (HAS_TRITON, check, check_attn_dtypes, check_int, check_rows, check_same_device, gather_blocks,
-                     load_kv_tile, next_pow2, online_softmax_finish, online_softmax_tile, require_triton, tl, triton)
+                     is_fp8, load_kv_tile, next_pow2, online_softmax_finish, online_softmax_tile, require_triton, tl, triton)
 from .paged_decode import _LOG2E, dot_precision, launch_opts
 
 # Cap on fp32 score elements per step of the reference, so long prompts do not blow up memory.
@@ -15,9 +15,10 @@ _REF_MAX_SCORES = 1 << 25
 def prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                           block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
                           sm_scale: float, work_plans: dict | None = None, k: torch.Tensor | None = None,
-                          v: torch.Tensor | None = None) -> torch.Tensor:
+                          v: torch.Tensor | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     """q [Tq, Hq, D]; query i of sequence s sits at position seq_lens[s] - q_len_s + i and attends
-    causally to cache positions 0..=that position. Returns out [Tq, Hq, D] in q.dtype.
+    causally to cache positions 0..=that position. Returns out [Tq, Hq, D] in q.dtype. An FP8 cache is
+    read as stored * k_scale / v_scale.
 
     work_plans, k and v (this chunk's keys and values, already stored in the cache) are hints of the
     Triton version, accepted here so both share one signature."""
@@ -35,8 +36,8 @@ def prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
             continue
         nb = (ctx + bs - 1) // bs
         blocks = block_tables[s, :nb].to(device=dev, dtype=torch.int64)
-        k = gather_blocks(k_cache, blocks)[:, None, :ctx].expand(Hkv, G, ctx, D)      # [Hkv, G, ctx, D]
-        v = gather_blocks(v_cache, blocks)[:, None, :ctx].expand(Hkv, G, ctx, D)
+        k = gather_blocks(k_cache, blocks, k_scale)[:, None, :ctx].expand(Hkv, G, ctx, D)  # [Hkv, G, ctx, D]
+        v = gather_blocks(v_cache, blocks, v_scale)[:, None, :ctx].expand(Hkv, G, ctx, D)
         qs = q[q0:q1].float().reshape(n, Hkv, G, D).permute(1, 2, 0, 3)               # [Hkv, G, n, D]
         if n == ctx:  # a whole prompt, nothing cached: the causal kernel needs no mask at all
             o = F.scaled_dot_product_attention(qs, k, v, is_causal=True, scale=sm_scale)
@@ -63,14 +64,16 @@ def prefill_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
 #
 # A chunk that is a whole prompt with nothing cached before it (every query sees exactly this chunk's
 # keys) can instead go to torch's SDPA flash kernel (FlashAttention-2 inside PyTorch) on the chunk's own
-# K/V: no paged reads at all. SDPA_WHOLE_PROMPTS picks that path when k/v are given.
+# K/V: no paged reads at all. SDPA_WHOLE_PROMPTS picks that path when k/v are given. Not with an FP8
+# cache: attention then reads what the cache holds, as the reference and any later chunk or recompute
+# do, so a prompt's result does not depend on whether it came whole or in chunks.
 
 SDPA_WHOLE_PROMPTS = True
 
 
 @triton.jit(do_not_specialize=["stride_bt", "S"])
 def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, seq_ptr, tile_seq_ptr, tile_idx_ptr, o_ptr,
-                    stride_qt, stride_ot, stride_bt, stride_tok, S, qk_scale,
+                    stride_qt, stride_ot, stride_bt, stride_tok, S, qk_scale, v_scale,
                     QPK: tl.constexpr, QPK_P2: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PREC: tl.constexpr):
     BLOCK_Q: tl.constexpr = BLOCK_M // QPK_P2  # query positions per tile
@@ -113,12 +116,12 @@ def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, seq_ptr, tile_seq_ptr
         m_i, l_i, acc = online_softmax_tile(q, k, v, keep, qk_scale, m_i, l_i, acc, DOT_PREC)
     o, _ = online_softmax_finish(m_i, l_i, acc)  # prefill writes the final output: no lse
     o_off = (q0 + i)[:, None] * stride_ot + head[:, None] * D + d[None, :]
-    tl.store(o_ptr + o_off, o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (d[None, :] < D))
+    tl.store(o_ptr + o_off, (o * v_scale).to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (d[None, :] < D))
 
 
-def _check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens):
+def _check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, k_scale=1.0, v_scale=1.0):
     check_rows("q", q, 3)
-    check_attn_dtypes(q, k_cache, v_cache)
+    check_attn_dtypes(q, k_cache, v_cache, k_scale, v_scale)
     check_int("cu_seqlens_q", cu_seqlens_q)
     check_int("seq_lens", seq_lens)
     S = seq_lens.shape[0]
@@ -183,21 +186,24 @@ def prefill_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: list[int
 def prefill_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
                              sm_scale: float, work_plans: dict | None = None, k: torch.Tensor | None = None,
-                             v: torch.Tensor | None = None, sdpa: bool | None = None) -> torch.Tensor:
+                             v: torch.Tensor | None = None, sdpa: bool | None = None, k_scale: float = 1.0,
+                             v_scale: float = 1.0) -> torch.Tensor:
     """Triton chunked prefill over the paged cache; same contract as prefill_attention_ref.
 
     work_plans: a dict shared by the layers of one step; it keeps the tile map (and whether the chunk
     is whole prompts), so they are built once per step. k, v: this chunk's keys and values [Tq, Hkv, D];
-    with them, a chunk of whole prompts runs torch SDPA instead (sdpa, default SDPA_WHOLE_PROMPTS)."""
+    with them, a chunk of whole prompts runs torch SDPA instead (sdpa, default SDPA_WHOLE_PROMPTS),
+    unless the cache is FP8 (read in registers, K scale folded into the score scale)."""
     require_triton()
-    _check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens)
+    _check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, k_scale, v_scale)
     Tq, Hq, D = q.shape
     _, bs, Hkv, _ = k_cache.shape
     S = seq_lens.shape[0]
     if Tq == 0 or S == 0:
         return torch.empty_like(q, memory_format=torch.contiguous_format)
     plans = work_plans if work_plans is not None else {}
-    if (SDPA_WHOLE_PROMPTS if sdpa is None else sdpa) and k is not None and v is not None:
+    if (SDPA_WHOLE_PROMPTS if sdpa is None else sdpa) and k is not None and v is not None \
+            and not is_fp8(k_cache.dtype):
         if "prefill_whole" not in plans:
             plans["prefill_whole"] = _whole_prompts(cu_seqlens_q, seq_lens)
         if plans["prefill_whole"] is not None:
@@ -214,7 +220,7 @@ def prefill_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     _prefill_kernel[(n_bound, Hkv)](
         q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, tile_seq, tile_idx, out, q.stride(0),
-        out.stride(0), block_tables.stride(0), Hkv * D, S, sm_scale * _LOG2E, QPK=qpk, QPK_P2=next_pow2(qpk),
+        out.stride(0), block_tables.stride(0), Hkv * D, S, float(sm_scale * _LOG2E * k_scale), float(v_scale), QPK=qpk, QPK_P2=next_pow2(qpk),
         D=D, BS=bs, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, next_pow2(D)),
         DOT_PREC=dot_precision(q.dtype), num_warps=warps, num_stages=launch_opts(q.dtype)["num_stages"])
     return out

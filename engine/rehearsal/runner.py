@@ -15,6 +15,7 @@ from typing import Callable, Protocol
 
 import torch
 
+from engine.kv_cache import resolve_kv_dtype
 from engine.model_runner import ModelRunner
 from engine.rehearsal.device_model import (DecodeGroup, DeviceParams, ModelShape, PrefillChunk, StepCost, StepWork,
                                            step_cost)
@@ -81,7 +82,7 @@ class RehearsalRunner(ModelRunner):
     """A ModelRunner whose forward pass is the device model (see the module docstring)."""
 
     def __init__(self, cfg, dtype: torch.dtype, block_size: int, max_num_seqs: int, max_model_len: int,
-                 device: DeviceParams, keep_steps: bool = True, **_ignored):
+                 device: DeviceParams, keep_steps: bool = True, kv_cache_dtype: str = "auto", **_ignored):
         # No ModelRunner.__init__: it would load the weights. What prepare() needs is set here.
         self.cfg, self.dtype, self.device, self.block_size = cfg, dtype, torch.device("cpu"), block_size
         self.workers, self.is_worker, self.tp_size = None, False, 1
@@ -95,7 +96,8 @@ class RehearsalRunner(ModelRunner):
         self.free_rows = list(range(max_num_seqs - 1, -1, -1))
         self.max_num_seqs = max_num_seqs
         self.device_params = device
-        self.shape = ModelShape.from_config(cfg, torch.finfo(dtype).bits // 8)
+        self.kv_dtype = resolve_kv_dtype(kv_cache_dtype, dtype)  # FP8: one byte per KV value, a what-if
+        self.shape = ModelShape.from_config(cfg, dtype.itemsize, self.kv_dtype.itemsize)
         self.clock = VirtualClock()
         self.ledger = Ledger()
         self.keep_steps = keep_steps

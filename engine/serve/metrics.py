@@ -3,7 +3,7 @@ gauges read at scrape time from the stats the engine thread last published."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
 # stats() key -> (metric name, help); the engine keeps these counters, the collector only reads them.
 _ENGINE_COUNTERS = {
@@ -18,6 +18,8 @@ _ENGINE_GAUGES = {
     "kv_blocks_used": ("pacore_kv_blocks_used", "KV blocks held by live sequences"),
     "kv_blocks_shared": ("pacore_kv_blocks_shared", "KV blocks held by more than one sequence"),
     "kv_blocks_total": ("pacore_kv_blocks_total", "KV blocks in the cache"),
+    "kv_cache_tokens": ("pacore_kv_cache_tokens", "Tokens the KV cache holds"),
+    "kv_bytes_per_token": ("pacore_kv_bytes_per_token", "KV cache bytes per token (all layers, K and V)"),
     "num_waiting": ("pacore_num_sequences_waiting", "Sequences queued for admission (the engine's queue length)"),
     "num_running": ("pacore_num_sequences_running", "Sequences running"),
     "num_requests": ("pacore_num_requests_in_engine", "HTTP requests with prompts in the engine"),
@@ -34,6 +36,7 @@ class _EngineCollector:
             yield CounterMetricFamily(name, doc, value=stats[key])
         for key, (name, doc) in _ENGINE_GAUGES.items():
             yield GaugeMetricFamily(name, doc, value=stats[key])
+        yield InfoMetricFamily("pacore_kv_cache", "The KV cache's format", value={"dtype": stats["kv_cache_dtype"]})
         prefill, decode = self.engine.rates()
         yield GaugeMetricFamily("pacore_prefill_tokens_per_second", "Prefill tokens/s over the last 10 s", value=prefill)
         yield GaugeMetricFamily("pacore_decode_tokens_per_second", "Decode tokens/s over the last 10 s", value=decode)

@@ -189,11 +189,11 @@ def write_summary(cfg: RunConfig, wall: float, sessions: list[dict], dispatch: d
 
 
 def _sum_stats(sessions: list[dict]) -> dict:
-    """Engine counters added up over replicas (block size in bytes is the same for all)."""
+    """Engine counters added up over replicas (bytes per block and per token are the same for all)."""
     total: dict = {}
     for s in sessions:
         for key, value in s["engine_stats"].items():
-            if isinstance(value, (int, float)) and key != "kv_bytes_per_block":
+            if isinstance(value, (int, float)) and key not in ("kv_bytes_per_block", "kv_bytes_per_token"):
                 total[key] = total.get(key, 0) + value
             else:
                 total.setdefault(key, value)

@@ -80,3 +80,25 @@ def test_cascade_decode_triton_validates():
         cascade_decode_triton(q, kc, vc, bt, sl, gs[:1], gp, 0.1)
     with pytest.raises(ValueError, match="group_prefix_lens"):
         cascade_decode_triton(q, kc, vc, bt, sl, gs, gp.float(), 0.1)
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D,qpk,bs,min_split,programs,s2,max_m", [CASES[1], CASES[4]])
+def test_cascade_decode_fp8_triton_matches_reference(fp8, dtype, D, qpk, bs, min_split, programs, s2, max_m,
+                                                    monkeypatch):
+    """FP8 caches read as stored * scale: Triton (upcast in registers) == the reference (dequantized
+    in fp32), and the reference == the plain reference over the dequantized cache."""
+    monkeypatch.setattr(cd, "_MAX_BLOCK_M", max_m)
+    monkeypatch.setattr(cd, "MIN_TOKENS_PER_SPLIT", min_split)
+    Hkv = 2 if qpk <= 2 else 1
+    q, kc, vc, bt, sl, gs, gp = _batch(bs, [3, 1, 5, 2], [2, 0, 3, 1], [0, 1, bs + 3, 2 * bs, 5], Hkv, D, qpk,
+                                       torch.float32)
+    kc, vc, q = kc.to(fp8), vc.to(fp8), q.to(dtype)
+    sc, ks, vs = 1 / math.sqrt(D), 2.0, 0.25
+    out = cascade_decode_triton(q, kc, vc, bt, sl, gs, gp, sc, num_programs=programs, suffix_splits=s2,
+                                k_scale=ks, v_scale=vs)
+    ref = cascade_decode_ref(q, kc, vc, bt, sl, gs, gp, sc, k_scale=ks, v_scale=vs)
+    assert out.dtype == dtype and env.rel_err(out, ref) < env.TOL[dtype]
+    plain = cascade_decode_ref(q.float(), kc.float() * ks, vc.float() * vs, bt, sl, gs, gp, sc)
+    assert env.rel_err(ref, plain) < env.TOL[dtype]

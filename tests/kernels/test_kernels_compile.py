@@ -46,7 +46,7 @@ def _compile_all() -> int:
 
     target = GPUTarget("cuda", 90, 32)
     tname = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
-             torch.int64: "i64"}
+             torch.int64: "i64", torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5"}
 
     def compile_one(kernel, args: dict, consts: dict):
         """args: name -> torch.dtype (a pointer to it), int (an i32/i64 scalar) or float (fp32)."""
@@ -66,13 +66,17 @@ def _compile_all() -> int:
         print(f"ok {kernel.fn.__name__:24s} shared={c.metadata.shared:6d} {consts}", flush=True)
 
     f32, i32 = torch.float32, torch.int32
-    for dt, D, qpk, has_start in [(torch.bfloat16, 128, 8, True), (torch.float16, 64, 1, False),
-                                  (f32, 128, 4, True)]:
+    e4m3, e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
+    # (q dtype, cache dtype, ...): the FP8 caches beside each model dtype
+    for dt, kv, D, qpk, has_start in [(torch.bfloat16, torch.bfloat16, 128, 8, True),
+                                      (torch.float16, torch.float16, 64, 1, False), (f32, f32, 128, 4, True),
+                                      (torch.bfloat16, e4m3, 128, 8, True), (torch.bfloat16, e5m2, 128, 4, False),
+                                      (torch.float16, e4m3, 64, 1, False), (f32, e4m3, 128, 4, True)]:
         compile_one(paged_decode._decode_split_kernel,
-                    dict(q_ptr=dt, kc_ptr=dt, vc_ptr=dt, bt_ptr=i32, seq_ptr=i32, start_ptr=i32, o_ptr=f32,
+                    dict(q_ptr=dt, kc_ptr=kv, vc_ptr=kv, bt_ptr=i32, seq_ptr=i32, start_ptr=i32, o_ptr=f32,
                          lse_ptr=f32, stride_qb=4096, stride_bt=64, stride_tok=1024, stride_ob=1, stride_oh=1,
                          stride_os=1, stride_lb=1, stride_lh=1, stride_ls=1, split_off=3, NUM_SPLITS=5,
-                         qk_scale=0.1),
+                         qk_scale=0.1, v_scale=1.0),
                     dict(QPK=qpk, D=D, BS=16, BLOCK_M=max(16, qpk), BLOCK_N=64 if D <= 64 else 32, BLOCK_D=D,
                          HAS_START=has_start, STORE_LSE=True, DOT_PREC=paged_decode.dot_precision(dt),
                          **paged_decode.launch_opts(dt)))
@@ -81,28 +85,35 @@ def _compile_all() -> int:
                      stride_pb=9, stride_ph=9, stride_ps=9, stride_lb=9, stride_lh=9, stride_ob=9, stride_oh=9,
                      stride_fb=9),
                 dict(D=128, BLOCK_S=64, BLOCK_D=128, STORE_LSE=True, HAS_N1=True, num_warps=4))
-    for dt, D, qpk in [(torch.bfloat16, 128, 8), (f32, 128, 4), (torch.float16, 64, 1), (torch.bfloat16, 128, 3)]:
+    for dt, kv, D, qpk in [(torch.bfloat16, torch.bfloat16, 128, 8), (f32, f32, 128, 4),
+                           (torch.float16, torch.float16, 64, 1), (torch.bfloat16, torch.bfloat16, 128, 3),
+                           (torch.bfloat16, e4m3, 128, 8), (torch.bfloat16, e5m2, 128, 8), (f32, e4m3, 128, 4)]:
         block_m = 64
         compile_one(cascade_decode._cascade_prefix_kernel,
-                    dict(q_ptr=dt, kc_ptr=dt, vc_ptr=dt, bt_ptr=i32, gs_ptr=i32, gp_ptr=i32, sp_ptr=i32, cum_ptr=i32,
+                    dict(q_ptr=dt, kc_ptr=kv, vc_ptr=kv, bt_ptr=i32, gs_ptr=i32, gp_ptr=i32, sp_ptr=i32, cum_ptr=i32,
                          o_ptr=f32, lse_ptr=f32, stride_qb=4096, stride_bt=64, stride_tok=1024, stride_ob=9,
                          stride_oh=9, stride_os=9, stride_lb=9, stride_lh=9, stride_ls=9, G=4, HKV=8,
-                         NUM_PROGRAMS=264, qk_scale=0.1),
+                         NUM_PROGRAMS=264, qk_scale=0.1, v_scale=1.0),
                     dict(QPK=qpk, MT=block_m // qpk, D=D, BS=16, BLOCK_M=block_m, BLOCK_N=64 if D <= 64 else 32,
                          BLOCK_D=D, DOT_PREC=paged_decode.dot_precision(dt), **paged_decode.launch_opts(dt)))
-    for dt, D, qpk in [(torch.bfloat16, 128, 4), (f32, 128, 4), (torch.float16, 64, 3), (torch.bfloat16, 128, 1)]:
+    for dt, kv, D, qpk in [(torch.bfloat16, torch.bfloat16, 128, 4), (f32, f32, 128, 4),
+                           (torch.float16, torch.float16, 64, 3), (torch.bfloat16, torch.bfloat16, 128, 1),
+                           (torch.bfloat16, e4m3, 128, 4), (torch.bfloat16, e5m2, 128, 1), (f32, e4m3, 128, 4)]:
         block_m, block_n, warps = prefill_attention.prefill_blocks(dt, qpk, D)
         compile_one(prefill_attention._prefill_kernel,
-                    dict(q_ptr=dt, kc_ptr=dt, vc_ptr=dt, bt_ptr=i32, cu_ptr=i32, seq_ptr=i32, tile_seq_ptr=i32,
+                    dict(q_ptr=dt, kc_ptr=kv, vc_ptr=kv, bt_ptr=i32, cu_ptr=i32, seq_ptr=i32, tile_seq_ptr=i32,
                          tile_idx_ptr=i32, o_ptr=dt, stride_qt=4096, stride_ot=4096, stride_bt=64, stride_tok=1024,
-                         S=3, qk_scale=0.1),
+                         S=3, qk_scale=0.1, v_scale=1.0),
                     dict(QPK=qpk, QPK_P2=1 << (qpk - 1).bit_length(), D=D, BS=16, BLOCK_M=block_m, BLOCK_N=block_n,
                          BLOCK_D=D, DOT_PREC=paged_decode.dot_precision(dt), num_warps=warps,
                          num_stages=paged_decode.launch_opts(dt)["num_stages"]))
     bf = torch.bfloat16
-    compile_one(store_kvcache._store_kvcache_kernel,
-                dict(k_ptr=bf, v_ptr=bf, kc_ptr=bf, vc_ptr=bf, slot_ptr=torch.int64, stride_k=6144, stride_v=6144),
-                dict(HD=1024, BLOCK=1024))
+    for dt, kv, fp8_max in [(bf, bf, 0.0), (bf, e4m3, 448.0), (bf, e5m2, 57344.0), (f32, e4m3, 448.0),
+                            (torch.float16, e5m2, 57344.0)]:
+        compile_one(store_kvcache._store_kvcache_kernel,
+                    dict(k_ptr=dt, v_ptr=dt, kc_ptr=kv, vc_ptr=kv, slot_ptr=torch.int64, stride_k=6144,
+                         stride_v=6144, k_inv=1.0, v_inv=1.0),
+                    dict(HD=1024, BLOCK=1024, FP8_MAX=fp8_max))
     for dt, res in [(bf, True), (f32, False)]:
         compile_one(rmsnorm._rmsnorm_kernel,
                     dict(x_ptr=dt, res_ptr=dt, w_ptr=dt, out_ptr=dt, res_out_ptr=dt, stride_x=4096, stride_r=4096,

@@ -95,3 +95,23 @@ def test_tile_map_is_built_once_per_step(monkeypatch):
     for _ in range(2):  # the other layers of the step
         assert torch.equal(prefill_attention_triton(*args, 0.125, work_plans=plans), first)
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D,qpk,bs", [CASES[1], CASES[2]])
+def test_prefill_attention_fp8_triton_matches_reference(fp8, dtype, D, qpk, bs):
+    """FP8 caches read as stored * scale: Triton (upcast in registers) == the reference, which equals the
+    plain reference over the dequantized fp32 cache. Whole prompts read the cache too (no SDPA on the
+    chunk's own K/V, which the cache only holds rounded)."""
+    Hkv = 1 if qpk >= 4 else 2
+    cases = [(bs + 5, bs + 5), (3 * bs, bs - 3), (2 * bs + 1, 1), (200, 40), (330, 150)]
+    q, kc, vc, bt, cu, sl = _batch(cases, bs, Hkv, D, qpk, torch.float32)
+    kc, vc, q = kc.to(fp8), vc.to(fp8), q.to(dtype)
+    sc, ks, vs = 1 / math.sqrt(D), 0.5, 4.0
+    k = torch.zeros(q.shape[0], Hkv, D, dtype=dtype, device=DEV)  # wrong K/V: used, they would spoil the output
+    out = prefill_attention_triton(q, kc, vc, bt, cu, sl, sc, k=k, v=k, sdpa=True, k_scale=ks, v_scale=vs)
+    ref = prefill_attention_ref(q, kc, vc, bt, cu, sl, sc, k_scale=ks, v_scale=vs)
+    assert out.dtype == dtype and env.rel_err(out, ref) < env.TOL[dtype]
+    plain = prefill_attention_ref(q.float(), kc.float() * ks, vc.float() * vs, bt, cu, sl, sc)
+    assert env.rel_err(ref, plain) < (1e-5 if dtype == torch.float32 else env.TOL[dtype])
