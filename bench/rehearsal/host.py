@@ -28,7 +28,8 @@ def filled_engine(batch: int, context: int, folder: Path, shape: str = "qwen3-8b
     from engine import LLM, SamplingParams
     model = model_folder(shape, folder)
     per_seq = -(-context // 16) + 8  # room for a few blocks of growth each
-    llm = LLM(str(model), tokenizer=str(model / "tokenizer"), device_model="h200", num_kv_blocks=batch * per_seq,
+    blocks = batch * per_seq * 102 // 100 + 16  # and the 1% the scheduler keeps free when it admits
+    llm = LLM(str(model), tokenizer=str(model / "tokenizer"), device_model="h200", num_kv_blocks=blocks,
               max_num_seqs=max(batch, 1), max_num_batched_tokens=16384, record_steps=True)
     for i in range(batch):
         prompt = [100 + (i * 7919 + j) % 40000 for j in range(context - 1)]  # distinct: no prefix hits

@@ -47,14 +47,31 @@ class DeviceParams:
 
     @classmethod
     def from_file(cls, path: str | Path) -> "DeviceParams":
-        """Read the figures a GPU run of bench/ wrote (JSON, any subset of the fields); the others
-        keep their defaults. Unknown keys are refused, naming the known ones."""
+        """Read the figures a GPU run measured: the ``device_params.json`` that bench/gpu_kernels.py
+        writes (copy bandwidth, matmul TFLOP/s, paged decode's fraction of the copy at >= 16k, prefill
+        TFLOP/s), or a JSON of this class's fields (any subset). What is not given keeps its default;
+        unknown keys of the second form are refused, naming the known ones."""
         raw = json.loads(Path(path).read_text())
+        if "copy_bw_GBps" in raw:
+            raw = cls._from_gpu_run(raw)
         known = {f.name for f in dataclasses.fields(cls)} - {"source"}
         unknown = sorted(set(raw) - known - {"measured", "commit", "command"})
         if unknown:
             raise ValueError(f"{path}: unknown device parameter(s) {unknown}; known: {sorted(known)}")
         return cls(**{k: v for k, v in raw.items() if k in known}, source=str(path))
+
+    @classmethod
+    def _from_gpu_run(cls, run: dict) -> dict:
+        peak = cls().peak_flops
+        out = {"name": str(run.get("device") or "gpu"), "hbm_bytes_per_s": float(run["copy_bw_GBps"]) * 1e9}
+        if run.get("matmul_tflops"):
+            out["matmul_eff"] = min(1.0, run["matmul_tflops"] * 1e12 / peak)
+        if run.get("paged_decode_bw_frac_min_16k"):
+            out["attention_bw_eff"] = float(run["paged_decode_bw_frac_min_16k"])
+        prefill = [v for k, v in (run.get("prefill_tflops") or {}).items() if v and not k.startswith("sdpa")]
+        if prefill:
+            out["prefill_attention_eff"] = min(1.0, max(prefill) * 1e12 / peak)
+        return out
 
     @classmethod
     def named(cls, name: str) -> "DeviceParams":

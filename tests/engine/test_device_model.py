@@ -80,6 +80,17 @@ def test_parameters_from_a_gpu_run(tmp_path):
         DeviceParams.named("a100")
 
 
+def test_parameters_from_the_json_bench_gpu_kernels_writes(tmp_path):
+    f = tmp_path / "device_params.json"
+    f.write_text('{"device": "NVIDIA H200", "commit": "abc", "copy_bw_GBps": 3950.0, "matmul_tflops": 640.0, '
+                 '"paged_decode_bw_frac": {"B32_L16384": 0.8}, "paged_decode_bw_frac_min_16k": 0.72, '
+                 '"prefill_tflops": {"chunked_16384": 300.0, "whole_65536": 350.0, "sdpa_65536": 420.0}}')
+    p = DeviceParams.named(str(f))
+    assert p.name == "NVIDIA H200" and p.hbm_bytes_per_s == pytest.approx(3.95e12)
+    assert p.matmul_eff == pytest.approx(640 / 989) and p.attention_bw_eff == 0.72
+    assert p.prefill_attention_eff == pytest.approx(350 / 989)  # the engine's own prefill, not SDPA's
+
+
 def _decode_rows(prompt: int, suffix: int, n: int, cascade: bool | None = None):
     """A scheduler with one request's n rows sharing a prompt of ``prompt`` tokens, each ``suffix``
     tokens past it; returns its next plan."""
