@@ -32,6 +32,7 @@ CONFIGS = {
     "vllm-style": {"enable_fork": False, "enable_prefix_caching": False, "cascade_attention": False},
     "no-cascade": {"cascade_attention": False},
     "no-fork": {"enable_fork": False},
+    "fp8": {"kv_cache_dtype": "fp8_e4m3"},  # FP8 KV: one byte per value, twice the tokens in the same memory
 }
 
 
