@@ -3,9 +3,11 @@
 # this script installs nothing):
 #
 #   bench/gpu_check.sh kernels    command 1: the kernel tests on the GPU (when pytest imports), then
-#                                 bench/gpu_kernels.py (kernels at PaCoRe-8B's shape vs fp32 and copy bandwidth)
+#                                 bench/gpu_kernels.py (kernels at PaCoRe-8B's shape vs fp32 and copy bandwidth;
+#                                 paged and cascade decode with bf16 and FP8 e4m3 KV caches)
 #   bench/gpu_check.sh engine     command 2: the engine's tokens through Triton + CUDA graphs vs the torch
-#                                 path (tiny model), then bench/gpu_e2e.py (Qwen3-8B-shaped, YaRN to 131k)
+#                                 path (tiny model), then bench/gpu_e2e.py (Qwen3-8B-shaped, YaRN to 131k;
+#                                 its last section: round 1/2 decode tokens/s with an FP8 e4m3 KV cache)
 #   bench/gpu_check.sh --dry-run  CPU only: both scripts' --tiny paths under the Triton interpreter
 #
 # $OUT (optional): folder that receives the json (gpu_kernels.json, gpu_e2e.json, device_params.json) and

@@ -7,11 +7,13 @@ Sections (each is written to $OUT/gpu_e2e.json as soon as it ran, so a timeout k
 - throughput: round 1 (512-token prompts, n=32) and round 2 (16k and 64k prompts, n=4) decode tokens/s
   with cascade on and off; the 64k case decodes past position 65,535 and is checked against
   transformers there;
-- hf: transformers `generate` at round 1's batch, the baseline the engine is compared to.
+- hf: transformers `generate` at round 1's batch, the baseline the engine is compared to;
+- fp8: round 1 and round 2 again (cascade on) with each --fp8 KV cache format: decode tokens/s next to
+  the bf16 cache's, and the KV tokens the default sizing gives (last, so a timeout costs only these).
 $OUT/device_params.json gets the engine's numbers next to the kernels' (bench/gpu_kernels.py).
 The weights are random (shapes and dtype set the speed, not the values).
 
-    python3 -m bench.gpu_e2e [--out DIR] [--only load,logits,throughput,hf]
+    python3 -m bench.gpu_e2e [--out DIR] [--only load,logits,throughput,hf,fp8] [--fp8 fp8_e4m3,fp8_e5m2]
     python3 -m bench.gpu_e2e --tiny      # CPU, a 2-layer model at tiny sizes: checks the code path
 """
 from __future__ import annotations
@@ -41,7 +43,7 @@ TINY = dict(QWEN3_8B, vocab_size=512, hidden_size=64, intermediate_size=128, num
             num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
             tie_word_embeddings=True, rope_parameters=dict(rope_type="yarn", rope_theta=1_000_000.0, factor=4.0,
                                                            original_max_position_embeddings=1024))
-SECTIONS = ("load", "logits", "throughput", "hf")
+SECTIONS = ("load", "logits", "throughput", "hf", "fp8")
 
 
 def write_random_model(folder: str | Path, shape: dict = QWEN3_8B, dtype: str = "bfloat16", seed: int = 0,
@@ -215,23 +217,33 @@ def _decode_rate(llm, prompts, n: int, gen: int) -> dict:
                 decode_ms_per_step=1e3 * decode_s / max(1, len(decode)))
 
 
+def _cases(tiny: bool) -> list[tuple]:
+    """(name, prompt length, n, problems, generated tokens) of the throughput cases;
+    past_64k: positions past 65,535 (tiny: past its YaRN original context, 1024)."""
+    return [("round1", 64, 4, 2, 8), ("round2", 200, 3, 1, 8), ("past_64k", 1100, 2, 1, 8)] if tiny else \
+        [("round1", 512, 32, 8, 128), ("round2", 16384, 4, 2, 128), ("past_64k", 65536, 4, 1, 64)]
+
+
+def _measure(run: Run, llm, case: tuple, g, **marks) -> tuple[list, dict]:
+    """One throughput case on llm, prompts drawn from g: (prompts, its row)."""
+    import torch
+    name, plen, n, problems, gen = case
+    prompts = torch.randint(3, run.shape["vocab_size"], (problems, plen), generator=g).tolist()
+    # warm-up (compiles) on other tokens, so the prefix cache gives the measured run nothing
+    _decode_rate(llm, [[(t * 7 + 1) % (run.shape["vocab_size"] - 3) + 3 for t in p[:64]] for p in prompts], n, 4)
+    return prompts, dict(case=name, prompt_len=plen, n=n, problems=problems, **marks,
+                         **_decode_rate(llm, prompts, n, gen), max_position=plen + gen - 1)
+
+
 def section_throughput(run: Run) -> None:
     import torch
-    tiny = run.args.tiny
-    # (name, prompt length, n, problems, generated tokens)
-    # past_64k: positions past 65,535 (tiny: past its YaRN original context, 1024)
-    cases = [("round1", 64, 4, 2, 8), ("round2", 200, 3, 1, 8), ("past_64k", 1100, 2, 1, 8)] if tiny else \
-        [("round1", 512, 32, 8, 128), ("round2", 16384, 4, 2, 128), ("past_64k", 65536, 4, 1, 64)]
     rows, rates = [], {}
     g = torch.Generator().manual_seed(2)
     for cascade in (True, False):
         llm = run.engine(cascade_attention=cascade, max_num_seqs=256)
-        for name, plen, n, problems, gen in cases:
-            prompts = torch.randint(3, run.shape["vocab_size"], (problems, plen), generator=g).tolist()
-            # warm-up (compiles) on other tokens, so the prefix cache gives the measured run nothing
-            _decode_rate(llm, [[(t * 7 + 1) % (run.shape["vocab_size"] - 3) + 3 for t in p[:64]] for p in prompts], n, 4)
-            r = dict(case=name, prompt_len=plen, n=n, problems=problems, cascade=cascade,
-                     **_decode_rate(llm, prompts, n, gen), max_position=plen + gen - 1)
+        for case in _cases(run.args.tiny):
+            name, _, _, _, gen = case
+            prompts, r = _measure(run, llm, case, g, cascade=cascade, kv_dtype=llm.stats()["kv_cache_dtype"])
             rows.append(r)
             rates[f"{name}_cascade" if cascade else f"{name}_paged"] = r["decode_tok_s"]
             if name == "past_64k" and cascade:  # the long-context decodes, checked after this engine is freed
@@ -271,12 +283,35 @@ def section_hf(run: Run) -> None:
     run.free(model)
 
 
+def section_fp8(run: Run) -> None:
+    import torch
+    auto = {r["case"]: r for r in run.report.get("throughput", []) if r["cascade"]}
+    rows = []
+    for fmt in run.args.fp8.split(","):
+        llm = run.engine(cascade_attention=True, max_num_seqs=256, kv_cache_dtype=fmt)
+        st = llm.stats()  # the format the engine reports, so a flag it ignored would show
+        kv_tokens = st["kv_blocks_total"] * llm.runner.block_size
+        g = torch.Generator().manual_seed(2)  # round 1's and round 2's prompts of the throughput section
+        for case in _cases(run.args.tiny)[:2]:
+            _, r = _measure(run, llm, case, g, cascade=True, kv_dtype=st["kv_cache_dtype"], kv_tokens=kv_tokens,
+                            kv_bytes_per_token=st["kv_bytes_per_token"])
+            if r["case"] in auto:
+                r["decode_vs_auto"] = r["decode_tok_s"] / auto[r["case"]]["decode_tok_s"]
+            rows.append(r)
+            run.save("fp8", rows)
+        run.free(llm)
+        write_device_params(run.args.out, engine={
+            f"decode_tok_s_{fmt}": {f"{r['case']}_cascade": r["decode_tok_s"] for r in rows[-2:]},
+            f"kv_tokens_{fmt}": kv_tokens})
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiny", action="store_true", help="CPU, tiny model and sizes (a check of the code path)")
     ap.add_argument("--out", default=os.environ.get("OUT") or None, help="folder for gpu_e2e.json")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
     ap.add_argument("--model", default=None, help="an existing checkpoint folder instead of writing one")
+    ap.add_argument("--fp8", default="fp8_e4m3", help="KV cache formats of the fp8 section (fp8_e4m3, fp8_e5m2)")
     args = ap.parse_args(argv)
     import torch
     if args.tiny:

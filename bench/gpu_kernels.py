@@ -6,13 +6,16 @@ Cases (each row is written to $OUT/gpu_kernels.json as soon as it ran, so a time
   reference, and bytes read / time as a fraction of the copy bandwidth;
 - cascade vs paged at round 1 (32 x 512 prefix + 16k) and round 2 (4 x 64k prefix + 1k), eager and
   replayed from a CUDA graph captured with the padded groups engine/cuda_graphs.py passes;
+  paged and cascade run for each --kv-dtypes format (auto: the cache in bf16; fp8_e4m3 / fp8_e5m2: one
+  byte per value, which bytes/s count, with per-layer scales K_SCALE / V_SCALE; the error is vs the fp32
+  reference on the dequantized cache, so it is the kernel's, not the format's);
 - prefill of a 16k and a 64k prompt: Triton in 2048-token chunks over the paged cache, Triton in one
   chunk, torch SDPA (flash) on the prompt's own K/V: TFLOP/s and error;
 - a cache whose offsets pass 2^31 elements (store, paged, cascade, prefill on its last blocks);
 - one captured graph replayed with changed lengths, tables and groups.
 $OUT/device_params.json gets the numbers a device model reads (see write_device_params).
 
-    python3 -m bench.gpu_kernels [--out DIR] [--only paged,cascade,...]
+    python3 -m bench.gpu_kernels [--out DIR] [--only paged,cascade,...] [--kv-dtypes auto,fp8_e4m3]
     python3 -m bench.gpu_kernels --tiny     # CPU, Triton interpreter, tiny shapes: checks the code path
 """
 from __future__ import annotations
@@ -28,6 +31,7 @@ import time
 from pathlib import Path
 
 CASES = ("copy", "paged", "cascade", "prefill", "offsets", "replay")
+K_SCALE, V_SCALE = 0.5, 0.25  # an FP8 cache's dequantization factors: not 1, so the folded scales run too
 
 
 def parse_args(argv=None):
@@ -36,6 +40,8 @@ def parse_args(argv=None):
                     help="CPU under TRITON_INTERPRET=1 at tiny shapes (no numbers, the code path)")
     ap.add_argument("--out", default=os.environ.get("OUT") or None, help="folder for the json and the table")
     ap.add_argument("--only", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
+    ap.add_argument("--kv-dtypes", default="auto,fp8_e4m3",
+                    help="KV cache formats of the paged and cascade cases (auto, fp8_e4m3, fp8_e5m2)")
     return ap.parse_args(argv)
 
 
@@ -72,6 +78,15 @@ class Bench:
         self.copy_bw = None
         self.name = "cpu (interpreter)" if args.tiny else torch.cuda.get_device_name()
         self.gen = torch.Generator(device="cpu").manual_seed(0)
+        from engine.kv_cache import resolve_kv_dtype
+        self.kv_dtypes = {f: resolve_kv_dtype(f, self.dtype) for f in args.kv_dtypes.split(",")}  # refuses typos
+
+    def in_format(self, k, v, fmt: str):
+        """The cache k, v (in self.dtype) stored in format fmt: (k, v, k_scale, v_scale)."""
+        if fmt == "auto":
+            return k, v, 1.0, 1.0
+        dt = self.kv_dtypes[fmt]
+        return (k / K_SCALE).to(dt), (v / V_SCALE).to(dt), K_SCALE, V_SCALE
 
     def time(self, fn) -> float:
         """Median seconds per call."""
@@ -130,8 +145,9 @@ def rel_err(out, ref) -> float:
     return float((out - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
 
 
-def kv_bytes(b: Bench, tokens: int) -> int:
-    return tokens * 2 * b.Hkv * b.D * b.torch.empty((), dtype=b.dtype).element_size()
+def kv_bytes(b: Bench, tokens: int, cache) -> int:
+    """K and V bytes of `tokens` tokens in the format of cache (FP8: one byte per value)."""
+    return tokens * 2 * b.Hkv * b.D * cache.element_size()
 
 
 def case_copy(b: Bench, kernels):
@@ -150,20 +166,26 @@ def case_copy(b: Bench, kernels):
 
 def case_paged(b: Bench, kernels):
     shapes = [(2, 100), (1, 300)] if b.tiny else [(32, 16384), (32, 32768), (4, 65536), (1, 131072), (256, 2048)]
-    fracs = {}
+    fracs = {fmt: {} for fmt in b.kv_dtypes}
     for B, L in shapes:
-        k, v, bt = b.paged([L] * B)
+        k0, v0, bt = b.paged([L] * B)
         q, sl, sc = b.randn(B, b.Hq, b.D), b.i32([L] * B), 1 / math.sqrt(b.D)
-        out = kernels.paged_decode_triton(q, k, v, bt, sl, sc)
-        err = rel_err(out, kernels.paged_decode_ref(q.float(), k.float(), v.float(), bt, sl, sc))
-        t = b.time(lambda: kernels.paged_decode_triton(q, k, v, bt, sl, sc))
-        frac = kv_bytes(b, B * L) / t / b.copy_bw
-        fracs[f"B{B}_L{L}"] = frac
-        b.add(dict(case="paged", B=B, context=L, us=t * 1e6, bw_frac=frac, rel_err_vs_fp32=err))
-        del k, v
-    long = [f for key, f in fracs.items() if int(key.split("_L")[1]) >= 16384]
-    write_device_params(b.args.out, paged_decode_bw_frac=fracs,
-                        paged_decode_bw_frac_min_16k=min(long) if long else None)
+        for fmt in b.kv_dtypes:
+            k, v, ks, vs = b.in_format(k0, v0, fmt)
+            run = lambda: kernels.paged_decode_triton(q, k, v, bt, sl, sc, k_scale=ks, v_scale=vs)  # noqa: E731
+            err = rel_err(run(), kernels.paged_decode_ref(q.float(), k.float(), v.float(), bt, sl, sc,
+                                                          k_scale=ks, v_scale=vs))
+            t = b.time(run)
+            frac = kv_bytes(b, B * L, k) / t / b.copy_bw
+            fracs[fmt][f"B{B}_L{L}"] = frac
+            b.add(dict(case="paged", kv_dtype=fmt, B=B, context=L, us=t * 1e6, bw_frac=frac, rel_err_vs_fp32=err))
+            del k, v, run
+        del k0, v0
+    for fmt, fr in fracs.items():  # auto keeps the plain names; FP8 formats get theirs as a suffix
+        sfx = "" if fmt == "auto" else f"_{fmt}"
+        long = [f for key, f in fr.items() if int(key.split("_L")[1]) >= 16384]
+        write_device_params(b.args.out, **{f"paged_decode_bw_frac{sfx}": fr,
+                                           f"paged_decode_bw_frac_min_16k{sfx}": min(long) if long else None})
 
 
 def _capture(b: Bench, fn):
@@ -184,9 +206,9 @@ def case_cascade(b: Bench, kernels):
     torch = b.torch
     shapes = {"round1": (4, 32, 40), "round2": (3, 64, 16)} if b.tiny else \
         {"round1": (32, 512, 16384), "round2": (4, 65536, 1024)}
-    speed = {}
+    speed = {fmt: {} for fmt in b.kv_dtypes}
     for name, (K, P, S) in shapes.items():
-        k, v, bt = b.paged([P + S] * K, prefix=P)
+        k0, v0, bt = b.paged([P + S] * K, prefix=P)
         q, sl, sc = b.randn(K, b.Hq, b.D), b.i32([P + S] * K), 1 / math.sqrt(b.D)
         gs, gp = b.i32([0, K]), b.i32([P])
         size = next(s for s in bucket_sizes(256) if s >= K)
@@ -197,29 +219,36 @@ def case_cascade(b: Bench, kernels):
         q_pad = torch.cat([q, b.randn(pad, b.Hq, b.D)])
         bt_pad = torch.cat([bt, torch.zeros(pad, bt.shape[1], dtype=bt.dtype, device=b.dev)])
         sl_pad = torch.cat([sl, b.i32([1] * pad)])
-        paged = lambda: kernels.paged_decode_triton(q, k, v, bt, sl, sc)  # noqa: E731
-        paged_graph = lambda: kernels.paged_decode_triton(q_pad, k, v, bt_pad, sl_pad, sc)  # noqa: E731
-        casc = lambda: kernels.cascade_decode_triton(q, k, v, bt, sl, gs, gp, sc, max_group_size=K)  # noqa: E731
-        casc_graph = lambda: kernels.cascade_decode_triton(q_pad, k, v, bt_pad, sl_pad, gs_pad, gp_pad, sc,  # noqa: E731
-                                                           max_group_size=size)[:K]
-        ref = kernels.cascade_decode_ref(q.float(), k.float(), v.float(), bt, sl, gs, gp, sc)
-        err = max(rel_err(casc(), ref), rel_err(casc_graph(), ref))
-        t_paged, t_casc = b.time(paged), b.time(casc)
-        replay_paged, _ = _capture(b, paged_graph)
-        replay_casc, graph_out = _capture(b, casc_graph)
-        t_paged_g, t_casc_g = b.time(replay_paged), b.time(replay_casc)
-        if graph_out is not None:
-            replay_casc()
-            err = max(err, rel_err(graph_out, ref))
-        unique = kv_bytes(b, P + K * S)
-        speed[name] = dict(eager=t_paged / t_casc, graph=t_paged_g / t_casc_g)
-        b.add(dict(case="cascade", shape=name, K=K, prefix=P, suffix=S, bucket=size, paged_us=t_paged * 1e6,
-                   cascade_us=t_casc * 1e6, paged_graph_us=t_paged_g * 1e6, cascade_graph_us=t_casc_g * 1e6,
-                   speedup_eager=speed[name]["eager"], speedup_graph=speed[name]["graph"],
-                   paged_bw_frac=kv_bytes(b, K * (P + S)) / t_paged / b.copy_bw,
-                   cascade_bw_frac=unique / t_casc / b.copy_bw, rel_err_vs_fp32=err))
-        del k, v
-    write_device_params(b.args.out, cascade_speedup_vs_paged=speed)
+        for fmt in b.kv_dtypes:
+            k, v, ks, vs = b.in_format(k0, v0, fmt)
+            sk = dict(k_scale=ks, v_scale=vs)
+            paged = lambda: kernels.paged_decode_triton(q, k, v, bt, sl, sc, **sk)  # noqa: E731
+            paged_graph = lambda: kernels.paged_decode_triton(q_pad, k, v, bt_pad, sl_pad, sc, **sk)  # noqa: E731
+            casc = lambda: kernels.cascade_decode_triton(q, k, v, bt, sl, gs, gp, sc, max_group_size=K,  # noqa: E731
+                                                         **sk)
+            casc_graph = lambda: kernels.cascade_decode_triton(q_pad, k, v, bt_pad, sl_pad, gs_pad, gp_pad, sc,  # noqa: E731
+                                                               max_group_size=size, **sk)[:K]
+            ref = kernels.cascade_decode_ref(q.float(), k.float(), v.float(), bt, sl, gs, gp, sc, **sk)
+            err = max(rel_err(casc(), ref), rel_err(casc_graph(), ref))
+            t_paged, t_casc = b.time(paged), b.time(casc)
+            replay_paged, _ = _capture(b, paged_graph)
+            replay_casc, graph_out = _capture(b, casc_graph)
+            t_paged_g, t_casc_g = b.time(replay_paged), b.time(replay_casc)
+            if graph_out is not None:
+                replay_casc()
+                err = max(err, rel_err(graph_out, ref))
+            unique = kv_bytes(b, P + K * S, k)
+            speed[fmt][name] = dict(eager=t_paged / t_casc, graph=t_paged_g / t_casc_g)
+            b.add(dict(case="cascade", kv_dtype=fmt, shape=name, K=K, prefix=P, suffix=S, bucket=size,
+                       paged_us=t_paged * 1e6, cascade_us=t_casc * 1e6, paged_graph_us=t_paged_g * 1e6,
+                       cascade_graph_us=t_casc_g * 1e6, speedup_eager=speed[fmt][name]["eager"],
+                       speedup_graph=speed[fmt][name]["graph"],
+                       paged_bw_frac=kv_bytes(b, K * (P + S), k) / t_paged / b.copy_bw,
+                       cascade_bw_frac=unique / t_casc / b.copy_bw, rel_err_vs_fp32=err))
+            del k, v, ref, graph_out, replay_paged, replay_casc, paged, paged_graph, casc, casc_graph
+        del k0, v0
+    for fmt, sp in speed.items():
+        write_device_params(b.args.out, **{"cascade_speedup_vs_paged" + ("" if fmt == "auto" else f"_{fmt}"): sp})
 
 
 def case_prefill(b: Bench, kernels):
@@ -335,16 +364,17 @@ def case_replay(b: Bench, kernels):
 
 
 def format_table(rows) -> str:
-    lines = [f"kernels at PaCoRe-8B's shape; bw = bytes read / time / device copy bandwidth"]
+    lines = ["kernels at PaCoRe-8B's shape; bw = bytes read / time / device copy bandwidth (FP8: a byte a value)"]
     for r in rows:
         c = r["case"]
         if c == "copy":
             lines.append(f"copy {r['copy_bw_GBps']:.0f} GB/s   bf16 matmul {r['matmul_tflops']:.0f} TFLOP/s")
         elif c == "paged":
-            lines.append(f"paged   B={r['B']:<4} ctx={r['context']:<7} {r['us']:9.1f} us  bw {r['bw_frac']:.2f}  "
-                         f"err {r['rel_err_vs_fp32']:.1e}")
+            lines.append(f"paged   {r['kv_dtype']:<8} B={r['B']:<4} ctx={r['context']:<7} {r['us']:9.1f} us  "
+                         f"bw {r['bw_frac']:.2f}  err {r['rel_err_vs_fp32']:.1e}")
         elif c == "cascade":
-            lines.append(f"cascade {r['shape']} K={r['K']} P={r['prefix']} S={r['suffix']}: paged {r['paged_us']:.1f} us, "
+            lines.append(f"cascade {r['kv_dtype']:<8} {r['shape']} K={r['K']} P={r['prefix']} S={r['suffix']}: "
+                         f"paged {r['paged_us']:.1f} us, "
                          f"cascade {r['cascade_us']:.1f} us ({r['speedup_eager']:.2f}x); graph {r['paged_graph_us']:.1f} "
                          f"vs {r['cascade_graph_us']:.1f} us ({r['speedup_graph']:.2f}x)  err {r['rel_err_vs_fp32']:.1e}")
         elif c == "prefill":

@@ -30,6 +30,8 @@ def test_dry_run_uses_python3(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "dry run OK" in proc.stdout and "pytest does not import" not in proc.stdout
     assert "prefill" in proc.stdout and "graph replay" in proc.stdout  # the kernels table
+    for fmt in ("auto", "fp8_e4m3"):  # decode cases in both KV formats by default
+        assert f"paged   {fmt} " in proc.stdout and f"cascade {fmt} " in proc.stdout
 
 
 def test_missing_pytest_is_reported_and_a_command_is_required(tmp_path):

@@ -24,4 +24,13 @@ def test_tiny_runs_every_section(tmp_path):
     assert long["first_position"] > 1024 and long["top1_agree"] == 1.0  # past the YaRN original context
     assert report["hf"]["tok_s"] > 0 and report["hf"]["engine_vs_hf"] > 0
     params = json.loads((tmp_path / "device_params.json").read_text())["engine"]
-    assert {"load_s", "kv_tokens", "decode_tok_s", "hf_generate_tok_s", "engine_vs_hf"} <= set(params)
+    assert {"load_s", "kv_tokens", "decode_tok_s", "hf_generate_tok_s", "engine_vs_hf",
+            "decode_tok_s_fp8_e4m3", "kv_tokens_fp8_e4m3"} <= set(params)
+    assert set(params["decode_tok_s_fp8_e4m3"]) == {"round1_cascade", "round2_cascade"}
+    assert {r["kv_dtype"] for r in rows} == {"float32"}  # the tiny model's own dtype (auto)
+    # round 1 and round 2 again with an FP8 cache, as the engine reports it, one byte per K/V value
+    fp8 = report["fp8"]
+    assert [r["case"] for r in fp8] == ["round1", "round2"]
+    for r in fp8:
+        assert r["kv_dtype"] == "fp8_e4m3" and r["kv_bytes_per_token"] == 2 * 2 * 2 * 32  # layers x K,V x Hkv x D
+        assert r["decode_tok_s"] > 0 and r["decode_vs_auto"] > 0 and r["cascade_steps"] == r["decode_steps"]
