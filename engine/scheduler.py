@@ -56,6 +56,17 @@ class CascadePolicy:
         return self.enabled is True or saved_tokens >= self.min_saved_fraction * read_tokens
 
 
+def request_runs(seqs: list[Sequence]):
+    """(start, end) of each run of consecutive sequences of one request."""
+    i = 0
+    while i < len(seqs):
+        req, j = seqs[i].request, i + 1
+        while j < len(seqs) and seqs[j].request is req:
+            j += 1
+        yield i, j
+        i = j
+
+
 def prefill_completes(seq: Sequence, chunk: int) -> bool:
     """Whether a prefill chunk of ``chunk`` tokens from ``seq.num_computed`` reaches the end of the
     sequence's tokens (its prompt, or all it had before a recompute): then the chunk's last row gets
@@ -329,12 +340,8 @@ class Scheduler:
         decodes = plan.decodes
         decodes.sort(key=lambda s: s.request.seqs[0].seq_id)
         starts, prefix_lens, largest, saved = [0], [], 0, 0
-        i = 0
-        while i < len(decodes):
+        for i, j in request_runs(decodes):
             req = decodes[i].request
-            j = i
-            while j < len(decodes) and decodes[j].request is req:
-                j += 1
             prefix = 0
             if j - i > 1:  # a lone row shares nothing: skip finding its prefix
                 prefix = self.cascade.prefix_for(j - i, self._shared_prefix_blocks(req) * self.bm.block_size)
@@ -342,7 +349,6 @@ class Scheduler:
             prefix_lens.append(prefix)
             largest = max(largest, j - i)
             starts.append(j)
-            i = j
         if saved and self.cascade.pays(saved, sum(s.num_computed + 1 for s in decodes)):
             plan.group_starts, plan.group_prefix_lens, plan.max_group_size = starts, prefix_lens, largest
 

@@ -21,11 +21,21 @@ class ModelShape:
     dtype_bytes: int
     qk_norm: bool = False
     kv_dtype_bytes: int | None = None  # the KV cache's bytes per value (1 for FP8); None: dtype_bytes
+    tie_word_embeddings: bool = False
 
     @classmethod
     def from_config(cls, cfg, dtype_bytes: int, kv_dtype_bytes: int | None = None) -> "ModelShape":
         return cls(cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
-                   cfg.head_dim, cfg.vocab_size, dtype_bytes, cfg.qk_norm, kv_dtype_bytes)
+                   cfg.head_dim, cfg.vocab_size, dtype_bytes, cfg.qk_norm, kv_dtype_bytes, cfg.tie_word_embeddings)
+
+    @property
+    def linear_params(self) -> int:
+        """q, k, v, o, gate, up and down of every layer."""
+        return self.num_layers * self.layer_linear_params
+
+    @property
+    def lm_head_params(self) -> int:
+        return self.vocab_size * self.hidden_size
 
     @property
     def layer_linear_params(self) -> int:

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.step_shape import ModelShape
+
 _LOGIT_PASSES = 4  # write + softmax read + CDF read + draw read, fp32
 
 
@@ -84,60 +86,18 @@ class DeviceParams:
                          "(bench/gpu_kernels.py writes one on a GPU)")
 
 
-@dataclass(slots=True, frozen=True)
-class ModelShape:
-    """The sizes that set a decoder's bytes and FLOPs."""
+def attention_flops(shape: ModelShape, start: int, length: int) -> float:
+    """QK^T and PV FLOPs of ``length`` causal queries at positions start.. (each sees itself and
+    everything before it)."""
+    return shape.attn_flops_per_pair * (length * start + length * (length + 1) / 2)
 
-    num_layers: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    tie_word_embeddings: bool = False
-    dtype_bytes: int = 2
-    kv_dtype_bytes: int = 2
 
-    @classmethod
-    def from_config(cls, cfg, dtype_bytes: int = 2, kv_dtype_bytes: int | None = None) -> "ModelShape":
-        return cls(cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
-                   cfg.head_dim, cfg.vocab_size, cfg.tie_word_embeddings, dtype_bytes,
-                   dtype_bytes if kv_dtype_bytes is None else kv_dtype_bytes)
-
-    @property
-    def linear_params(self) -> int:
-        """q|k|v, o, gate|up and down of every layer (norms and biases are negligible)."""
-        h, d = self.hidden_size, self.head_dim
-        qkv = h * (self.num_heads + 2 * self.num_kv_heads) * d
-        return self.num_layers * (qkv + self.num_heads * d * h + 3 * h * self.intermediate_size)
-
-    @property
-    def lm_head_params(self) -> int:
-        return self.vocab_size * self.hidden_size
-
-    @property
-    def weight_bytes(self) -> int:
-        """Bytes a step reads for the weights (the embedding table is gathered, not read whole)."""
-        return (self.linear_params + self.lm_head_params) * self.dtype_bytes
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
-
-    def attention_flops(self, start: int, length: int) -> float:
-        """QK^T and PV FLOPs of ``length`` causal queries at positions start.. (each sees itself and
-        everything before it)."""
-        keys = length * start + length * (length + 1) / 2
-        return 4.0 * self.num_layers * self.num_heads * self.head_dim * keys
-
-    def kv_tokens(self, device: DeviceParams, gpu_memory_utilization: float = 0.9) -> int:
-        """Tokens of KV the default sizing gives on ``device``: what is left of its memory after the
-        weights (embedding included) and the activation reserve."""
-        embedding = 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
-        weights = self.weight_bytes + embedding * self.dtype_bytes
-        room = device.memory_bytes * gpu_memory_utilization - weights - device.activation_reserve_bytes
-        return max(0, int(room // self.kv_bytes_per_token))
+def kv_tokens(shape: ModelShape, device: DeviceParams, gpu_memory_utilization: float = 0.9) -> int:
+    """Tokens of KV the default sizing gives on ``device``: what is left of its memory after the
+    weights (the embedding table too, unless tied) and the activation reserve."""
+    embedding = 0 if shape.tie_word_embeddings else shape.vocab_size * shape.hidden_size * shape.dtype_bytes
+    room = device.memory_bytes * gpu_memory_utilization - shape.weight_bytes - embedding - device.activation_reserve_bytes
+    return max(0, int(room // shape.kv_bytes_per_token))
 
 
 @dataclass(slots=True)
@@ -236,8 +196,8 @@ def step_cost(work: StepWork, shape: ModelShape, dev: DeviceParams,
         redo = min(ch.recompute, ch.length)
         a[1] += ch.length - redo
         a[2] += redo
-        flops = shape.attention_flops(ch.start, ch.length)
-        flops_redo = shape.attention_flops(ch.start, redo)
+        flops = attention_flops(shape, ch.start, ch.length)
+        flops_redo = attention_flops(shape, ch.start, redo)
         t = max(flops / (peak * dev.prefill_attention_eff), (ch.start + 2 * ch.length) * kv_s)  # context + stores
         frac = flops_redo / flops if flops else 0.0
         a[4] += t * (1 - frac)

@@ -18,8 +18,8 @@ import torch
 from engine.kv_cache import resolve_kv_dtype
 from engine.model_runner import ModelRunner
 from engine.rehearsal.device_model import (DecodeGroup, DeviceParams, ModelShape, PrefillChunk, StepCost, StepWork,
-                                           step_cost)
-from engine.scheduler import StepPlan
+                                           kv_tokens, step_cost)
+from engine.scheduler import StepPlan, request_runs
 from engine.sequence import Sequence
 
 END_THINK = "</think>"
@@ -122,7 +122,7 @@ class RehearsalRunner(ModelRunner):
         """The blocks the engine's sizing would give on the modelled device (or in kv_cache_memory)."""
         if kv_cache_memory is not None:
             return max(1, kv_cache_memory // self.kv_bytes_per_block)
-        return max(1, self.shape.kv_tokens(self.device_params, gpu_memory_utilization) // self.block_size)
+        return max(1, kv_tokens(self.shape, self.device_params, gpu_memory_utilization) // self.block_size)
 
     def mark_ranges(self, on: bool) -> None:
         """No kernels run, so there are no op ranges to mark."""
@@ -147,12 +147,9 @@ class RehearsalRunner(ModelRunner):
             work.prefills.append(PrefillChunk(rid, start, chunk, redo))
             self._computed[seq.seq_id] = max(self._computed.get(seq.seq_id, 0), start + chunk)
         groups = iter(zip(plan.group_starts, plan.group_starts[1:], plan.group_prefix_lens)) if plan.cascade else None
-        i, decodes = 0, plan.decodes
-        while i < len(decodes):
+        decodes = plan.decodes
+        for i, j in request_runs(decodes):
             req = decodes[i].request
-            j = i
-            while j < len(decodes) and decodes[j].request is req:
-                j += 1
             cascade = 0
             if groups is not None:
                 g_start, g_end, prefix = next(groups)
@@ -163,7 +160,6 @@ class RehearsalRunner(ModelRunner):
                 self._computed[s.seq_id] = s.num_computed + 1
             work.decodes.append(DecodeGroup(req.request_id, lens, self.shared_prefix(req) if j - i > 1 else 0,
                                             cascade))
-            i = j
         return work
 
     @torch.inference_mode()

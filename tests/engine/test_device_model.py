@@ -2,11 +2,12 @@
 import pytest
 
 from engine.rehearsal.device_model import (DecodeGroup, DeviceParams, ModelShape, PrefillChunk, StepWork,
-                                           step_cost)
+                                           kv_tokens, step_cost)
 
 # Round numbers so each figure below can be checked by hand.
 SHAPE = ModelShape(num_layers=2, hidden_size=8, intermediate_size=16, num_heads=4, num_kv_heads=2, head_dim=2,
-                   vocab_size=100)
+                   vocab_size=100, dtype_bytes=2)
+W = SHAPE.weight_bytes  # linear layers, norms and the LM head, once per step
 DEV = DeviceParams(hbm_bytes_per_s=1e6, peak_flops=1e9, matmul_eff=0.5, linear_bw_eff=0.5, attention_bw_eff=0.5,
                    prefill_attention_eff=0.25, step_overhead_s=1e-3)
 
@@ -15,15 +16,15 @@ def test_shape_sizes():
     # per layer: qkv 8*(4+2*2)*2 = 128, o 4*2*8 = 64, gate|up|down 3*8*16 = 384
     assert SHAPE.linear_params == 2 * (128 + 64 + 384)
     assert SHAPE.lm_head_params == 800
-    assert SHAPE.weight_bytes == (1152 + 800) * 2
+    assert W == (1152 + 800 + 2 * 2 * 8 + 8) * 2  # + two norms per layer and the final one
     assert SHAPE.kv_bytes_per_token == 2 * 2 * 2 * 2 * 2  # K and V, layers, KV heads, head dim, bf16
-    assert ModelShape(36, 4096, 12288, 32, 8, 128, 151936).kv_bytes_per_token == 144 * 1024  # PaCoRe-8B
+    assert ModelShape(36, 4096, 12288, 32, 8, 128, 151936, 2).kv_bytes_per_token == 144 * 1024  # PaCoRe-8B
 
 
 def test_one_decode_batch():
     work = StepWork(decodes=[DecodeGroup("a", [100]), DecodeGroup("b", [300])], sampled=2)
     cost, per = step_cost(work, SHAPE, DEV)
-    weights = 3904 / (1e6 * 0.5)
+    weights = W / (1e6 * 0.5)
     assert cost.weights == pytest.approx(weights)
     flops = 2 * 1152 * 2 + 2 * 800 * 2
     assert cost.matmul == pytest.approx(max(0.0, flops / (1e9 * 0.5) - weights))
@@ -31,7 +32,7 @@ def test_one_decode_batch():
     assert cost.sampling == pytest.approx(2 * 100 * 4 * 4 / 1e6)
     assert cost.overhead == pytest.approx(1e-3)
     assert cost.prefill == cost.recompute == cost.attention == 0
-    assert cost.limit == pytest.approx(max((3904 + 402 * 32 + 2 * 100 * 4) / 1e6, (flops) / 1e9))
+    assert cost.limit == pytest.approx(max((W + 402 * 32 + 2 * 100 * 4) / 1e6, (flops) / 1e9))
     # shares: b reads three times a's KV; weights and overhead split by token
     assert per["b"].kv_read == pytest.approx(3 * per["a"].kv_read, rel=0.02)
     assert per["a"].weights == pytest.approx(weights / 2)
@@ -53,7 +54,7 @@ def test_one_prefill_chunk_and_its_recompute():
     keys = 32 * 64 + 32 * 33 / 2
     attn_flops = 4 * 2 * 4 * 2 * keys
     assert cost.attention == pytest.approx(max(attn_flops / (1e9 * 0.25), (64 + 64) * 32 / 5e5))
-    weights = 3904 / 5e5
+    weights = W / 5e5
     flops = 2 * 1152 * 32 + 2 * 800
     assert cost.prefill == pytest.approx(max(0.0, flops / 5e8 - weights))
     assert cost.recompute == 0
@@ -64,7 +65,7 @@ def test_one_prefill_chunk_and_its_recompute():
 
 
 def test_default_h200_holds_about_780k_tokens_of_pacore_8b():
-    tokens = ModelShape(36, 4096, 12288, 32, 8, 128, 151936).kv_tokens(DeviceParams())
+    tokens = kv_tokens(ModelShape(36, 4096, 12288, 32, 8, 128, 151936, 2), DeviceParams())
     assert 740_000 < tokens < 820_000
 
 
