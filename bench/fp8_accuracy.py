@@ -105,7 +105,8 @@ def main(argv=None) -> int:
         for r in rows:
             r["model"] = "SmolLM2-135M" if name == "smollm2" else f"tiny {name} (random)"
             results.append(r)
-        print(f"{name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+            print(json.dumps(r), file=sys.stderr, flush=True)  # as each model finishes: a long run keeps them
+        print(f"{name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     head = (f"| model | KV | greedy tokens agreeing (before the first divergence) | prompts agreeing on all "
             f"{args.tokens} | KL mean | KL max | teacher-forced top-1 agree |")
     lines = [head, "|" + "---|" * 7]
