@@ -1,5 +1,7 @@
 """Command 2 of the GPU run: the engine end to end on a Qwen3-8B-shaped random bf16 checkpoint, YaRN to 131k.
 
+One file past 300 lines: a GPU run is one command, and every section must be in it.
+
 Sections (each is written to $OUT/gpu_e2e.json as soon as it ran, so a timeout keeps what ran):
 - load: load time, memory after loading, and the KV tokens the default sizing gives;
 - logits: a forked prompt decoded greedily with cascade and CUDA graphs on and off; every step's

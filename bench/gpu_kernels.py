@@ -1,5 +1,7 @@
 """Command 1 of the GPU run: the attention kernels at PaCoRe-8B's shape (Qwen3-8B heads 32/8/128, bf16).
 
+One file past 300 lines: a GPU run is one command, and every case must be in it.
+
 Cases (each row is written to $OUT/gpu_kernels.json as soon as it ran, so a timeout keeps what ran):
 - copy: device-to-device copy bandwidth (the roofline of decode) and a bf16 matmul's TFLOP/s;
 - paged decode at B=32 x 16k and 32k, B=4 x 64k, B=1 x 131k, B=256 x 2k: time, error vs the fp32

@@ -1,4 +1,7 @@
-"""Model and engine configuration: what the decoder needs from a Hugging Face folder, checked."""
+"""Model and engine configuration: what the decoder needs from a Hugging Face folder, checked.
+
+Past 300 lines because the engine's flags are derived from EngineConfig's fields here, beside them.
+"""
 from __future__ import annotations
 
 import argparse

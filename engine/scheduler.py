@@ -1,5 +1,7 @@
 """Scheduler: the one owner of a sequence's life, from admission to finish.
 
+Past 300 lines: admission, preemption, fork and cascade grouping all decide one plan together.
+
 Each step, ``schedule()`` returns a StepPlan: running sequences first (one token for a decode, the
 next chunk for a prefill in progress), then waiting ones admitted while the token budget, the
 sequence limit and free blocks allow. When a running sequence needs a block and none is free, the
