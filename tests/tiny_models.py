@@ -75,3 +75,18 @@ def runner_spy(llm, on_run):
         yield
     finally:
         del llm.runner.run
+
+
+def recording_llm(model, logits: dict, **options):
+    """An LLM whose sampler first records each row of request "main": logits[(child, tokens before)]."""
+    from engine import LLM
+    llm = LLM(model, **options)
+    sample = llm.sampler
+
+    def recording(rows, seqs):
+        for row, seq in zip(rows, seqs):
+            if seq.request.request_id == "main":
+                logits[seq.index, seq.num_generated] = row.clone()
+        return sample(rows, seqs)
+    llm.sampler = recording
+    return llm

@@ -15,6 +15,7 @@ from engine import LLM, SamplingParams
 from engine.sampler import Sampler
 from kernels import prefill_attention_ref, rmsnorm_ref, silu_and_mul_ref
 from kernels.batch_invariant import attention_invariant, linear_invariant, rmsnorm_invariant, silu_and_mul_invariant
+from tiny_models import recording_llm
 
 
 def _ids(n, seed, vocab=256):
@@ -121,16 +122,7 @@ class Run:
 
 
 def _engine(model, batch_invariant, logits, **kw):
-    llm = LLM(model, batch_invariant=batch_invariant, **{"num_kv_blocks": 256, **kw})
-    sample = llm.sampler
-
-    def recording(rows, seqs):
-        for row, seq in zip(rows, seqs):
-            if seq.request.request_id == "main":
-                logits[seq.index, seq.num_generated] = row.clone()
-        return sample(rows, seqs)
-    llm.sampler = recording
-    return llm
+    return recording_llm(model, logits, batch_invariant=batch_invariant, **{"num_kv_blocks": 256, **kw})
 
 
 def _finish(llm, done):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from tiny_models import runner_spy
+from tiny_models import recording_llm, runner_spy
 
 PROMPTS = [list(range(3, 60)), list(range(100, 130))]
 # Bound on the engine's logits, FP8 cache vs the model dtype's, as a share of the largest |logit|, on the
@@ -139,19 +139,7 @@ def _seeded(model, setup: str, **kw):
     elif setup == "chunked":
         opts["max_num_batched_tokens"] = 8
     logits = {}
-
-    def engine():
-        llm = LLM(model, **opts)
-        sample = llm.sampler
-
-        def recording(rows, seqs):
-            for row, seq in zip(rows, seqs):
-                if seq.request.request_id == "main":
-                    logits[seq.index, seq.num_generated] = row.clone()
-            return sample(rows, seqs)
-        llm.sampler = recording
-        return llm
-    llm = engine()
+    llm = recording_llm(model, logits, **opts)
     if setup == "prefix cached":  # an earlier request left the prompt's FP8 blocks in the cache
         llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
     llm.add_request(PROMPT, MAIN, request_id="main")
@@ -159,7 +147,7 @@ def _seeded(model, setup: str, **kw):
         for _ in range(8):
             llm.step()
         partial = llm.partial_outputs("main")
-        llm = engine()
+        llm = recording_llm(model, logits, **opts)
         llm.add_request(PROMPT, MAIN, request_id="main", resume=partial)
     done = {}
     while llm.has_unfinished():
