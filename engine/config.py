@@ -154,26 +154,31 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 _YARN_EXAMPLE = '{"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32768}'
 
 
+def _number(value: str, cast: type, bad: str, ok, out_of_range: str):
+    """Parse ``value`` with ``cast`` for argparse, naming what was expected (``bad``) and the range."""
+    try:
+        n = cast(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{bad}, got {value!r}") from None
+    if not ok(n):
+        raise argparse.ArgumentTypeError(out_of_range.format(value=value))
+    return n
+
+
 def positive_int(value: str) -> int:
     """argparse type: an integer >= 1."""
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError("must be a positive integer")
-    return n
+    return _number(value, int, "must be a positive integer", lambda n: n >= 1, "must be a positive integer")
 
 
 def seed_int(value: str) -> int:
     """argparse type: a seed in [0, 2**64)."""
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
-    if not 0 <= n < 2**64:
-        raise argparse.ArgumentTypeError(f"must be in [0, 2**64), got {value}")
-    return n
+    return _number(value, int, "expected an integer", lambda n: 0 <= n < 2**64, "must be in [0, 2**64), got {value}")
+
+
+def seconds(value: str) -> float:
+    """argparse type: a finite number of seconds >= 0."""
+    return _number(value, float, "expected a number of seconds", lambda s: 0 <= s < float("inf"),
+                   "must be a number of seconds >= 0, got {value}")
 
 
 def json_object(value: str) -> dict:

@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 
-from engine.config import ENGINE_FLAGS, add_engine_flags, engine_kwargs, positive_int
+from engine.config import ENGINE_FLAGS, add_engine_flags, engine_kwargs, positive_int, seconds
 
 from . import DEFAULT_MAX_BODY_BYTES
 
@@ -37,21 +37,11 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "429, one that alone exceeds it 400 (default 1024)")
     p.add_argument("--max-body-bytes", type=positive_int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
                    help=f"largest request body; a longer one gets 413 before it is read (default {DEFAULT_MAX_BODY_BYTES})")
-    p.add_argument("--shutdown-timeout", type=_seconds, default=30.0, metavar="S",
+    p.add_argument("--shutdown-timeout", type=seconds, default=30.0, metavar="S",
                    help="on SIGTERM or Ctrl-C: stop admitting requests, let running ones finish for up to S "
                         "seconds, then abort the rest and exit (default 30)")
     add_engine_flags(p.add_argument_group("engine"), SERVE_FLAGS)
     return p
-
-
-def _seconds(value: str) -> float:
-    try:
-        s = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
-    if not 0 <= s < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {value}")
-    return s
 
 
 def served_name(model: str | None) -> str:
