@@ -215,6 +215,10 @@ def test_bad_logprobs_requests_are_refused_naming_the_fix(tiny_model_dir):
                         resume_logprobs=lps)
     with pytest.raises(ValueError, match=r"does not ask for logprobs"):
         llm.add_request(PROMPT, SamplingParams(n=2, max_tokens=8), resume=partial, resume_logprobs=lps)
+    done = [(partial[0][0], "stop"), partial[1]]
+    with pytest.raises(ValueError, match=r"resume\[0\] is finished, so its logprobs cannot be recomputed"):
+        llm.add_request(PROMPT, params, resume=done, resume_logprobs=[None, lps[1]])
+    llm.abort_request(llm.add_request(PROMPT, params, resume=done, resume_logprobs=lps))  # given: fine
     with pytest.raises(ValueError, match=r"resume_logprobs without resume"):
         llm.add_request(PROMPT, params, resume_logprobs=lps)
 
