@@ -232,12 +232,6 @@ def test_refusals_are_openai_errors(server, client):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
                                        extra_body={"frobnicate": 1})
     assert e.value.body["param"] == "frobnicate" and "frobnicate" in e.value.message
-    with pytest.raises(openai.UnprocessableEntityError) as e:  # lm-eval's loglikelihood: not implemented
-        client.completions.create(model=MODEL, prompt="x", logprobs=1, echo=True)
-    assert "logprobs" in e.value.message
-    with pytest.raises(openai.UnprocessableEntityError) as e:  # 0 asks for the sampled token's logprob
-        client.completions.create(model=MODEL, prompt="x", logprobs=0)
-    assert e.value.body["param"] == "logprobs"
     with pytest.raises(openai.UnprocessableEntityError) as e:  # accepted only at its default, 0
         client.completions.create(model=MODEL, prompt="x", frequency_penalty=0.5)
     assert e.value.body["param"] == "frequency_penalty"
