@@ -1,6 +1,6 @@
 """The routes: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics (the API key,
-the body limit and the content type are checked before them: front_door.py). Slightly past 300
-lines: the two completion routes share their helpers here."""
+the body limit and the content type are checked before them: front_door.py). Past 300 lines: the
+two completion routes share their helpers here (submit, collect, stream, and their logprobs)."""
 from __future__ import annotations
 
 import asyncio

@@ -3,7 +3,8 @@
 HTTP handlers (on the asyncio loop) hand it commands through a locked inbox and sleep on an asyncio
 queue of their own; the thread posts events to that queue with ``loop.call_soon_threadsafe``. It
 steps while the engine has work and waits on a condition when idle, so requests arrive and leave
-between steps without ever blocking one.
+between steps without ever blocking one. Past 300 lines: a Job's stream state (text, logprobs,
+echo) lives beside the thread that fills it.
 """
 from __future__ import annotations
 

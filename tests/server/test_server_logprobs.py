@@ -148,8 +148,10 @@ def test_echo_as_lm_eval_loglikelihood_sends_it(server, client, max_tokens):
     r = client.completions.create(model=MODEL, prompt=prompts, echo=True, logprobs=1, max_tokens=max_tokens,
                                   temperature=0, extra_body=NO_EOS)
     assert [c.index for c in r.choices] == [0, 1]
-    for choice, ids in zip(r.choices, prompts):
-        out = _engine(server.direct, ids, temperature=0, max_tokens=1, ignore_eos=True, logprobs=1, prompt_logprobs=1)
+    # One batch, as the server runs them (a row's float rounding may depend on its batch).
+    outs = server.direct.generate(prompts, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True, logprobs=1,
+                                                          prompt_logprobs=1), use_tqdm=False)
+    for choice, ids, out in zip(r.choices, prompts, outs):
         generated = out.outputs[0] if max_tokens else None
         lp = choice.logprobs
         assert choice.text == tok.decode(ids) + (generated.text if generated else "")
@@ -193,13 +195,14 @@ def test_a_completions_stream_sends_the_logprobs_of_the_whole_reply(client, echo
     stop = free[5:7]  # held back while it may be a stop string: logprobs go on regardless
     full = client.completions.create(stop=[stop], **kw)
     streamed = _stream_completions(client.completions.create(stop=[stop], stream=True, **kw))
+    assert full.choices[0].finish_reason == "stop"  # stopped early, while choice 1 went on
     for choice in full.choices:
         text, logprobs = _joined(streamed[choice.index])
         assert text == choice.text and logprobs == choice.logprobs.model_dump()
-        if echo:  # the prompt comes first, whole, with its logprobs
+        if echo:  # the prompt comes first, whole, with its logprobs (with a reader that lags, tokens after it)
             first_text, first = streamed[choice.index][0]
-            assert first_text == kw["prompt"] and len(first.tokens) == len(kw["prompt"])
-            assert first.token_logprobs[0] is None
+            assert first_text.startswith(kw["prompt"]) and len(first.tokens) >= len(kw["prompt"])
+            assert "".join(first.tokens[:len(kw["prompt"])]) == kw["prompt"] and first.token_logprobs[0] is None
 
 
 def test_an_echo_stream_with_max_tokens_0_sends_the_prompt_alone(client):
@@ -276,8 +279,9 @@ def test_processed_logprobs_are_the_distribution_sampled_from(tiny_model_dir):
 def _error(fn, **kw):
     with pytest.raises(openai.APIStatusError) as e:
         fn(**kw)
-    assert "Value error" not in e.value.message and e.value.message == e.value.body["message"]
-    return e.value.status_code, e.value.body["param"], e.value.message
+    message = e.value.body["message"]
+    assert "Value error" not in message
+    return e.value.status_code, e.value.body["param"], message
 
 
 def test_limits_are_named_in_plain_sentences(tiny_model_dir):
