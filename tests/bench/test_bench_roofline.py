@@ -41,7 +41,7 @@ def test_decode_floor_by_hand():
 def test_prefill_floor_by_hand():
     # One chunk of 8 tokens at positions 16..23 that completes its 24-token prompt.
     seq = SimpleNamespace(num_computed=16, num_tokens=24, block_table=[0, 1])
-    s = shape_of_plan(SimpleNamespace(prefills=[(seq, 8)], decodes=[]), 16)
+    s = shape_of_plan(SimpleNamespace(prefills=[(seq, 8)], decodes=[], scored=[]), 16)
     assert (s.new_tokens, s.num_sampled, s.prefill_ctx_read) == (8, 1, 16)
     assert s.prefill_attn_pairs == 8 * 16 + (1 + 2 + 3 + 4 + 5 + 6 + 7 + 8) == 164
     assert floor_bytes(M, s) == 5088 + (16 + 8) * 64 == 6624
@@ -51,7 +51,7 @@ def test_prefill_floor_by_hand():
 def test_shape_of_decode_batch():
     a = SimpleNamespace(num_computed=39, num_tokens=40, block_table=[0, 1, 2])
     b = SimpleNamespace(num_computed=36, num_tokens=37, block_table=[0, 1, 3])
-    s = shape_of_plan(SimpleNamespace(prefills=[], decodes=[a, b]), 16)
+    s = shape_of_plan(SimpleNamespace(prefills=[], decodes=[a, b], scored=[]), 16)
     assert s == StepShape(new_tokens=2, num_sampled=2, decode_rows=2, kv_tokens_unique=45, kv_tokens_logical=77)
 
 
