@@ -2,8 +2,9 @@
 PaCoRe-8B's vocabulary, without and with the top-20 logprobs of each sampled token.
 
 Measured on this machine: the engine's Sampler (temperature 1, every row seeded, as PaCoRe samples),
-then the same plus what a row that asks for logprobs adds (``engine.logprobs``: the fp32 log-softmax of
-its logits, the sampled token's logprob and rank, the top 20). The two are timed in turn, so machine
+then the same plus what a row that asks for logprobs adds, as ``LLM._record_logprobs`` does it
+(``engine.logprobs``: the fp32 log-softmax of its logits, the sampled token's logprob and rank, the top
+20, appended to the trajectory's TokenLogprobs). The two are timed in turn, so machine
 noise hits both alike; each figure is the median of ``--repeats`` steps. Modelled on an H200: the
 bytes of fp32 logits that pass adds (log-softmax reads and writes them, topk and the rank count read
 them once each) at the 4.0 TB/s copy bandwidth the rehearsal uses, against a ~30 ms decode step of
@@ -37,7 +38,7 @@ class _Row:
 def measure(rows: int, vocab: int, top: int, repeats: int) -> dict:
     import torch
 
-    from engine.logprobs import compute_logprobs, raw_logprobs
+    from engine.logprobs import TokenLogprobs, compute_logprobs, raw_logprobs
     from engine.rng import mix64
     from engine.sampler import Sampler
     from engine.sampling_params import SamplingParams
@@ -50,9 +51,13 @@ def measure(rows: int, vocab: int, top: int, repeats: int) -> dict:
     def plain():
         return sampler(logits, seqs)
 
+    stores = [TokenLogprobs(top) for _ in range(rows)]
+
     def with_logprobs():
         sampled = sampler(logits, seqs)
-        return compute_logprobs(raw_logprobs(logits), torch.tensor(sampled), top)
+        computed = compute_logprobs(raw_logprobs(logits), torch.tensor(sampled), top)
+        for j, store in enumerate(stores):
+            store.append_row(computed, j)
 
     times = {"plain": [], "logprobs": []}
     for _ in range(repeats + 1):  # the first of each warms up

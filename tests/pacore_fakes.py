@@ -2,7 +2,8 @@
 
 Tokens are characters: a prompt of N characters is N tokens, a child emits one character per step.
 A request that asks for logprobs gets made-up ones (``fake_logprobs``: a function of the character and
-its position, so a resumed child's recomputed logprobs equal the ones it had).
+its position); a child resumed without its earlier logprobs gets them recomputed 1e-6 off, as a real
+recompute rounds differently, so a test can tell recomputed logprobs from those given back.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class _Req:
     arrival: float = 0.0
     first: float | None = None
     resumed_logprobs: list[TokenLogprobs | None] | None = None
+    resumed_at: list[int] = field(default_factory=list)  # each child's tokens resumed with
 
     def logprobs(self, i: int, n: int) -> TokenLogprobs | None:
         """Child ``i``'s logprobs of its first ``n`` tokens: those it resumed with, then computed ones."""
@@ -50,19 +52,21 @@ class _Req:
             return None
         given = self.resumed_logprobs[i] if self.resumed_logprobs else None
         if given is None:
-            return fake_logprobs(self.targets[i][:n], k)
+            return fake_logprobs(self.targets[i][:n], k, recomputed=self.resumed_at[i] if self.resumed_at else 0)
         out = given[:n]
         out.extend(fake_logprobs(self.targets[i][len(given):n], k, start=len(given)))
         return out
 
 
-def fake_logprobs(text: str, num_top: int, start: int = 0) -> TokenLogprobs:
+def fake_logprobs(text: str, num_top: int, start: int = 0, recomputed: int = 0) -> TokenLogprobs:
     """Logprobs for the characters of ``text`` (at positions ``start``...): the chosen one's logprob and
-    a descending top-``num_top`` that vary with the character and the position."""
+    a descending top-``num_top`` that vary with the character and the position; the first ``recomputed``
+    positions 1e-6 off."""
     codes = torch.tensor([ord(c) for c in text], dtype=torch.int64)
     pos = torch.arange(start, start + len(text))
-    chosen = -((codes * 7 + pos * 3) % 13).float() / 8
-    top = -(torch.arange(num_top)[None, :] * 0.5 + ((codes + pos) % 5)[:, None] / 10).float()
+    off = (pos < recomputed).double() * 1e-6
+    chosen = (-((codes * 7 + pos * 3) % 13).double() / 8 - off).float()
+    top = (-(torch.arange(num_top)[None, :] * 0.5 + ((codes + pos) % 5)[:, None] / 10).double() - off[:, None]).float()
     return TokenLogprobs.from_tensors({
         "num_top": torch.tensor(num_top), "token_ids": codes.int(), "logprobs": chosen,
         "ranks": ((codes + pos) % 3 + 1).int(), "top_ids": (torch.arange(num_top)[None, :] + codes[:, None]).int().flatten(),
@@ -117,8 +121,8 @@ class FakeLLM:
                     raise ValueError(f"resume_logprobs of {len(lp)} positions (top {lp.num_top}) for {len(tokens)} "
                                      f"tokens (top {params.logprobs})")
             self.resumed_logprobs[rid] = resume_logprobs
-        self._active[rid] = _Req(rid, ids, params, targets, produced, time.perf_counter(),
-                                 resumed_logprobs=resume_logprobs)
+        self._active[rid] = _Req(rid, ids, params, targets, list(produced), time.perf_counter(),
+                                 resumed_logprobs=resume_logprobs, resumed_at=produced)
         self._stats["prefill_tokens"] += len(ids)  # once per request, whatever n is
         return rid
 

@@ -1,8 +1,8 @@
 """Snapshots of the rounds in flight, so that a kill costs minutes of decoding, not whole rounds.
 
 One file per (problem, round) in ``OUT.partial/``: each trajectory's tokens so far and whether it
-finished, and with ``--record-confidence`` its logprobs so far (``TokenLogprobs``, ~43x the bytes of its
-tokens at top 20), so that a resumed trajectory's earlier logprobs are the ones it had. It is rewritten atomically at every snapshot and deleted when the round ends; on
+finished, and with ``--record-confidence`` its logprobs so far (``TokenLogprobs``: 172 bytes a position at
+top 20, against 4 for its token), so that a resumed trajectory's earlier logprobs are the ones it had. It is rewritten atomically at every snapshot and deleted when the round ends; on
 ``--resume`` the round's request is re-added with it (``LLM.add_request(resume=...)``) and every
 trajectory continues where it stopped, drawing the same tokens as if it never had. A replica of a
 data-parallel run never writes these files: it sends the snapshot record to the driver
@@ -73,8 +73,9 @@ class SnapshotStore:
     def _path(self, key: str, round_no: int) -> str:
         return os.path.join(self.dir, f"{hashlib.sha1(key.encode()).hexdigest()[:24]}.r{round_no}.pt")
 
-    def save(self, key: str, round_no: int, k: int, seed: int, prompt: list[int], partial: list[Partial]) -> None:
-        self.write(snapshot_record(key, round_no, k, seed, prompt, partial))
+    def save(self, key: str, round_no: int, k: int, seed: int, prompt: list[int], partial: list[Partial],
+             logprobs: list[TokenLogprobs | None] | None = None) -> None:
+        self.write(snapshot_record(key, round_no, k, seed, prompt, partial, logprobs))
 
     def write(self, record: dict) -> None:
         os.makedirs(self.dir, exist_ok=True)
