@@ -75,15 +75,21 @@ def check_logprobs(params: SamplingParams, max_logprobs: int, rehearsal: bool = 
 
 
 def check_resume_logprobs(params: SamplingParams, resume: list[Partial],
-                          resume_logprobs: list[TokenLogprobs | None]) -> None:
-    """Each child's earlier logprobs must cover exactly its resumed tokens, at the request's top-N."""
-    if params.logprobs is None:
+                          resume_logprobs: list[TokenLogprobs | None] | None) -> None:
+    """Each child's earlier logprobs must cover exactly its resumed tokens, at the request's top-N; a
+    finished child must bring them (it never runs again, so they cannot be recomputed)."""
+    if resume_logprobs is None:
+        resume_logprobs = [None] * len(resume)
+    elif params.logprobs is None:
         raise ValueError("resume_logprobs given, but the request does not ask for logprobs: set "
                          "SamplingParams.logprobs or leave resume_logprobs out")
     if len(resume_logprobs) != len(resume):
         raise ValueError(f"resume_logprobs has {len(resume_logprobs)} children but resume has {len(resume)}")
-    for i, ((tokens, _), lp) in enumerate(zip(resume, resume_logprobs)):
+    for i, ((tokens, reason), lp) in enumerate(zip(resume, resume_logprobs)):
         if lp is None:
+            if params.logprobs is not None and reason is not None and tokens:
+                raise ValueError(f"resume[{i}] is finished, so its logprobs cannot be recomputed: pass them as "
+                                 f"resume_logprobs[{i}] (what partial_logprobs returned)")
             continue
         if not isinstance(lp, TokenLogprobs):
             raise ValueError(f"resume_logprobs[{i}] must be a TokenLogprobs (what partial_logprobs returned) "

@@ -182,8 +182,8 @@ class LLM:
         req.metrics.num_prompt_tokens = len(ids)
         if resume is not None:
             check_resume(params, resume, self.config.vocab_size)
+            check_resume_logprobs(params, resume, resume_logprobs)
             if resume_logprobs is not None:
-                check_resume_logprobs(params, resume, resume_logprobs)
                 resume_logprobs = [lp[:] if lp is not None else None for lp in resume_logprobs]  # ours to extend
         elif resume_logprobs is not None:
             raise ValueError("resume_logprobs without resume: pass the children's tokens as resume= too")

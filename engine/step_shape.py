@@ -64,7 +64,7 @@ class ModelShape:
 class StepShape:
     """What one step computes, captured from its plan (see engine/profiler.py)."""
     new_tokens: int = 0          # query tokens (prefill chunks + one per decode row)
-    num_sampled: int = 0         # rows that go through the LM head
+    num_sampled: int = 0         # rows that go through the LM head (sampled, and scored for logprobs)
     decode_rows: int = 0
     kv_tokens_unique: int = 0    # distinct KV tokens the decode rows read (shared blocks once)
     kv_tokens_logical: int = 0   # KV tokens they read when every row reads its whole sequence
@@ -91,6 +91,7 @@ def shape_of_plan(plan, block_size: int) -> StepShape:
         s.num_sampled += prefill_completes(seq, n)
         s.prefill_ctx_read += start
         s.prefill_attn_pairs += n * start + n * (n + 1) // 2
+    s.num_sampled += sum(span.count for span in plan.scored)  # prompt logprobs' rows: the LM head too
     rows = [(seq.block_table, seq.num_computed + 1) for seq in plan.decodes]
     s.decode_rows = len(rows)
     s.new_tokens += len(rows)

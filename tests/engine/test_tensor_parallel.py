@@ -218,3 +218,21 @@ def test_pacore_run_refuses_a_size_that_does_not_divide_before_anything_runs(tmp
     assert rc == 2
     assert "tensor_parallel_size=3 does not divide" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_tp2_logprobs_equal_tp1(tmp_path):
+    """Scored prompt rows go through the vocabulary-split LM head on every rank (its gather pairs up)."""
+    folder = make_tiny_model(tmp_path / "qwen3", "qwen3")
+    params = SamplingParams(n=2, temperature=0, max_tokens=6, logprobs=3, prompt_logprobs=2)
+    outs = []
+    for tp in (1, 2):
+        with LLM(str(folder), num_kv_blocks=96, max_num_batched_tokens=32, tensor_parallel_size=tp) as llm:
+            outs.append(llm.generate([PROMPTS[2]], params, use_tqdm=False)[0])
+    one, two = outs
+    assert [c.token_ids for c in two.outputs] == [c.token_ids for c in one.outputs]
+    for a, b in zip(one.outputs, two.outputs):
+        assert a.logprobs.token_ids == b.logprobs.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs.logprobs, b.logprobs.logprobs)) < 1e-5
+    assert two.prompt_logprobs[0] is None and len(two.prompt_logprobs) == len(PROMPTS[2])
+    for a, b in zip(one.prompt_logprobs[1:], two.prompt_logprobs[1:]):
+        assert a.keys() == b.keys() and all(abs(a[t].logprob - b[t].logprob) < 1e-5 for t in a)
