@@ -107,6 +107,16 @@ class FakeLLM:
         text = self.tokenizer.decode(ids)
         targets = [self.script(text, params, rid, i) for i in range(params.n)]
         self.calls.append((rid, ids, params))
+        if resume is not None and params.logprobs is not None:  # the engine's: a finished child never runs again
+            for i, (tokens, reason) in enumerate(resume):
+                if reason is not None and tokens and (resume_logprobs is None or resume_logprobs[i] is None):
+                    raise ValueError(f"resume[{i}] is finished, so its logprobs cannot be recomputed")
+        if resume_logprobs is not None:  # the engine's checks (LLM.add_request)
+            assert resume is not None and len(resume_logprobs) == params.n
+            for lp, (tokens, _) in zip(resume_logprobs, resume):
+                if lp is not None and (len(lp) != len(tokens) or lp.num_top != params.logprobs):
+                    raise ValueError(f"resume_logprobs of {len(lp)} positions (top {lp.num_top}) for {len(tokens)} "
+                                     f"tokens (top {params.logprobs})")
         produced = [0] * params.n
         if resume is not None:  # each child continues where the snapshot left it
             assert len(resume) == params.n
@@ -114,12 +124,7 @@ class FakeLLM:
                 assert self.tokenizer.decode(tokens) == targets[i][:len(tokens)], "resumed tokens differ"
                 produced[i] = len(tokens)
             self.resumed[rid] = [len(t) for t, _ in resume]
-        if resume_logprobs is not None:  # the engine's checks (LLM.add_request)
-            assert resume is not None and len(resume_logprobs) == params.n
-            for lp, (tokens, _) in zip(resume_logprobs, resume):
-                if lp is not None and (len(lp) != len(tokens) or lp.num_top != params.logprobs):
-                    raise ValueError(f"resume_logprobs of {len(lp)} positions (top {lp.num_top}) for {len(tokens)} "
-                                     f"tokens (top {params.logprobs})")
+        if resume_logprobs is not None:
             self.resumed_logprobs[rid] = resume_logprobs
         self._active[rid] = _Req(rid, ids, params, targets, list(produced), time.perf_counter(),
                                  resumed_logprobs=resume_logprobs, resumed_at=produced)

@@ -161,6 +161,23 @@ def test_a_snapshot_taken_without_logprobs_still_resumes_and_the_engine_recomput
                 assert text == text_want and m == pytest.approx(m_want, abs=1e-5)
 
 
+def _short_first_child(prompt, params, rid, i):
+    return "\\boxed{0}" if i == 0 and "Reference Responses" not in prompt else default_script(prompt, params, rid, i)
+
+
+def test_a_snapshot_without_logprobs_whose_child_had_finished_starts_its_round_over(tmp_path, capsys):
+    cfg = _cfg(tmp_path, rounds=(3,), n_problems=1, checkpoint_every_s=0)
+    with pytest.raises(KeyboardInterrupt):
+        PaCoReRunner(FakeLLM(_short_first_child, interrupt_at_step=12), cfg).run()
+    assert SnapshotStore(cfg.out_path).read("p0", 1)["finish_reasons"][0] == "stop"  # child 0: 9 tokens
+    cfg.resume, cfg.record_confidence = True, True
+    llm = FakeLLM(_short_first_child)
+    PaCoReRunner(llm, cfg).run()
+    # its logprobs cannot be recomputed (it never runs again): the engine refuses, the round starts over
+    assert "resume[0] is finished" in capsys.readouterr().err and llm.resumed == {}
+    assert all(t["mean_logprob"] is not None for t in read_results(cfg.out_path)[0]["round_responses"][0])
+
+
 def test_a_snapshot_with_logprobs_resumes_a_round_that_asks_for_none(tmp_path):
     cfg = _cfg(tmp_path, rounds=(3,), n_problems=1, checkpoint_every_s=0, record_confidence=True)
     with pytest.raises(KeyboardInterrupt):
