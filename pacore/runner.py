@@ -16,8 +16,8 @@ from engine.sampling_params import SamplingParams
 
 from .budget import PromptTooLong, fit_round_prompt
 from .compaction import Trajectory
-from .evaluate.confidence import TOP_K, trajectory_confidence
 from .config import RunConfig
+from .evaluate.confidence import TOP_K, trajectory_confidence
 from .evaluate.grading import grade, ground_truth_answer
 from .evaluate.records import bad_line_record, error_record, run_record, with_extra
 from .evaluate.runs import draw, drawn_round, planned, shuffle_seed, validate_runs
@@ -266,7 +266,8 @@ class PaCoReRunner:
         """Add the round's request, continuing its snapshot if there is one; returns the tokens resumed.
 
         With --record-confidence the snapshot's logprobs continue too; a snapshot taken without them
-        (or a child without them) leaves the engine to recompute them from the tokens."""
+        leaves the engine to recompute them from the tokens (which it refuses for a finished child, so
+        that round starts over)."""
         r, prompt = job.round_idx, job.current.prompt
         snapshot = self._journal.resume_tokens(job.key, r + 1, params.n, prompt, params.logprobs)
         if snapshot is not None:
