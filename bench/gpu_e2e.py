@@ -145,10 +145,10 @@ def _engine_logits(llm, prompt: list[int], n: int, gen: int):
     real = llm.runner.run
 
     def spy(plan):
-        logits = real(plan)
+        logits, scored = real(plan)
         for seq, row in zip(plan.sample_seqs, logits):
             rows.setdefault(seq.index, []).append(row.float().cpu())
-        return logits
+        return logits, scored
     llm.runner.run = spy
     try:
         out = llm.generate([prompt], SamplingParams(n=n, temperature=1.0, seed=0, max_tokens=gen, ignore_eos=True),
