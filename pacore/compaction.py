@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .evaluate.confidence import MEASURES, Confidence
+
 THINK_START = "<think>"
 THINK_END = "</think>"
 
@@ -48,6 +50,7 @@ class Trajectory:
     text: str  # as generated: special tokens skipped, the stopping EOS left out (vLLM's ``content``)
     finish_reason: str | None = None
     tokens: int = 0  # generated tokens
+    confidence: Confidence | None = None  # with --record-confidence (evaluate/confidence.py)
 
     @property
     def message(self) -> str:
@@ -64,14 +67,21 @@ class Trajectory:
         """The ``round_responses`` entry: the reference pipeline's two keys, then ours.
 
         ``reasoning_content`` is "" because that is what the reference pipeline records under plain
-        ``vllm serve`` (the reasoning stays inside ``content``, before the ``</think>``)."""
-        return {"content": self.text, "reasoning_content": "", "index": self.index,
-                "finish_reason": self.finish_reason, "tokens": self.tokens}
+        ``vllm serve`` (the reasoning stays inside ``content``, before the ``</think>``). The confidence
+        measures follow ``tokens`` only when they were recorded: a record without them is as before."""
+        rec = {"content": self.text, "reasoning_content": "", "index": self.index,
+               "finish_reason": self.finish_reason, "tokens": self.tokens}
+        if self.confidence is not None:
+            rec["mean_logprob"] = self.confidence.mean_logprob
+            rec["lowest_group_confidence"] = self.confidence.lowest_group_confidence
+        return rec
 
     @classmethod
     def from_record(cls, rec: dict, index: int) -> Trajectory:
         """Back from ``to_record`` (``index`` stands in for records written without one)."""
-        return cls(int(rec.get("index", index)), rec["content"], rec.get("finish_reason"), int(rec.get("tokens", 0)))
+        confidence = Confidence(*(rec.get(m) for m in MEASURES)) if any(m in rec for m in MEASURES) else None
+        return cls(int(rec.get("index", index)), rec["content"], rec.get("finish_reason"), int(rec.get("tokens", 0)),
+                   confidence)
 
 
 def keep_last_tokens(text: str, tokenizer, cap: int) -> tuple[str, int]:

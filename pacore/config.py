@@ -5,6 +5,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from .evaluate.confidence import TOP_K
+
 if TYPE_CHECKING:
     from engine.config import EngineConfig
 
@@ -68,6 +70,9 @@ class RunConfig:
     # Round-1 trajectories sampled once per problem; each run draws its K1 from them (None: no pool).
     pool: int | None = None
     grade: bool = True
+    # Keep each trajectory's mean token logprob and DeepConf's lowest group confidence in its record
+    # (evaluate/confidence.py); the engine then computes the top-20 logprobs of every sampled token.
+    record_confidence: bool = False
     show_progress: bool = True
     # Where `pacore run --profile` writes the step timeline and traces (engine/profiler.py).
     profile_dir: str | None = None
@@ -79,7 +84,10 @@ class RunConfig:
     engine_options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.engine  # unknown or bad engine options are refused here, before anything runs
+        engine = self.engine  # unknown or bad engine options are refused here, before anything runs
+        if self.record_confidence and engine.max_logprobs < TOP_K:
+            raise ValueError(f"--record-confidence asks the engine for the top {TOP_K} logprobs of every token, "
+                             f"but --max-logprobs is {engine.max_logprobs}; pass --max-logprobs {TOP_K} or more")
 
     @property
     def engine(self) -> EngineConfig:

@@ -17,6 +17,7 @@ from engine.sampling_params import SamplingParams
 from .budget import PromptTooLong, fit_round_prompt
 from .compaction import Trajectory
 from .config import RunConfig
+from .evaluate.confidence import TOP_K, trajectory_confidence
 from .evaluate.grading import grade, ground_truth_answer
 from .evaluate.records import bad_line_record, error_record, run_record, with_extra
 from .evaluate.runs import draw, drawn_round, planned, shuffle_seed, validate_runs
@@ -217,18 +218,21 @@ class PaCoReRunner:
             job = self._inflight.pop(rid, None)
             if job is None:
                 continue
-            self._journal.snapshot(job.key, job.round_idx + 1, job.current.prompt, partial)
+            logprobs = error.logprobs.get(rid) if self.cfg.record_confidence else None
+            self._journal.snapshot(job.key, job.round_idx + 1, job.current.prompt, partial, logprobs)
             self._fail(job, f"round {job.round_idx + 1}: {error}")
 
     def snapshot(self) -> None:
-        """Save every round in flight (its trajectories' tokens so far) for --resume."""
+        """Save every round in flight (its trajectories' tokens so far, with --record-confidence their
+        logprobs too) for --resume."""
         self._last_snapshot = time.monotonic()
         for rid, job in self._inflight.items():
             try:
                 partial = self.llm.partial_outputs(rid)
+                logprobs = self.llm.partial_logprobs(rid) if self.cfg.record_confidence else None
             except KeyError:  # finished in the engine, its output not handled yet (a stop mid-step)
                 continue
-            self._journal.snapshot(job.key, job.round_idx + 1, job.current.prompt, partial)
+            self._journal.snapshot(job.key, job.round_idx + 1, job.current.prompt, partial, logprobs)
 
     def _submit(self, job: Unit | Pool) -> None:
         """Build and add the engine request of ``job``'s current round."""
@@ -245,7 +249,8 @@ class PaCoReRunner:
                                       max_tokens=self.max_tokens, message_token_cap=self.cfg.message_token_cap)
             n, seed = job.sampling(self.cfg)
             params = SamplingParams(n=n, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                                    max_tokens=prompt.max_tokens, seed=seed)
+                                    max_tokens=prompt.max_tokens, seed=seed,
+                                    logprobs=TOP_K if self.cfg.record_confidence else None)
             rid = request_id(job.key, r + 1)
             now.prompt = prompt.token_ids
             now.resumed_tokens = self._add_request(job, params, rid)
@@ -258,12 +263,18 @@ class PaCoReRunner:
         self._inflight[rid] = job
 
     def _add_request(self, job: Unit | Pool, params: SamplingParams, rid: str) -> int:
-        """Add the round's request, continuing its snapshot if there is one; returns the tokens resumed."""
+        """Add the round's request, continuing its snapshot if there is one; returns the tokens resumed.
+
+        With --record-confidence the snapshot's logprobs continue too; a snapshot taken without them
+        leaves the engine to recompute them from the tokens (which it refuses for a finished child, so
+        that round starts over)."""
         r, prompt = job.round_idx, job.current.prompt
-        resume = self._journal.resume_tokens(job.key, r + 1, params.n, prompt)
-        if resume is not None:
+        snapshot = self._journal.resume_tokens(job.key, r + 1, params.n, prompt, params.logprobs)
+        if snapshot is not None:
+            resume, logprobs = snapshot
             try:
-                self.llm.add_request(prompt, params, request_id=rid, resume=resume)
+                self.llm.add_request(prompt, params, request_id=rid, resume=resume,
+                                     **({"resume_logprobs": logprobs} if logprobs is not None else {}))
                 return sum(len(tokens) for tokens, _ in resume)
             except ValueError as e:
                 print(f"pacore: problem {job.problem.id!r} round {r + 1}: snapshot not usable ({e}); "
@@ -273,7 +284,7 @@ class PaCoReRunner:
 
     def _round_finished(self, job: Unit | Pool, out) -> None:
         r, now = job.round_idx, job.current
-        trajectories = [Trajectory(c.index, c.text, c.finish_reason, len(c.token_ids))
+        trajectories = [Trajectory(c.index, c.text, c.finish_reason, len(c.token_ids), self._confidence(c))
                         for c in sorted(out.outputs, key=lambda c: c.index)]
         stats = round_stats_from_output(
             r + 1, len(trajectories), out, references=now.references, dropped=now.dropped,
@@ -286,6 +297,15 @@ class PaCoReRunner:
         else:
             self._complete_round(job, trajectories, stats)
         self._journal.round_saved(job.key, r + 1)  # only once the round is safely on disk
+
+    def _confidence(self, c):
+        """A finished trajectory's confidence measures (with --record-confidence). Its logprobs are let
+        go here: at PaCoRe-8B's shape a round's are ~1.5M positions of 21 pairs each."""
+        if not self.cfg.record_confidence:
+            return None
+        confidence = trajectory_confidence(c.logprobs)
+        c.logprobs = None
+        return confidence
 
     def _pool_done(self, pool: Pool, trajectories: list[Trajectory], pool_stats: dict) -> None:
         """Start each waiting run at round 2 with its own draw of K1 pool trajectories as round 1."""
@@ -308,6 +328,8 @@ class PaCoReRunner:
         if self.cfg.grade:
             graded = [grade(t.message.strip(), unit.gold) for t in ordered]
             stats.answers = [a for a, _ in graded]  # in the recorded order, like round_responses
+            if self.cfg.record_confidence:
+                stats.correct = [ok for _, ok in graded]
             flags = [ok for _, ok in graded if ok is not None]
             stats.accuracy = sum(flags) / len(flags) if flags else None
         unit.rounds.append(ordered)

@@ -74,19 +74,23 @@ def main(argv: list[str] | None = None) -> int:
         return serve(args)
     from .run import _config, refused_paths, run
 
-    if args.command == "run":
-        refused = refused_paths(args)
-        if refused:
-            print(f"pacore: {refused}", file=sys.stderr)
-            return 2
-        cfg = _config(args, args.data, args.out, args.resume)
-    else:
-        from .demo import write_demo_jsonl
+    try:
+        if args.command == "run":
+            refused = refused_paths(args)
+            if refused:
+                print(f"pacore: {refused}", file=sys.stderr)
+                return 2
+            cfg = _config(args, args.data, args.out, args.resume)
+        else:
+            from .demo import write_demo_jsonl
 
-        workdir = tempfile.mkdtemp(prefix="pacore_demo_")
-        data = os.path.join(workdir, "demo_problems.jsonl")
-        write_demo_jsonl(data)
-        cfg = _config(args, data, args.out or os.path.join(workdir, "results.jsonl"), resume=False)
+            workdir = tempfile.mkdtemp(prefix="pacore_demo_")
+            data = os.path.join(workdir, "demo_problems.jsonl")
+            write_demo_jsonl(data)
+            cfg = _config(args, data, args.out or os.path.join(workdir, "results.jsonl"), resume=False)
+    except ValueError as e:  # flags that cannot work together (RunConfig), said before anything loads
+        print(f"pacore: {e}", file=sys.stderr)
+        return 2
     return run(args, cfg)
 
 

@@ -142,5 +142,10 @@ def add_method_options(p: argparse.ArgumentParser, *, max_tokens: int | None, pr
     g.add_argument("--checkpoint-every", type=_seconds, default=300.0, metavar="SECONDS",
                    help="seconds between snapshots of the trajectories in flight, which --resume continues "
                         "(default 300; 0: only when stopped by Ctrl-C or an error)")
+    g.add_argument("--record-confidence", action="store_true",
+                   help="record each trajectory's mean token log-probability and DeepConf's lowest group "
+                   "confidence (top-20 logprobs, windows of 2048 tokens) beside its tokens; with grading, the "
+                   "summary relates them to correctness per round (AUROC). Costs one log-softmax (and a top-20) "
+                   "per sampled row per step; off by default")
     g.add_argument("--no-grade", action="store_true", help="do not extract or grade answers")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -40,6 +40,7 @@ def _config(args, data_path: str, out_path: str, resume: bool) -> RunConfig:
         runs=args.runs,
         pool=args.pool,
         grade=not args.no_grade,
+        record_confidence=args.record_confidence,
         show_progress=not args.no_progress,
         profile_dir=args.profile,
         checkpoint_every_s=args.checkpoint_every,

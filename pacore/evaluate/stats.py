@@ -28,9 +28,15 @@ class RoundStats:
     finish_reasons: dict[str, int] = field(default_factory=dict)
     answers: list[str | None] = field(default_factory=list)
     accuracy: float | None = None  # mean correctness over the K trajectories
+    # Each trajectory's correctness, in the recorded order (None: not gradable), with --record-confidence
+    # only: the summary relates confidence to it (evaluate/confidence.py); otherwise not recorded at all.
+    correct: list[bool | None] | None = None
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if d["correct"] is None:
+            del d["correct"]  # a run without --record-confidence records what it always has
+        return d
 
 
 def round_stats_from_output(round_no: int, k: int, out, *, references: int, dropped: int, truncated: int,

@@ -6,7 +6,8 @@ import statistics
 from ..config import RunConfig
 from ..results.files import read_results, summary_path, write_json
 from ..results.resume import latest_records
-from ..results.shapes import usable_result
+from ..results.shapes import trajectory, usable_result
+from .confidence import MEASURES, confidence_vs_correctness
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -30,9 +31,23 @@ def _problem_of(rec: dict) -> tuple:
     return ("line", rec.get("line")) if rec.get("input_error") else ("id", str(rec.get("request_id")))
 
 
+def _round_confidence(records: list[dict], i: int) -> dict | None:
+    """Round ``i``'s confidence against correctness over its graded trajectories that have the measures
+    (--record-confidence: rounds_stats' ``correct`` lines up with round_responses); None when none has."""
+    pairs = []
+    for rec in records:
+        responses, correct = rec.get("round_responses"), rec["rounds_stats"][i].get("correct")
+        if not (isinstance(responses, list) and len(responses) > i and isinstance(responses[i], list)
+                and isinstance(correct, list) and len(correct) == len(responses[i])):
+            continue
+        pairs += [(t, ok) for j, (t, ok) in enumerate(zip(responses[i], correct))
+                  if ok is not None and trajectory(t, j) is not None and any(m in t for m in MEASURES)]
+    return confidence_vs_correctness(pairs) if pairs else None
+
+
 def summarize(records: list[dict], schedule: list[int]) -> dict:
     """Aggregate the results file: accuracy per round vs self-consistency (mean and std over runs),
-    tokens/s, compute, KV saved.
+    tokens/s, compute, KV saved, and with --record-confidence how confidence relates to correctness.
 
     Each run of a problem counts once (``latest_records``), however many sessions wrote records for it;
     a record not of the shape of a result (shapes.py; resume warns of them) is left out.
@@ -63,6 +78,9 @@ def summarize(records: list[dict], schedule: list[int]) -> dict:
             "truncated_messages": sum(s["truncated_messages"] for s in rs),
             "truncated_tokens": sum(s.get("truncated_tokens", 0) for s in rs),
         })
+        confidence = _round_confidence(has, i)
+        if confidence is not None:
+            rounds[-1]["confidence"] = confidence
     accuracy, accuracy_std = _over_runs(graded, lambda r: r["correct"])
     sc, sc_std = _over_runs(ok, lambda r: (r.get("self_consistency") or {}).get("correct"))
     compute = [r["effective_compute_tokens"] for r in ok if "effective_compute_tokens" in r]
@@ -128,6 +146,7 @@ def format_summary(summary: dict) -> str:
             f"{r['generated_tokens']:>9} {_fmt(r['mean_tokens_per_s']):>8} {r['prefix_cache_hit_tokens']:>10} "
             f"{r['kv_blocks_saved_by_sharing']:>9} {r['dropped_messages']:>8} {cut:>14}"
         )
+    lines += _confidence_lines(summary["rounds"])
     lines.append(
         f"  effective test-time compute: {summary['effective_compute_tokens_total']} tokens "
         f"({_fmt(summary['effective_compute_tokens_mean'])} per {'run' if runs > 1 else 'problem'}); "
@@ -153,6 +172,30 @@ def format_summary(summary: dict) -> str:
         run_no = f" run {e['run']}" if runs > 1 and e.get("run") is not None else ""
         lines.append(f"  error [{e['request_id']}{run_no}]: {e['error']}")
     return "\n".join(lines)
+
+
+def _confidence_lines(rounds: list[dict]) -> list[str]:
+    """The confidence table (--record-confidence with grading): per round, the graded trajectories right
+    and wrong, each measure's mean over either and its AUROC at telling them apart."""
+    rows = [r for r in rounds if r.get("confidence")]
+    if not rows:
+        return []
+    lines = ["  confidence of a trajectory vs its correctness (mean over right / wrong; AUROC 0.5 = no signal):",
+             f"  {'round':>5} {'right':>6} {'wrong':>6} {'mean logprob':>19} {'AUROC':>6} "
+             f"{'lowest group conf':>19} {'AUROC':>6}"]
+    for r in rows:
+        c = r["confidence"]
+        cells = []
+        for name in MEASURES:
+            m = c[name]
+            cells.append(f"{_num(m['correct_mean'])} / {_num(m['incorrect_mean'])}".rjust(19)
+                         + f" {_num(m['auroc'], 2):>6}")
+        lines.append(f"  {r['round']:>5} {c['correct']:>6} {c['incorrect']:>6} {cells[0]} {cells[1]}")
+    return lines
+
+
+def _num(x: float | None, digits: int = 3) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
 
 
 def _replicas(run: dict) -> str:

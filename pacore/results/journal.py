@@ -14,7 +14,7 @@ from ..evaluate.stats import RoundStats
 from .keys import POOL_RUN
 from .resume import PriorWork, runs_left, usable_pool, usable_rounds
 from .shapes import restored_round
-from .snapshots import snapshot_record, usable_snapshot
+from .snapshots import snapshot_logprobs, snapshot_record, usable_snapshot
 
 
 class Journal:
@@ -48,9 +48,14 @@ class Journal:
                   f"another --rounds/--seed/--shuffle/--pool; starting it over", file=sys.stderr)
         return [(*restored_round(rec), rec["k"]) for rec in records]  # checked as they were read
 
-    def resume_tokens(self, unit_key: str, round_no: int, k: int, prompt: list[int]):
-        """The trajectories of the round's snapshot, if it was taken with the same K, seed and prompt."""
-        return usable_snapshot(self.sink.load_snapshot(unit_key, round_no), unit_key, k, self.cfg.seed, prompt)
+    def resume_tokens(self, unit_key: str, round_no: int, k: int, prompt: list[int], num_top: int | None = None):
+        """The trajectories of the round's snapshot, if it was taken with the same K, seed and prompt, and
+        their logprobs if it holds them with ``num_top`` top entries (None when the round asks for none)."""
+        rec = self.sink.load_snapshot(unit_key, round_no)
+        partial = usable_snapshot(rec, unit_key, k, self.cfg.seed, prompt)
+        if partial is None:
+            return None
+        return partial, snapshot_logprobs(rec, num_top)
 
     # -- what this session does --------------------------------------------------------------
     def record(self, record: dict) -> None:
@@ -64,10 +69,13 @@ class Journal:
                               "k": len(trajectories), "seed": cfg.seed, "shuffle": cfg.shuffle, "pool": cfg.pool,
                               "responses": [t.to_record() for t in trajectories], "stats": stats.to_dict()})
 
-    def snapshot(self, unit_key: str, round_no: int, prompt: list[int], partial: list) -> None:
-        """Save a round in flight (each trajectory's tokens so far), unless nothing was generated yet."""
+    def snapshot(self, unit_key: str, round_no: int, prompt: list[int], partial: list,
+                 logprobs: list | None = None) -> None:
+        """Save a round in flight (each trajectory's tokens so far, and their logprobs when given),
+        unless nothing was generated yet."""
         if any(tokens for tokens, _ in partial):
-            self.sink.snapshot(snapshot_record(unit_key, round_no, len(partial), self.cfg.seed, prompt, partial))
+            self.sink.snapshot(snapshot_record(unit_key, round_no, len(partial), self.cfg.seed, prompt, partial,
+                                               logprobs))
 
     def round_saved(self, unit_key: str, round_no: int) -> None:
         """The round is on disk (recorded or checkpointed): its snapshot goes."""

@@ -8,8 +8,10 @@ takes the default). Nothing read back reaches the runner or the summary unchecke
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from ..compaction import Trajectory
+from ..evaluate.confidence import MEASURES
 from ..evaluate.stats import RoundStats
 from .files import read_jsonl
 from .keys import POOL_RUN
@@ -27,6 +29,10 @@ def _optional(check):
     return lambda x: x is None or check(x)
 
 
+def _finite(x: object) -> bool:
+    return _number(x) and math.isfinite(x)
+
+
 # One check per RoundStats annotation: a field of a new type must say here how it is checked.
 _CHECKS = {
     "int": _count,
@@ -35,6 +41,7 @@ _CHECKS = {
     "float | None": _optional(_number),
     "dict[str, int]": lambda x: isinstance(x, dict) and all(isinstance(k, str) and _count(v) for k, v in x.items()),
     "list[str | None]": lambda x: isinstance(x, list) and all(a is None or isinstance(a, str) for a in x),
+    "list[bool | None] | None": _optional(lambda x: isinstance(x, list) and all(a in (None, True, False) for a in x)),
 }
 _STATS_FIELDS = [(f.name, _CHECKS[f.type], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
                  for f in dataclasses.fields(RoundStats)]
@@ -61,6 +68,8 @@ def trajectory(d: object, index: int) -> Trajectory | None:
         return None
     if not (_count(d.get("index", 0)) and _count(d.get("tokens", 0))
             and (d.get("finish_reason") is None or isinstance(d["finish_reason"], str))):
+        return None
+    if not all(_optional(_finite)(d.get(m)) for m in MEASURES):  # --record-confidence's, when recorded
         return None
     return Trajectory.from_record(d, index)
 
@@ -139,4 +148,9 @@ def usable_snapshot_record(rec: object) -> str | None:
         return f"not K={k} trajectories"
     if not all(r is None or isinstance(r, str) for r in reasons):
         return "finish reasons of the wrong type"
+    logprobs = rec.get("logprobs", [])
+    if "logprobs" in rec and not (isinstance(logprobs, list) and len(logprobs) == k):
+        return f"logprobs not of K={k} trajectories"
+    if not all(lp is None or isinstance(lp, dict) for lp in logprobs):
+        return "logprobs of the wrong type"
     return None
