@@ -165,7 +165,9 @@ class TokenLogprobs:
         self.decode = None
 
     def to_tensors(self) -> dict[str, torch.Tensor]:
-        """The arrays as tensors, for torch.save (torch.load(weights_only=True) reads them back)."""
+        """The arrays as tensors, for torch.save (torch.load(weights_only=True) reads them back) and
+        for vectorised reading: ``num_top`` (a scalar), ``token_ids``, ``logprobs`` and ``ranks`` ([N]),
+        ``top_ids`` and ``top_logprobs`` ([N * num_top], row-major: position i's at i * num_top)."""
         def t(a: array, dtype) -> torch.Tensor:
             return torch.frombuffer(bytearray(a.tobytes()), dtype=dtype) if len(a) else torch.zeros(0, dtype=dtype)
         return {"num_top": torch.tensor(self.num_top), "token_ids": t(self._ids, torch.int32),
