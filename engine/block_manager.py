@@ -114,16 +114,17 @@ class BlockManager:
             self.hash_of[block] = h
 
     # -- sequence operations ------------------------------------------------------------------
-    def match_prefix(self, seq: Sequence) -> int:
+    def match_prefix(self, seq: Sequence, limit: int | None = None) -> int:
         """Take cached blocks for seq's leading full blocks; returns tokens already computed.
 
-        At least one token is left to compute so that the step produces logits for it.
+        At least one token is left to compute so that the step produces logits for it, and no cached
+        block reaches past ``limit`` tokens (positions whose logits are still owed as logprobs).
         """
         assert not seq.block_table
         if not self.enable_prefix_caching:
             return 0
         bs = self.block_size
-        max_blocks = (seq.num_tokens - 1) // bs
+        max_blocks = (min(seq.num_tokens - 1, seq.num_tokens if limit is None else limit)) // bs
         parent = None
         for i in range(max_blocks):
             h = block_hash(parent, seq.token_ids[i * bs:(i + 1) * bs])

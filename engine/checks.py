@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 
+from engine.logprobs import TokenLogprobs
 from engine.sampling_params import SamplingParams
 from engine.sequence import Partial
 
@@ -57,6 +58,43 @@ def check_fits(num_prompt: int, params: SamplingParams, max_model_len: int, num_
     if params.n > num_blocks:
         raise ValueError(f"n={params.n} trajectories exceed the KV cache's {num_blocks} blocks: each "
                          f"trajectory decodes into blocks of its own, so lower n or give the cache more memory")
+
+
+def check_logprobs(params: SamplingParams, max_logprobs: int, rehearsal: bool = False) -> None:
+    """logprobs / prompt_logprobs within the engine's max_logprobs, and not on a modelled device."""
+    for name in ("logprobs", "prompt_logprobs"):
+        value = getattr(params, name)
+        if value is None:
+            continue
+        if rehearsal:
+            raise ValueError(f"SamplingParams.{name}: a rehearsal (device_model) computes no logits; leave it None")
+        if value > max_logprobs:
+            raise ValueError(f"SamplingParams.{name}={value} is above this engine's max_logprobs={max_logprobs}; "
+                             f"ask for at most {max_logprobs}, or start the engine with a larger max_logprobs "
+                             "(--max-logprobs)")
+
+
+def check_resume_logprobs(params: SamplingParams, resume: list[Partial],
+                          resume_logprobs: list[TokenLogprobs | None]) -> None:
+    """Each child's earlier logprobs must cover exactly its resumed tokens, at the request's top-N."""
+    if params.logprobs is None:
+        raise ValueError("resume_logprobs given, but the request does not ask for logprobs: set "
+                         "SamplingParams.logprobs or leave resume_logprobs out")
+    if len(resume_logprobs) != len(resume):
+        raise ValueError(f"resume_logprobs has {len(resume_logprobs)} children but resume has {len(resume)}")
+    for i, ((tokens, _), lp) in enumerate(zip(resume, resume_logprobs)):
+        if lp is None:
+            continue
+        if not isinstance(lp, TokenLogprobs):
+            raise ValueError(f"resume_logprobs[{i}] must be a TokenLogprobs (what partial_logprobs returned) "
+                             f"or None, got {type(lp).__name__}")
+        if len(lp) != len(tokens) or list(tokens) != lp.token_ids:
+            raise ValueError(f"resume_logprobs[{i}] covers {len(lp)} tokens that are not resume[{i}]'s "
+                             f"{len(tokens)}; pass the partial_logprobs taken with those partial_outputs, or None "
+                             "to recompute them")
+        if lp.num_top != params.logprobs:
+            raise ValueError(f"resume_logprobs[{i}] has the top {lp.num_top} but the request asks for "
+                             f"logprobs={params.logprobs}")
 
 
 def check_resume(params: SamplingParams, resume: list[Partial], vocab_size: int) -> None:

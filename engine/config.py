@@ -20,6 +20,8 @@ SUPPORTED_ROPE_TYPES = {"default", "linear", "llama3", "yarn"}
 DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names
 # KV cache formats (vLLM's names): "auto" is the model's dtype; the FP8 ones store K and V in one byte.
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
+# Which distribution logprobs report (vLLM's names; engine/logprobs.py).
+LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 
 
 @dataclass(slots=True)
@@ -225,6 +227,10 @@ class EngineConfig:
     each, half the bytes of bf16, so the same memory holds twice the tokens. Per-layer scales come
     from the checkpoint (``self_attn.k_scale`` / ``v_scale``, llm-compressor's ``k_proj.output_scale``)
     or are 1.0; values beyond the format's range saturate (engine/kv_cache.py).
+    max_logprobs: the most top alternatives a request may ask for with SamplingParams.logprobs or
+    prompt_logprobs (vLLM's, default 20). logprobs_mode: 'raw_logprobs' (the model's distribution,
+    vLLM's default) or 'processed_logprobs' (the one sampled from, after temperature and filters);
+    engine/logprobs.py.
     device_model: rehearse on a modelled device ('h200', or a parameters JSON a GPU run of bench/
     wrote): no weights or KV tensors are allocated, each step advances a virtual clock by its
     modelled cost, and tokens follow ``llm.sampler.workload`` (engine/rehearsal/).
@@ -274,11 +280,18 @@ class EngineConfig:
     tensor_parallel_size: int = field(default=1, metadata=_flag(
         "split each engine over T GPUs (LLM(tensor_parallel_size=T)); pacore run with --data-parallel D uses "
         "D x T GPUs (default 1)", name="--tensor-parallel", type=positive_int, metavar="T"))
+    max_logprobs: int = field(default=20, metadata=_flag(
+        "most top alternatives a request may ask for per token (logprobs / top_logprobs / prompt_logprobs; "
+        "vLLM's --max-logprobs, default 20)", type=positive_int, metavar="N"))
+    logprobs_mode: str = field(default="raw_logprobs", metadata=_flag(
+        "which distribution logprobs come from: raw_logprobs (the model's, before temperature and top-k/top-p; "
+        "vLLM's default) or processed_logprobs (the one sampled from); prompt logprobs are always raw",
+        choices=LOGPROBS_MODES))
     device_model: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "kv_cache_memory",
-                     "max_model_len", "tensor_parallel_size"):
+                     "max_model_len", "tensor_parallel_size", "max_logprobs"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -288,6 +301,8 @@ class EngineConfig:
             raise ValueError(f"cascade_min_saved_fraction must be in [0, 1], got {self.cascade_min_saved_fraction}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            raise ValueError(f"logprobs_mode must be one of {list(LOGPROBS_MODES)}, got {self.logprobs_mode!r}")
         if self.attention_backend not in (None, "torch", "triton"):
             raise ValueError(f"attention_backend must be 'torch', 'triton' or None, got {self.attention_backend!r}")
 
@@ -295,7 +310,7 @@ class EngineConfig:
 # The flags of `pacore run`, `demo` and `serve`, in their --help order; `serve` adds the engine's "seed"
 # (`pacore run --seed` is the run's seed, which also seeds its engine).
 ENGINE_FLAGS = ("dtype", "kv_cache_dtype", "max_model_len", "rope_scaling", "max_num_seqs", "num_kv_blocks",
-                "tensor_parallel_size", "batch_invariant", "enforce_eager")
+                "tensor_parallel_size", "batch_invariant", "enforce_eager", "max_logprobs", "logprobs_mode")
 _FIELDS = {f.name: f for f in dataclasses.fields(EngineConfig)}
 
 

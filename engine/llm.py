@@ -22,10 +22,11 @@ from tqdm.auto import tqdm
 
 from engine.attention import default_backend
 from engine.block_manager import BlockManager
-from engine.checks import check_fits, check_resume, prompt_ids
+from engine.checks import check_fits, check_logprobs, check_resume, check_resume_logprobs, prompt_ids
 from engine.config import EngineConfig, ModelConfig, resolve_dtype
 from engine.default_model import resolve_model
 from engine.kv_cache import kv_dtype_name
+from engine.logprobs import LogprobRows, TokenLogprobs, compute_logprobs, prompt_logprobs_list, raw_logprobs
 from engine.observers import StepHooks, StepObserver, StepRecord
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
@@ -39,11 +40,13 @@ log = logging.getLogger("engine")
 
 class StepError(RuntimeError):
     """A step failed. The requests it was running were aborted (blocks freed); ``partial`` holds
-    each one's ``partial_outputs`` so that nothing computed is lost (resume them with
-    ``add_request(..., resume=...)``). Other requests are untouched and the engine stays usable."""
+    each one's ``partial_outputs`` and ``logprobs`` its ``partial_logprobs``, so that nothing computed
+    is lost (resume them with ``add_request(..., resume=..., resume_logprobs=...)``). Other requests are untouched and the engine stays usable."""
 
-    def __init__(self, partial: dict[str, list[Partial]], cause: Exception):
+    def __init__(self, partial: dict[str, list[Partial]], cause: Exception,
+                 logprobs: dict[str, list[TokenLogprobs | None]] | None = None):
         self.partial = partial
+        self.logprobs = logprobs or {}  # per request, each child's partial_logprobs (resume_logprobs=)
         self.cause = cause
         super().__init__(f"engine step failed ({type(cause).__name__}: {cause}); aborted requests "
                          f"{sorted(partial)}")
@@ -84,7 +87,7 @@ class LLM:
             cfg=cfg, dtype=self.dtype, block_size=opts.block_size, max_num_seqs=opts.max_num_seqs,
             max_model_len=self.max_model_len, backend=opts.attention_backend or default_backend(self.device),
             cascade=cascade.enabled is not False, batch_invariant=opts.batch_invariant,
-            kv_cache_dtype=opts.kv_cache_dtype)
+            kv_cache_dtype=opts.kv_cache_dtype, logprobs_mode=opts.logprobs_mode)
         if opts.device_model:
             from engine.rehearsal.device_model import DeviceParams
             from engine.rehearsal.runner import RehearsalRunner
@@ -116,6 +119,9 @@ class LLM:
             self.runner.bind(self.scheduler, self.block_manager)
         else:
             self.sampler = Sampler(self.device, opts.seed)
+        self.processed_logprobs = opts.logprobs_mode == "processed_logprobs"
+        tok = self.tokenizer
+        self._decode_token = (lambda t: tok.decode([t])) if tok is not None else None  # Logprob.decoded_token
         self.requests: dict[str, Request] = {}
         self._outbox: list[RequestOutput] = []  # finished, not yet returned by step()
         self._ids = itertools.count()
@@ -146,16 +152,21 @@ class LLM:
 
     # -- requests ----------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, resume: list[Partial] | None = None) -> str:
+                    request_id: str | None = None, resume: list[Partial] | None = None,
+                    resume_logprobs: list[TokenLogprobs | None] | None = None) -> str:
         """Queue a prompt (text or token ids); returns its request id. Raises ValueError if it can
         never fit in max_model_len or the whole KV cache.
 
         resume: what ``partial_outputs`` returned for this request in an earlier session; each
         unfinished child continues after its tokens (a seeded child draws exactly what it would have).
+        resume_logprobs: what ``partial_logprobs`` returned then, per child (or None for a child):
+        its earlier logprobs as they were. A child of a request with logprobs that has none given gets
+        them recomputed from its tokens while its resume is prefilled (equal to float rounding).
         """
         self.runner.check_alive()  # a dead rank: say so now, not at the next step
         params = params or SamplingParams()
         params.validate()
+        check_logprobs(params, self.options.max_logprobs, rehearsal=bool(self.options.device_model))
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer: use stop_token_ids, or load one (tokenizer=...)")
         text, ids = prompt_ids(prompt, self.tokenizer, self.config.vocab_size)
@@ -171,7 +182,15 @@ class LLM:
         req.metrics.num_prompt_tokens = len(ids)
         if resume is not None:
             check_resume(params, resume, self.config.vocab_size)
+            if resume_logprobs is not None:
+                check_resume_logprobs(params, resume, resume_logprobs)
+                resume_logprobs = [lp[:] if lp is not None else None for lp in resume_logprobs]  # ours to extend
+        elif resume_logprobs is not None:
+            raise ValueError("resume_logprobs without resume: pass the children's tokens as resume= too")
         self.scheduler.add_request(req, resume)
+        if resume_logprobs is not None:
+            for seq in req.seqs:
+                seq.logprobs = resume_logprobs[seq.index]
         self.requests[request_id] = req
         return request_id
 
@@ -188,6 +207,25 @@ class LLM:
         What a stream has not sent yet, at a cost that follows the new tokens rather than the whole
         trajectory (``partial_outputs`` copies everything). KeyError for an id not in flight."""
         return self.requests[str(request_id)].partials(seen)
+
+    def partial_logprobs(self, request_id: str, seen: list[int] | None = None) -> list[TokenLogprobs | None]:
+        """Per child of a request in flight: its logprobs after the first ``seen[i]`` positions (all of
+        them without ``seen``), as ``new_tokens`` / ``partial_outputs`` index its tokens; None per child
+        when the request did not ask. KeyError for an id not in flight."""
+        out = self.requests[str(request_id)].partial_logprobs(seen)
+        for lp in out:
+            if lp is not None:
+                lp.decode = self._decode_token
+        return out
+
+    def prompt_logprobs(self, request_id: str) -> list | None:
+        """The request's prompt logprobs (vLLM's shape: the first entry None) once its prompt is
+        computed; None before, or when it did not ask. KeyError for an id not in flight."""
+        req = self.requests[str(request_id)]
+        if not req.prompt_logprobs_done:
+            return None
+        req.prompt_logprobs.decode = self._decode_token
+        return prompt_logprobs_list(req.prompt_logprobs)
 
     def finished_text(self, request_id: str, index: int) -> str:
         """The final text of child ``index`` once it has finished, while its siblings may still run
@@ -233,16 +271,47 @@ class LLM:
         hooks.planned(plan)
         try:
             with hooks.phase("engine.model"):
-                logits = self.runner.run(plan)
+                logits, scored = self.runner.run(plan)
                 hooks.model_done()
             with hooks.phase("engine.sample"):
                 tokens = self.sampler(logits, plan.sample_seqs) if plan.sample_seqs else []
+                self._record_logprobs(plan, logits, tokens, scored)
                 finished = self.scheduler.postprocess(plan, tokens)
         except Exception as e:
             raise self._fail_step(plan, e) from e
         self._close_step(plan, finished)
         hooks.finished(self._steps - 1, plan, self.block_manager)
         return self._take_outbox()
+
+    def _record_logprobs(self, plan: StepPlan, logits, tokens: list[int], scored: LogprobRows | None) -> None:
+        """Append the step's logprobs: the scored prompt positions (and a resumed trajectory's own
+        tokens) first, in position order, then each sampled token's, for the rows that asked only."""
+        if scored is not None:
+            at = 0
+            for span in plan.scored:
+                req = span.seq.request
+                if span.prompt:
+                    store = req.prompt_logprobs
+                else:
+                    store = span.seq.logprobs = span.seq.logprobs or TokenLogprobs(req.params.logprobs)
+                for i in range(at, at + span.count):
+                    store.append_row(scored, i)
+                at += span.count
+        asking = [i for i, seq in enumerate(plan.sample_seqs) if seq.params.logprobs is not None]
+        if not asking:
+            return  # the common step: no log-softmax, no transfer
+        seqs = [plan.sample_seqs[i] for i in asking]
+        rows = logits[torch.tensor(asking, device=logits.device)] if len(asking) < len(tokens) else logits
+        if self.processed_logprobs:
+            lp = self.sampler.processed_logprobs(rows, [s.params for s in seqs])
+        else:
+            lp = raw_logprobs(rows)
+        chosen = torch.tensor([tokens[i] for i in asking])
+        computed = compute_logprobs(lp, chosen, max(s.params.logprobs for s in seqs))
+        for j, seq in enumerate(seqs):
+            if seq.logprobs is None:
+                seq.logprobs = TokenLogprobs(seq.params.logprobs)
+            seq.logprobs.append_row(computed, j)
 
     def _idle(self) -> list[RequestOutput]:
         if self.scheduler.has_work():
@@ -269,18 +338,19 @@ class LLM:
         ids = {seq.request.request_id for seq, _ in plan.prefills} | {s.request.request_id for s in plan.decodes}
         if self.runner.dead:
             ids = set(self.requests)  # no request can run another step: hand every one back
-        partial = {}
+        partial, logprobs = {}, {}
         for rid in sorted(ids):
             if rid in self.requests:
                 partial[rid] = self.partial_outputs(rid)
+                logprobs[rid] = self.partial_logprobs(rid)
                 self.scheduler.abort(self.requests.pop(rid), keep_cached=False)
-        return StepError(partial, error)
+        return StepError(partial, error, logprobs)
 
     def _finish_request(self, req: Request, now: float) -> RequestOutput:
         del self.requests[req.request_id]
         req.metrics.finished_time = now
         req.metrics.num_generated_tokens = sum(s.num_generated for s in req.seqs)
-        return req.output(self.stop_checker.final_text)
+        return req.output(self.stop_checker.final_text, self._decode_token)
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:

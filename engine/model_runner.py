@@ -25,13 +25,18 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.distributed import Shard, TPGroup
 from engine.kv_cache import allocate_kv_cache, bytes_per_block, copy_blocks, resolve_kv_dtype
 from engine.loader import load_model
-from kernels._utils import is_fp8
+from engine.logprobs import LogprobRows, compute_logprobs, raw_logprobs
 from engine.model import tile_linears
+from engine.sampler import Sampler
 from engine.scheduler import StepPlan
 from engine.sequence import Sequence
+from kernels._utils import is_fp8
 
 _CPU_KV_BYTES = 2 << 30  # the cache on CPU unless told: 2 GiB for all ranks, at most 64k blocks
 _MAX_CPU_BLOCKS = 1 << 16
+# Scored prompt rows go through the LM head this many at a time: a 64k-token prompt's logits at once
+# would be 64k x 152k fp32 (39 GB); 256 rows are 156 MB.
+_SCORED_ROWS_PER_PASS = 256
 
 
 @dataclasses.dataclass(slots=True)
@@ -48,6 +53,12 @@ class StepInputs:
     # own tables, so a step sends O(batch) entries, not [batch, context / block_size] tables
     tables: dict[str, tuple[torch.Tensor, int]]
     table_writes: list[tuple[int, int, list[int]]]  # (row, start, blocks) new since the last step
+    # Scored rows (plan.scored): hidden rows whose logits score the next token, that token, the top-N
+    # to keep, and per row the SamplingParams to process the distribution with (None: raw)
+    scored_idx: torch.Tensor | None = None
+    scored_targets: torch.Tensor | None = None
+    scored_top: int = 0
+    scored_params: list | None = None
 
 
 class ModelRunner:
@@ -58,7 +69,7 @@ class ModelRunner:
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, block_size: int,
                  max_num_seqs: int, max_model_len: int, backend: str, cascade: bool = True,
                  batch_invariant: bool = False, shard: Shard | None = None, tp: TPGroup | None = None,
-                 workers=None, kv_cache_dtype: str = "auto"):
+                 workers=None, kv_cache_dtype: str = "auto", logprobs_mode: str = "raw_logprobs"):
         self.cfg, self.dtype, self.device, self.block_size = cfg, dtype, device, block_size
         self.kv_dtype = resolve_kv_dtype(kv_cache_dtype, dtype)
         self.model = load_model(cfg, dtype, device, shard, tp)
@@ -87,6 +98,7 @@ class ModelRunner:
         self.max_num_seqs = max_num_seqs
         self.tp_size = tp.size if tp is not None else 1
         self.graphs: DecodeGraphs | None = None
+        self.processed_logprobs = logprobs_mode == "processed_logprobs"  # for a resumed trajectory's scored rows
 
     @property
     def kv_bytes_per_block(self) -> int:
@@ -195,9 +207,11 @@ class ModelRunner:
         sample_idx: list[int] = []  # hidden rows that get logits: completed prefills, then decodes
         tables: dict[str, tuple[torch.Tensor, int]] = {}
         meta = AttentionMetadata(slot_mapping=None, num_prefill_tokens=0)
+        chunk_at: dict[int, int] = {}  # seq id -> its chunk's first hidden row
         if plan.prefills:
             cu, lens = [0], []
             for (seq, chunk), completes in zip(plan.prefills, plan.completes):
+                chunk_at[seq.seq_id] = cu[-1]
                 start, end = seq.num_computed, seq.num_computed + chunk
                 ids.extend(seq.token_ids[start:end])
                 p = torch.arange(start, end)
@@ -231,34 +245,53 @@ class ModelRunner:
         meta.slot_mapping = torch.cat(slots)
         writes, self.writes = self.writes, []
         graph = self.graphs is not None and not plan.prefills and self.graphs.can_run(len(plan.decodes))
-        return StepInputs(torch.tensor(ids), torch.cat(pos), meta, torch.tensor(sample_idx, dtype=torch.long),
-                          plan.copies, graph, tables, writes)
+        inputs = StepInputs(torch.tensor(ids), torch.cat(pos), meta, torch.tensor(sample_idx, dtype=torch.long),
+                            plan.copies, graph, tables, writes)
+        if plan.scored:
+            self._prepare_scored(plan, chunk_at, inputs)
+        return inputs
+
+    def _prepare_scored(self, plan: StepPlan, chunk_at: dict[int, int], inputs: StepInputs) -> None:
+        rows: list[int] = []
+        targets: list[int] = []
+        params: list = []
+        for span in plan.scored:
+            seq = span.seq
+            first = chunk_at[seq.seq_id] + span.start - seq.num_computed
+            rows.extend(range(first, first + span.count))
+            targets.extend(seq.token_ids[span.start + 1:span.start + 1 + span.count])
+            processed = self.processed_logprobs and not span.prompt  # prompt logprobs are always raw
+            params.extend([seq.params if processed else None] * span.count)
+        inputs.scored_idx = torch.tensor(rows, dtype=torch.long)
+        inputs.scored_targets = torch.tensor(targets, dtype=torch.long)
+        inputs.scored_top = max(span.num_top for span in plan.scored)
+        inputs.scored_params = params if any(p is not None for p in params) else None
 
     @torch.inference_mode()
-    def run(self, plan: StepPlan) -> torch.Tensor:
+    def run(self, plan: StepPlan) -> tuple[torch.Tensor | None, LogprobRows | None]:
         """Forward one plan, then make its block copies; returns fp32 logits, one row per
-        ``plan.sample_seqs`` entry."""
+        ``plan.sample_seqs`` entry, and the logprobs of ``plan.scored``'s positions (None without)."""
         if self.batch_invariant and plan.decodes:
             # a decode is a one-token chunk that completes what its sequence has
             plan = dataclasses.replace(plan, prefills=[*plan.prefills, *((s, 1) for s in plan.decodes)],
                                        completes=[*plan.completes, *[True] * len(plan.decodes)], decodes=[])
         inputs = self.prepare(plan)
         if self.workers is None:
-            logits = self.execute(inputs)
+            logits, scored = self.execute(inputs)
         else:
             self.workers.call("execute", inputs, wait=False)
             try:
-                logits = self.execute(inputs)
+                logits, scored = self.execute(inputs)
             except Exception as e:
                 raise self.workers.explain(e) from e
         if logits is not None and len(plan.sample_rows) != logits.shape[0]:  # a forked prompt's row, per trajectory
             logits = logits[torch.tensor(plan.sample_rows, device=logits.device)]
-        return logits
+        return logits, scored
 
     @torch.inference_mode()
-    def execute(self, inputs: StepInputs) -> torch.Tensor | None:
+    def execute(self, inputs: StepInputs) -> tuple[torch.Tensor | None, LogprobRows | None]:
         """Run this rank's shard on one step's inputs; fp32 logits of the sampled rows (None when
-        no row is sampled: a step of prompt chunks only)."""
+        no row is sampled: a step of prompt chunks only), and the scored rows' logprobs."""
         ids, positions, meta, sample_idx = inputs.ids, inputs.positions, inputs.meta, inputs.sample_idx
         if self.is_worker:  # mirror what rank 0 wrote to its buffer
             for row, start, blocks in inputs.table_writes:
@@ -266,7 +299,7 @@ class ModelRunner:
         for kind, (rows, width) in inputs.tables.items():
             setattr(meta, f"{kind}_block_tables", self.tables[rows, :width])
         if inputs.graph:
-            hidden = self.graphs.run(ids, positions, meta)  # decode rows are the sampled rows
+            hidden = out = self.graphs.run(ids, positions, meta)  # decode rows are the sampled rows (none scored)
         else:
             if self.device.type != "cpu":
                 ids, positions, sample_idx = (t.to(self.device, non_blocking=True)
@@ -275,11 +308,37 @@ class ModelRunner:
                     v = getattr(meta, f)
                     if isinstance(v, torch.Tensor):
                         setattr(meta, f, v.to(self.device, non_blocking=True))
-            hidden = self.model(ids, positions, meta, self.kv_cache, self.ops, self.cos_sin)[sample_idx]
+            out = self.model(ids, positions, meta, self.kv_cache, self.ops, self.cos_sin)
+            hidden = out[sample_idx]
         self.copy_blocks(inputs.copies)  # a fork's partial prompt block, now that the forward wrote it
+        scored = self._score(out, inputs) if inputs.scored_idx is not None else None
         if len(sample_idx) == 0:
+            return None, scored
+        return self.model.compute_logits(hidden), scored
+
+    def _score(self, hidden: torch.Tensor, inputs: StepInputs) -> LogprobRows | None:
+        """Logprobs of the scored rows, a pass of rows at a time (every rank joins the LM head's gather;
+        rank 0 alone reduces)."""
+        idx = inputs.scored_idx.to(hidden.device)
+        targets = inputs.scored_targets.to(hidden.device)
+        parts = []
+        for lo in range(0, len(idx), _SCORED_ROWS_PER_PASS):
+            hi = lo + _SCORED_ROWS_PER_PASS
+            logits = self.model.compute_logits(hidden[idx[lo:hi]])
+            if self.is_worker:
+                continue
+            params = inputs.scored_params[lo:hi] if inputs.scored_params is not None else None
+            if params is not None and all(p is not None for p in params):
+                lp = Sampler.processed_logprobs(logits, params)
+            else:
+                lp = raw_logprobs(logits)
+                if params is not None:  # a pass that mixes prompt rows (raw) and processed ones
+                    rows = [i for i, p in enumerate(params) if p is not None]
+                    lp[rows] = Sampler.processed_logprobs(logits[rows], [params[i] for i in rows])
+            parts.append(compute_logprobs(lp, targets[lo:hi], inputs.scored_top))
+        if self.is_worker:
             return None
-        return self.model.compute_logits(hidden)
+        return LogprobRows(*(sum((getattr(p, f) for p in parts), []) for f in LogprobRows.__slots__))
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         if pairs:

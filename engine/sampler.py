@@ -41,7 +41,26 @@ class Sampler:
     def cdf(cls, logits: torch.Tensor, params: list) -> torch.Tensor:
         """float64 [N, V]: each row's unnormalised CDF after temperature and filters; a row's values
         depend on its own logits and params only (every op is per row), not on the other rows."""
-        temps = torch.tensor([p.temperature or 1.0 for p in params], device=logits.device)
+        # float64, so that no token's share is absorbed into the running total.
+        return cls.probs(logits, params).to(torch.float64).cumsum_(dim=-1)
+
+    @classmethod
+    def processed_logprobs(cls, logits: torch.Tensor, params: list) -> torch.Tensor:
+        """fp32 [N, V]: the log of the distribution each row is sampled from (``logprobs_mode=
+        processed_logprobs``): temperature and filters applied, renormalised, filtered tokens -inf. A
+        greedy row takes temperature 1 (its draw is the argmax of that distribution)."""
+        temps = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=logits.device)
+        lp = torch.log_softmax(logits / temps[:, None], dim=-1)
+        kept = cls.probs(logits, params, temps) > 0
+        lp = lp.masked_fill(~kept, float("-inf"))
+        return lp - lp.logsumexp(dim=-1, keepdim=True)
+
+    @classmethod
+    def probs(cls, logits: torch.Tensor, params: list, temps: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 [N, V]: each row's probabilities after temperature and filters (unnormalised once
+        filtered); per row, as cdf."""
+        if temps is None:
+            temps = torch.tensor([p.temperature or 1.0 for p in params], device=logits.device)
         probs = torch.softmax(logits / temps[:, None], dim=-1)
         filtered = [i for i, p in enumerate(params) if p.top_k > 0 or p.top_p < 1 or p.min_p > 0]
         # Only the rows that ask for it: an unfiltered row passed through _filter could lose its
@@ -51,8 +70,7 @@ class Sampler:
         elif filtered:
             rows = torch.tensor(filtered, device=logits.device)
             probs[rows] = cls._filter(probs[rows], [params[i] for i in filtered])
-        # float64, so that no token's share is absorbed into the running total.
-        return probs.to(torch.float64).cumsum_(dim=-1)
+        return probs
 
     @staticmethod
     def _filter(probs: torch.Tensor, params) -> torch.Tensor:

@@ -16,6 +16,9 @@ class SamplingParams:
     seed: per-request seed; child i samples from a stream derived from (seed, i).
     stop: strings that end a trajectory (not included in the text); stop_token_ids likewise,
     in addition to the model's EOS unless ignore_eos.
+    logprobs: None (off), or N >= 0: each generated token's log-probability and rank, with the top-N
+    alternatives (engine/logprobs.py; N at most the engine's max_logprobs). prompt_logprobs: the same
+    for every prompt token after the first. Which distribution: the engine's logprobs_mode.
     """
     n: int = 1
     temperature: float = 1.0
@@ -27,6 +30,8 @@ class SamplingParams:
     stop: list[str] | str | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -60,6 +65,11 @@ class SamplingParams:
         if self.seed is not None and not (_is_int(self.seed) and -2 ** 63 <= self.seed < 2 ** 64):
             # int64 and uint64 seeds both work; a larger one would silently alias one modulo 2**64.
             raise ValueError(f"SamplingParams.seed must be an integer in [-2**63, 2**64) or None, got {self.seed!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 0):
+                raise ValueError(f"SamplingParams.{name} must be None (off) or an integer >= 0 (the top "
+                                 f"alternatives to return beside the chosen token), got {value!r}")
         if not all(isinstance(s, str) for s in self.stop):
             raise ValueError(f"SamplingParams.stop must be strings, got {self.stop!r}")
         if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):

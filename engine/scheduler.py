@@ -78,6 +78,17 @@ def prefill_completes(seq: Sequence, chunk: int) -> bool:
 
 
 @dataclass(slots=True)
+class ScoredSpan:
+    """Positions [start, start + count) of a prefill chunk whose logits score the token after each
+    (prompt logprobs, or the logprobs a resumed trajectory came without), with the top ``num_top``."""
+    seq: Sequence
+    start: int
+    count: int
+    num_top: int
+    prompt: bool  # into the request's prompt logprobs, else the sequence's own
+
+
+@dataclass(slots=True)
 class StepPlan:
     """What one step computes; the model runner turns it into tensors."""
     prefills: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, chunk length)
@@ -92,6 +103,7 @@ class StepPlan:
     # samples from: a forked prompt's row serves the parent and its children.
     sample_seqs: list[Sequence] = field(default_factory=list)
     sample_rows: list[int] = field(default_factory=list)
+    scored: list[ScoredSpan] = field(default_factory=list)  # prompt positions that get logits too
 
     @property
     def num_tokens(self) -> int:
@@ -254,7 +266,7 @@ class Scheduler:
                 break
             if self._refused[0] == seq.seq_id and self.bm.num_free <= self._refused[1]:
                 break  # refused for room, and no block was freed since: matching again would only rehash it
-            cached = self.bm.match_prefix(seq)
+            cached = self.bm.match_prefix(seq, seq.owed_from())
             seq.num_computed = cached
             chunk = min(seq.num_tokens - cached, budget)
             # Admit only a sequence whose whole prefill fits, with room left to grow: one admitted
@@ -307,6 +319,27 @@ class Scheduler:
                 row += 1
         plan.sample_seqs.extend(plan.decodes)
         plan.sample_rows.extend(range(row, row + len(plan.decodes)))
+        self._plan_scored(plan)
+
+    @staticmethod
+    def _plan_scored(plan: StepPlan) -> None:
+        """The chunk positions whose logprobs are owed (Sequence.owed_from): a request's prompt by
+        one sequence only (the first to reach each position), a resumed trajectory's own tokens."""
+        claimed: dict[int, int] = {}  # id(request) -> prompt positions claimed in this step
+        for seq, chunk in plan.prefills:
+            start, end = seq.num_computed, seq.num_computed + chunk
+            req, p = seq.request, seq.num_prompt_tokens
+            if req.prompt_logprobs is not None:
+                lo = max(start, claimed.get(id(req), len(req.prompt_logprobs)))
+                hi = min(end, p - 1)
+                if lo < hi and lo == claimed.get(id(req), len(req.prompt_logprobs)):
+                    plan.scored.append(ScoredSpan(seq, lo, hi - lo, req.params.prompt_logprobs, True))
+                    claimed[id(req)] = hi
+            if req.params.logprobs is not None and seq.num_generated:
+                lo = max(start, p - 1 + (len(seq.logprobs) if seq.logprobs is not None else 0))
+                hi = min(end, seq.num_tokens - 1)
+                if lo < hi:
+                    plan.scored.append(ScoredSpan(seq, lo, hi - lo, req.params.logprobs, False))
 
     def _fork(self, parent: Sequence, plan: StepPlan) -> list[Sequence]:
         """Share the prompt's blocks with n-1 new sequences (copy a partial block). Children with no

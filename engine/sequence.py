@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Callable
 
+from engine.logprobs import Logprob, TokenLogprobs, prompt_logprobs_list
 from engine.rng import mix64
 from engine.sampling_params import SamplingParams
 
@@ -35,6 +36,7 @@ class Sequence:
     stream: int | None = None   # seeded requests: this child's sampling stream (engine/sampler.py)
     fork_pending: bool = False  # the request's first sequence, before the prompt is forked n ways
     row: int = -1               # row in the model runner's persistent block-table buffer
+    logprobs: TokenLogprobs | None = None  # one position per generated token, when params.logprobs is set
 
     @property
     def num_tokens(self) -> int:
@@ -56,6 +58,21 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is Status.FINISHED
 
+    def owed_from(self) -> int:
+        """The first position whose logits are still owed as logprobs (num_tokens when none is): the
+        prompt's while its request's prompt logprobs are incomplete, or a resumed trajectory's tokens
+        that came without their logprobs. The prefix cache may give back KV only before it, since a
+        position it skips gets no logits."""
+        owed = self.num_tokens
+        prompt = self.request.prompt_logprobs
+        if prompt is not None and len(prompt) < self.num_prompt_tokens - 1:
+            owed = len(prompt)  # position p scores token p + 1
+        if self.params.logprobs is not None:
+            have = len(self.logprobs) if self.logprobs is not None else 0
+            if have < self.num_generated:
+                owed = min(owed, self.num_prompt_tokens - 1 + have)
+        return owed
+
 
 @dataclass(slots=True)
 class RequestMetrics:
@@ -76,6 +93,16 @@ class Request:
     params: SamplingParams
     seqs: list[Sequence] = field(default_factory=list)
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
+    # tokens 1.. of the prompt, when params.prompt_logprobs is set: computed once, by one sequence
+    prompt_logprobs: TokenLogprobs | None = None
+
+    def __post_init__(self) -> None:
+        if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = TokenLogprobs(self.params.prompt_logprobs)
+
+    @property
+    def prompt_logprobs_done(self) -> bool:
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) >= len(self.prompt_token_ids) - 1
 
     @property
     def is_finished(self) -> bool:
@@ -105,12 +132,41 @@ class Request:
                 out.append((seq.token_ids[start:], seq.finish_reason))
         return out
 
-    def output(self, final_text: Callable[[Sequence], str]) -> RequestOutput:
-        """The finished request as the API hands it back, children in index order."""
-        outputs = [CompletionOutput(s.index, final_text(s), s.generated, s.finish_reason)
-                   for s in sorted(self.seqs, key=lambda s: s.index)]
+    def partial_logprobs(self, seen: list[int] | None = None) -> list[TokenLogprobs | None]:
+        """Per child: its logprobs after the first ``seen[i]`` positions (all of them without
+        ``seen``); None for every child when the request did not ask, empty for one not forked yet."""
+        if self.params.logprobs is None:
+            return [None] * self.params.n
+        seqs = {s.index: s for s in self.seqs}
+        out = []
+        for i in range(self.params.n):
+            lp = seqs[i].logprobs if i in seqs else None
+            if lp is None:
+                lp = TokenLogprobs(self.params.logprobs)
+            # never past the tokens: a step that failed between its sampling and postprocess
+            end = min(len(lp), seqs[i].num_generated) if i in seqs else 0
+            out.append(lp[seen[i] if seen is not None else 0:end])
+        return out
+
+    def output(self, final_text: Callable[[Sequence], str],
+               decode: Callable[[int], str] | None = None) -> RequestOutput:
+        """The finished request as the API hands it back, children in index order; ``decode`` (token
+        id -> text) fills the logprobs' decoded_token."""
+        outputs = []
+        for s in sorted(self.seqs, key=lambda s: s.index):
+            lp = s.logprobs
+            if lp is None and self.params.logprobs is not None:
+                lp = TokenLogprobs(self.params.logprobs)  # a child resumed finished, with no logprobs given
+            if lp is not None:
+                lp.decode = decode
+            outputs.append(CompletionOutput(s.index, final_text(s), s.generated, s.finish_reason, lp,
+                                            lp.cumulative_logprob if lp is not None else None))
+        prompt_lp = None
+        if self.prompt_logprobs is not None:
+            self.prompt_logprobs.decode = decode
+            prompt_lp = prompt_logprobs_list(self.prompt_logprobs)
         return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outputs,
-                             self.metrics.num_cached_tokens, self.metrics)
+                             self.metrics.num_cached_tokens, self.metrics, prompt_lp)
 
 
 # One child's progress as a later session needs it: (generated token ids, finish reason or None).
@@ -119,10 +175,14 @@ Partial = tuple[list[int], str | None]
 
 @dataclass(slots=True)
 class CompletionOutput:
+    """One trajectory. logprobs (when asked): a position per token of token_ids; cumulative_logprob
+    is their sum."""
     index: int
     text: str
     token_ids: list[int]
     finish_reason: str | None
+    logprobs: TokenLogprobs | None = None
+    cumulative_logprob: float | None = None
 
 
 @dataclass(slots=True)
@@ -133,3 +193,5 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     num_cached_tokens: int
     metrics: RequestMetrics
+    # vLLM's shape: one entry per prompt token, the first None (nothing predicts it); when asked
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

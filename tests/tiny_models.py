@@ -67,9 +67,9 @@ def runner_spy(llm, on_run):
     run = llm.runner.run
 
     def spy(plan):
-        logits = run(plan)
+        logits, scored = run(plan)
         on_run(plan, logits)
-        return logits
+        return logits, scored
     llm.runner.run = spy
     try:
         yield

@@ -163,7 +163,7 @@ class RehearsalRunner(ModelRunner):
         return work
 
     @torch.inference_mode()
-    def run(self, plan: StepPlan) -> torch.Tensor:
+    def run(self, plan: StepPlan) -> tuple[torch.Tensor, None]:
         t0 = time.perf_counter()
         self.prepare(plan)  # the real host work of a step: table rows, slots, metadata
         prepare_s = time.perf_counter() - t0
@@ -180,7 +180,7 @@ class RehearsalRunner(ModelRunner):
             k = self.account_by(seq.request.request_id)
             generated[k] = generated.get(k, 0) + 1
         self.clock.now_s += cost.total
-        return torch.empty(len(plan.sample_seqs), 0)  # the scripted sampler reads no logits
+        return torch.empty(len(plan.sample_seqs), 0), None  # the scripted sampler reads no logits; no logprobs
 
 
 class ScriptedSampler:

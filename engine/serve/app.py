@@ -1,6 +1,6 @@
 """The routes: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics (the API key,
-the body limit and the content type are checked before them: front_door.py). Slightly past 300
-lines: the two completion routes share their helpers here."""
+the body limit and the content type are checked before them: front_door.py). Past 300 lines: the
+two completion routes share their helpers here (submit, collect, stream, and their logprobs)."""
 from __future__ import annotations
 
 import asyncio
@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from . import DEFAULT_MAX_BODY_BYTES
+from . import logprobs as lp
 from . import protocol as api
 from .engine_loop import ChoiceEnd, EngineLoop, EngineUnavailable, Failed, Job, JobDone, TextReady
 from .front_door import FrontDoor, check_api_key
@@ -51,6 +52,8 @@ class _Server:
         self.metrics = ServerMetrics(self.engine)
         self.model_name, self.max_queue = model_name, max_queue
         self.max_model_len = llm.max_model_len
+        self.max_logprobs = llm.options.max_logprobs
+        self.tokenizer = llm.tokenizer
         self.prompts = PromptReader(llm.tokenizer, llm.max_model_len)
         self.created = int(time.time())
         self.in_flight = 0  # generation requests being served; only the event loop touches it
@@ -89,7 +92,7 @@ class _Server:
             raise APIError(400, "prompt is empty", param="prompt")
         chat = endpoint == "chat"
         try:
-            params = body.sampling_params(None if chat else DEFAULT_COMPLETION_MAX_TOKENS)
+            params = body.sampling_params(None if chat else DEFAULT_COMPLETION_MAX_TOKENS, self.max_logprobs)
         except ValueError as e:
             field = str(e).partition(" ")[0].removeprefix("SamplingParams.")
             raise APIError(400, str(e), param=field if field in type(body).model_fields else None) from None
@@ -97,7 +100,9 @@ class _Server:
         try:
             # A worker thread: a long prompt must not hold up the event loop or the engine thread.
             ids = await asyncio.to_thread(lambda: [self.prompts.token_ids(p, chat, params) for p in prompts])
-            job = Job(ids, params, body.stream, asyncio.get_running_loop(), on_done=release)
+            echo = [self.prompts.text(p, i) for p, i in zip(prompts, ids)] if body.echoes() else None
+            job = Job(ids, params, body.stream, asyncio.get_running_loop(), on_done=release, echo=echo,
+                      echo_only=body.echo_only())
             self.engine.submit(job)
         except BaseException as e:
             release()
@@ -153,13 +158,30 @@ class _Server:
                 break
         usage = self._count(event, ends.values())
         rid = api.new_id("chatcmpl" if endpoint == "chat" else "cmpl")
+        ends = [e for _, e in sorted(ends.items())]
         if endpoint == "chat":
-            choices = [api.ChatChoice(index=i, message=api.AssistantMessage(content=e.text),
-                                      finish_reason=e.finish_reason) for i, e in sorted(ends.items())]
-            return api.ChatCompletion(id=rid, model=self.model_name, choices=choices, usage=usage)
-        choices = [api.CompletionChoice(index=i, text=e.text, finish_reason=e.finish_reason)
-                   for i, e in sorted(ends.items())]
+            choices = [api.ChatChoice(index=e.index, message=api.AssistantMessage(content=e.text),
+                                      logprobs=self._logprobs(job, e.logprobs, True)[0], finish_reason=e.finish_reason)
+                       for e in ends]
+            return api.ChatCompletion(id=rid, model=self.model_name, choices=choices, usage=usage,
+                                      prompt_logprobs=lp.prompt_logprobs(ends[0].prompt_logprobs))
+        rendered = {}  # the n choices of a prompt share its prompt logprobs: rendered once
+        for e in ends:
+            if e.index // job.params.n not in rendered:
+                rendered[e.index // job.params.n] = lp.prompt_logprobs(e.prompt_logprobs)
+        choices = [api.CompletionChoice(
+            index=e.index, text=e.text, logprobs=self._logprobs(job, e.logprobs, False)[0], finish_reason=e.finish_reason,
+            prompt_logprobs=rendered[e.index // job.params.n]) for e in ends]
         return api.Completion(id=rid, model=self.model_name, choices=choices, usage=usage)
+
+    def _logprobs(self, job: Job, pieces, chat: bool, offset: int = 0):
+        """A choice's ``logprobs`` for the tokens of ``pieces`` (None unless asked), and for
+        completions the text offset after them (a stream's next chunk starts there)."""
+        if pieces is None:
+            return None, offset
+        if chat:
+            return lp.chat_logprobs(pieces, job.params.logprobs, self.tokenizer), offset
+        return lp.completion_logprobs(pieces, offset, self.tokenizer)
 
     def _count(self, done: JobDone, ends) -> api.Usage:
         completion = sum(e.num_tokens for e in ends)
@@ -172,14 +194,17 @@ class _Server:
         outcome, chat = "aborted", endpoint == "chat"
         rid, created = api.new_id("chatcmpl" if chat else "cmpl"), int(time.time())  # one for every chunk
 
-        def chunk(index: int, text: str | None, finish: str | None = None, role: bool = False) -> str:
+        offsets: dict[int, int] = {}  # completions: per choice, the text offset its next token has
+
+        def chunk(index: int, text: str | None, finish: str | None = None, role: bool = False, pieces=None) -> str:
+            logprobs, offsets[index] = self._logprobs(job, pieces, chat, offsets.get(index, 0))
             if chat:
                 delta = api.Delta(role="assistant" if role else None, content=text)
                 c = api.ChatCompletionChunk(id=rid, created=created, model=self.model_name, choices=[
-                    api.ChatChunkChoice(index=index, delta=delta, finish_reason=finish)])
+                    api.ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish)])
             else:
                 c = api.Completion(id=rid, created=created, model=self.model_name, choices=[
-                    api.CompletionChoice(index=index, text=text, finish_reason=finish)])
+                    api.CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=finish)])
             return f"data: {c.model_dump_json()}\n\n"
         try:
             event = await job.events.get()
@@ -193,11 +218,11 @@ class _Server:
             while True:
                 event = await job.events.get()
                 if isinstance(event, TextReady):
-                    for index, text in job.take_text().items():
-                        yield chunk(index, text)
+                    for index, (text, pieces) in job.take_text().items():
+                        yield chunk(index, text, pieces=pieces if job.logprobs else None)
                 elif isinstance(event, ChoiceEnd):
                     ends.append(event)
-                    yield chunk(event.index, event.text, event.finish_reason)
+                    yield chunk(event.index, event.text, event.finish_reason, pieces=event.logprobs)
                 elif isinstance(event, Failed):  # after the 200: report it inside the stream, as vLLM
                     outcome = "error"
                     yield f"data: {json.dumps(APIError(event.status, event.message).body())}\n\n"
@@ -216,6 +241,18 @@ class _Server:
             raise
         finally:  # also when the client disconnects: the stream is cancelled here
             self._close(job, endpoint, outcome)
+
+
+def _sentence(err: dict) -> str:
+    """A validation error as a plain sentence saying what to do: pydantic's own words, without the
+    "Value error, " it puts before a validator's message."""
+    if err["type"] in ("value_error", "assertion_error"):
+        return str(err["ctx"]["error"])
+    if err["type"] == "extra_forbidden":
+        return "not a field of this endpoint; remove it"
+    if err["type"] == "missing":
+        return "this field is required; add it"
+    return err["msg"]
 
 
 async def _unless_disconnected(request: Request, work):
@@ -276,7 +313,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
         errors = [err for err in errors if err["type"] == api.INVALID_UNICODE] or errors
         status = 400 if errors[0]["type"] == api.INVALID_UNICODE else 422
         locs = [[str(x) for x in err["loc"] if x != "body"] for err in errors]
-        message = "; ".join(f"{'.'.join(loc) or 'body'}: {err['msg']}" for loc, err in zip(locs, errors))
+        message = "; ".join(f"{'.'.join(loc) or 'body'}: {_sentence(err)}" for loc, err in zip(locs, errors))
         # param: the request's field (a union's error locations also name the member types tried).
         return JSONResponse(APIError(status, message, locs[0][0] if locs[0] else None).body(), status_code=status)
 

@@ -3,7 +3,8 @@
 HTTP handlers (on the asyncio loop) hand it commands through a locked inbox and sleep on an asyncio
 queue of their own; the thread posts events to that queue with ``loop.call_soon_threadsafe``. It
 steps while the engine has work and waits on a condition when idle, so requests arrive and leave
-between steps without ever blocking one.
+between steps without ever blocking one. Past 300 lines: a Job's stream state (text, logprobs,
+echo) lives beside the thread that fills it.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Callable
 
 from engine.sampling_params import SamplingParams
 
+from .logprobs import Piece
 from .text import IncrementalText
 
 log = logging.getLogger("pacore.serve")
@@ -38,9 +40,11 @@ class TextReady:
 @dataclass(slots=True)
 class ChoiceEnd:
     index: int
-    text: str            # the choice's whole text, as the engine finished it
+    text: str            # the choice's whole text, as the engine finished it (a stream's: what it still owes)
     finish_reason: str
     num_tokens: int
+    logprobs: list[Piece] | None = None  # when asked: the text's tokens and their logprobs (see text)
+    prompt_logprobs: list | None = None  # the engine's, when asked (not in streams)
 
 
 @dataclass(slots=True)
@@ -70,13 +74,17 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     request_ids: list[str] = field(default_factory=list)
+    echo: list[str] | None = None  # completions' echo: each prompt's text, which its choices begin with
+    echo_only: bool = False  # echo with max_tokens 0: a choice is its prompt alone (its one token is dropped)
     texts: dict[int, IncrementalText] = field(default_factory=dict)  # streams: per choice
     ended: set[int] = field(default_factory=set)  # streams: choices whose last chunk has gone
+    echoed: set[int] = field(default_factory=set)  # streams: prompts whose echo has gone
     prompt_tokens: int = 0
     unfinished: int = 0
     on_done: Callable[[], None] | None = None  # on the loop, once the engine holds nothing of the job
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _texts: dict[int, list[str]] = field(default_factory=dict)  # streams: text the handler has not taken
+    _pieces: dict[int, list[Piece]] = field(default_factory=dict)  # streams: logprobs likewise
     _woken: bool = False  # a TextReady is queued and not yet taken
 
     def emit(self, event) -> None:
@@ -88,22 +96,28 @@ class Job:
         except RuntimeError:
             pass
 
-    def emit_text(self, index: int, text: str) -> None:
-        """Add new text of choice ``index`` (engine thread). A reader that lags finds its text merged:
-        what waits for it is that text and one TextReady, not an event per token."""
+    @property
+    def logprobs(self) -> bool:
+        return self.params.logprobs is not None
+
+    def emit_text(self, index: int, text: str, pieces: list[Piece] | None = None) -> None:
+        """Add new text of choice ``index`` and its tokens' logprobs (engine thread). A reader that
+        lags finds them merged: what waits for it is one TextReady, not an event per token."""
         with self._lock:
             self._texts.setdefault(index, []).append(text)
+            if pieces:
+                self._pieces.setdefault(index, []).extend(pieces)
             if self._woken:
                 return
             self._woken = True
         self.emit(TextReady())
 
-    def take_text(self) -> dict[int, str]:
-        """Per choice, the text added since the last call (the handler, on a TextReady). Text added
-        before a ChoiceEnd was posted is taken at a TextReady queued ahead of that ChoiceEnd."""
+    def take_text(self) -> dict[int, tuple[str, list[Piece]]]:
+        """Per choice, the text and logprobs added since the last call (the handler, on a TextReady).
+        What was added before a ChoiceEnd was posted is taken at a TextReady queued ahead of it."""
         with self._lock:
-            texts, self._texts, self._woken = self._texts, {}, False
-        return {index: "".join(parts) for index, parts in texts.items()}
+            texts, pieces, self._texts, self._pieces, self._woken = self._texts, self._pieces, {}, {}, False
+        return {index: ("".join(parts), pieces.get(index, [])) for index, parts in texts.items()}
 
 
 class EngineLoop:
@@ -249,12 +263,20 @@ class EngineLoop:
             return
         job, i = owner
         n = job.params.n
+        if job.stream and job.echo is not None and i not in job.echoed:
+            self._echo(job, i, out.prompt_logprobs)
         for o in out.outputs:
             index = i * n + o.index
             if index in job.ended:
                 continue
-            text = job.texts[index].rest(o.text) if job.stream else o.text
-            job.emit(ChoiceEnd(index, text, o.finish_reason, len(o.token_ids)))
+            seen = job.texts[index].seen if job.stream else 0  # a stream has sent those tokens
+            text = "" if job.echo_only else job.texts[index].rest(o.text) if job.stream else o.text
+            pieces = [] if job.echo_only or not job.logprobs else [(o.token_ids[seen:], o.logprobs[seen:])]
+            if job.echo is not None and not job.stream:  # a stream's echo went first (_echo)
+                text = job.echo[i] + text
+                pieces.insert(0, (job.prompts[i], out.prompt_logprobs))
+            job.emit(ChoiceEnd(index, text, o.finish_reason, len(o.token_ids), pieces if job.logprobs else None,
+                               None if job.stream else out.prompt_logprobs))
         job.unfinished -= 1
         if job.unfinished == 0:
             del self._jobs[job.id]
@@ -265,21 +287,38 @@ class EngineLoop:
         for i, rid in enumerate(job.request_ids):
             if rid not in self._owner:
                 continue  # finished
+            if job.echo is not None and i not in job.echoed:
+                prompt_logprobs = self.llm.prompt_logprobs(rid) if job.logprobs else None
+                if job.logprobs and prompt_logprobs is None:
+                    continue  # its prompt is not computed yet, so it has no tokens either
+                self._echo(job, i, prompt_logprobs)
             texts = [job.texts[i * n + child] for child in range(n)]
-            for child, (tokens, reason) in enumerate(self.llm.new_tokens(rid, [t.seen for t in texts])):
+            seen = [t.seen for t in texts]
+            logprobs = self.llm.partial_logprobs(rid, seen) if job.logprobs else [None] * n
+            for child, ((tokens, reason), lp) in enumerate(zip(self.llm.new_tokens(rid, seen), logprobs)):
                 index = i * n + child
                 if index in job.ended:
                     continue
+                pieces = [(tokens, lp)] if job.logprobs and tokens and not job.echo_only else []
                 if reason is not None:
                     # Finished while its siblings run: its last chunk goes now, not when they finish. Its
                     # last token may be a stop token, so its rest comes from the engine's final text.
                     job.ended.add(index)
-                    final = self.llm.finished_text(rid, child)
-                    job.emit(ChoiceEnd(index, texts[child].rest(final), reason, texts[child].seen + len(tokens)))
-                elif tokens:
+                    final = "" if job.echo_only else texts[child].rest(self.llm.finished_text(rid, child))
+                    job.emit(ChoiceEnd(index, final, reason, texts[child].seen + len(tokens),
+                                       pieces if job.logprobs else None))
+                elif tokens and not job.echo_only:
                     delta = texts[child].feed(tokens)
-                    if delta:
-                        job.emit_text(index, delta)
+                    if delta or pieces:
+                        job.emit_text(index, delta, pieces)
+
+    def _echo(self, job: Job, i: int, prompt_logprobs: list | None) -> None:
+        """A stream's echo: prompt ``i``'s text (and logprobs) first in each of its choices."""
+        job.echoed.add(i)
+        pieces = [(job.prompts[i], prompt_logprobs)] if job.logprobs else []
+        if job.echo[i] or pieces:
+            for child in range(job.params.n):
+                job.emit_text(i * job.params.n + child, job.echo[i], pieces)
 
     def _stats(self) -> dict:
         stats = self.llm.stats()

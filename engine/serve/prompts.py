@@ -31,6 +31,12 @@ class PromptReader:
         self._check_context(len(ids), params)
         return ids
 
+    def text(self, prompt, ids: list[int]) -> str:
+        """A completions prompt as its echo shows it: the text sent, or its token ids decoded (as vLLM)."""
+        if isinstance(prompt, str):
+            return prompt
+        return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
+
     def _tokenize(self, prompt, chat: bool, params: SamplingParams) -> list[int]:
         tok = self.tokenizer
         if tok is None:

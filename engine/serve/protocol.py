@@ -3,8 +3,10 @@
 Requests forbid unknown fields, so a misspelt or unsupported option is a 422 naming it instead of
 being silently ignored, and take types strictly, as OpenAI does: ``"max_tokens": true`` or ``"2"``
 is a 422, not 1 or 2. A string that is no Unicode text (a lone surrogate, which JSON can escape)
-is a 400 in any field. A few OpenAI fields the engine cannot honour (logprobs, echo, penalties)
-are accepted only at their "off" value, for clients that always send them.
+is a 400 in any field. The penalties, which the engine cannot honour, are accepted only at their
+"off" value, for clients that always send them. Log-probabilities follow OpenAI's shapes (and vLLM's
+``prompt_logprobs``); their ranges are checked in ``sampling_params`` (a 400 naming the limit), since
+the limit is the engine's ``max_logprobs``.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from engine.sampling_params import SamplingParams
+
+from .logprobs import ChatLogprobs, CompletionLogprobs, PromptLogprobs
 
 
 INVALID_UNICODE = "invalid_unicode"  # the error type app.py answers with 400
@@ -29,6 +33,12 @@ class _Body(BaseModel):
     def _unicode(cls, value):
         _check_strings(value)
         return value
+
+
+def _check_count(field: str, value: int | None, limit: int) -> None:
+    if value is not None and not 0 <= value <= limit:
+        raise ValueError(f"{field} must be an integer in [0, {limit}] (this server's --max-logprobs is {limit}), "
+                         f"got {value}; ask for at most {limit}")
 
 
 def _check_strings(value) -> None:
@@ -52,7 +62,8 @@ class StreamOptions(_Body):
 
 
 class _Generate(_Body):
-    """The sampling fields shared by both endpoints (OpenAI's, plus vLLM's top_k, min_p, ignore_eos)."""
+    """The sampling fields shared by both endpoints (OpenAI's, plus vLLM's top_k, min_p, ignore_eos,
+    stop_token_ids, prompt_logprobs)."""
     model: str
     n: int | None = None
     temperature: float | None = None
@@ -69,24 +80,43 @@ class _Generate(_Body):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     user: str | None = None  # an end-user id for abuse tracking; nothing to do with generation
+    prompt_logprobs: int | None = None  # vLLM's: each prompt token's logprob (the first's None) and top N
 
-    @field_validator("frequency_penalty", "presence_penalty", "logprobs", "echo", check_fields=False)
+    @field_validator("frequency_penalty", "presence_penalty")
     @classmethod
     def _only_off(cls, value, info):
-        # Off is None/false, and 0 for a penalty; completions' logprobs=0 still asks for the
-        # sampled token's logprob, which this server does not compute.
-        if not (value is None or value is False or (info.field_name.endswith("_penalty") and value == 0)):
-            raise ValueError(f"{info.field_name} is not supported by this server (only its default)")
+        if value not in (None, 0):
+            raise ValueError(f"{info.field_name} is not supported by this server; remove it or set it to 0")
         return value
 
     def budget(self) -> int | None:
         return self.max_tokens
 
-    def sampling_params(self, default_max_tokens: int | None) -> SamplingParams:
-        """The engine's SamplingParams; ValueError (a 400) names a value out of range."""
+    def logprobs_asked(self) -> int | None:
+        """Top alternatives per generated token (0: the chosen token only), None for no logprobs."""
+        return None
+
+    def sampling_params(self, default_max_tokens: int | None, max_logprobs: int) -> SamplingParams:
+        """The engine's SamplingParams; ValueError (a 400) names a value out of range.
+        ``max_logprobs``: the engine's limit on top alternatives (``--max-logprobs``)."""
         max_tokens = self.budget()
         if self.top_k is not None and self.top_k >= 2 ** 63:  # the sampler holds it in an int64
             raise ValueError(f"top_k must be -1 (off) or an integer in [1, 2**63), got {self.top_k}")
+        logprobs = self.logprobs_asked()
+        prompt_logprobs = self.prompt_logprobs
+        if prompt_logprobs is not None and self.stream:
+            if prompt_logprobs > 0:  # as vLLM: a stream has no place for them
+                raise ValueError("prompt_logprobs are not available when stream is true; remove prompt_logprobs "
+                                 "or set stream to false")
+            prompt_logprobs = None  # 0 is accepted, as vLLM does, and asks for nothing a stream sends
+        _check_count(self._logprobs_field(), logprobs, max_logprobs)
+        _check_count("prompt_logprobs", prompt_logprobs, max_logprobs)
+        if self.echoes() and logprobs is not None and prompt_logprobs is None:
+            prompt_logprobs = logprobs  # echo shows the prompt's logprobs as the generation's (vLLM)
+        if self.echoes() and max_tokens == 0:
+            # As vLLM: echo with max_tokens 0 (lm-eval's loglikelihood) runs the engine for one token,
+            # which computes the prompt's logprobs, and returns the prompt alone (EngineLoop).
+            max_tokens = 1
         return SamplingParams(
             n=1 if self.n is None else self.n,
             temperature=1.0 if self.temperature is None else self.temperature,
@@ -95,7 +125,18 @@ class _Generate(_Body):
             min_p=0.0 if self.min_p is None else self.min_p,
             max_tokens=default_max_tokens if max_tokens is None else max_tokens,
             seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids or [],
-            ignore_eos=self.ignore_eos)
+            ignore_eos=self.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+
+    def _logprobs_field(self) -> str:
+        return "logprobs"
+
+    def echoes(self) -> bool:
+        """Whether each choice's text starts with its prompt (completions' echo)."""
+        return False
+
+    def echo_only(self) -> bool:
+        """Echo with max_tokens 0: the reply holds the prompt alone."""
+        return self.echoes() and self.max_tokens == 0
 
     @property
     def include_usage(self) -> bool:
@@ -127,15 +168,32 @@ class ChatCompletionRequest(_Generate):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
+    top_logprobs: int | None = None
 
     def budget(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def logprobs_asked(self) -> int | None:
+        if not self.logprobs:
+            if self.top_logprobs:  # 0 asks for nothing, so clients that always send it are served
+                raise ValueError("top_logprobs needs logprobs: set logprobs to true, or remove top_logprobs")
+            return None
+        return self.top_logprobs or 0
+
+    def _logprobs_field(self) -> str:
+        return "top_logprobs"
 
 
 class CompletionRequest(_Generate):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None
     echo: bool = False
+
+    def logprobs_asked(self) -> int | None:
+        return self.logprobs
+
+    def echoes(self) -> bool:
+        return self.echo
 
     def prompts(self) -> list[str | list[int]]:
         """One engine request per prompt: a text, token ids, or a batch of either."""
@@ -165,7 +223,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None
 
 
@@ -177,15 +235,16 @@ class Delta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int
     delta: Delta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 
 
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # vLLM's place for them on this endpoint
 
 
 class _Response(BaseModel):
@@ -198,6 +257,7 @@ class ChatCompletion(_Response):
     object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: PromptLogprobs | None = None  # vLLM's place for them on this endpoint (one prompt)
 
 
 class ChatCompletionChunk(_Response):

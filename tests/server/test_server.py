@@ -232,12 +232,6 @@ def test_refusals_are_openai_errors(server, client):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
                                        extra_body={"frobnicate": 1})
     assert e.value.body["param"] == "frobnicate" and "frobnicate" in e.value.message
-    with pytest.raises(openai.UnprocessableEntityError) as e:  # lm-eval's loglikelihood: not implemented
-        client.completions.create(model=MODEL, prompt="x", logprobs=1, echo=True)
-    assert "logprobs" in e.value.message
-    with pytest.raises(openai.UnprocessableEntityError) as e:  # 0 asks for the sampled token's logprob
-        client.completions.create(model=MODEL, prompt="x", logprobs=0)
-    assert e.value.body["param"] == "logprobs"
     with pytest.raises(openai.UnprocessableEntityError) as e:  # accepted only at its default, 0
         client.completions.create(model=MODEL, prompt="x", frequency_penalty=0.5)
     assert e.value.body["param"] == "frequency_penalty"
@@ -380,10 +374,12 @@ def test_serve_flags_reach_the_engine_and_the_app(monkeypatch):
     monkeypatch.setenv("PACORE_API_KEY", "from-env")
     assert main(["serve", "--model", "/m/PaCoRe-8B/", "--dtype", "bfloat16", "--max-model-len", "64",
                  "--rope-scaling", '{"factor": 2.0}', "--max-num-seqs", "3", "--num-kv-blocks", "9",
-                 "--tensor-parallel", "2", "--batch-invariant", "--enforce-eager", "--seed", "5", "--port", "9"]) == 0
+                 "--tensor-parallel", "2", "--batch-invariant", "--enforce-eager", "--seed", "5", "--port", "9",
+                 "--max-logprobs", "5", "--logprobs-mode", "processed_logprobs"]) == 0
     assert seen["model"] == "/m/PaCoRe-8B/" and seen["options"] == dict(
         seed=5, dtype="bfloat16", max_model_len=64, rope_scaling={"factor": 2.0}, max_num_seqs=3, num_kv_blocks=9,
-        batch_invariant=True, tensor_parallel_size=2, enforce_eager=True)
+        batch_invariant=True, tensor_parallel_size=2, enforce_eager=True, max_logprobs=5,
+        logprobs_mode="processed_logprobs")
     assert seen["app"] == ("PaCoRe-8B", "from-env", 1024) and seen["bind"] == ("127.0.0.1", 9)
     assert seen["body"] == 32 * 2 ** 20 and seen["uvicorn"]["timeout_graceful_shutdown"] == 30.0
     assert main(["serve", "--served-model-name", "x", "--api-key", "k", "--max-queue", "2", "--max-body-bytes", "7",
