@@ -124,19 +124,22 @@ def _samples(out_dir, task: str) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-def _engine_logliks(contexts_and_continuations: list[tuple[str, str]]) -> list[float]:
-    """Each continuation's log-likelihood after its context, from the engine directly (prompt logprobs), with
-    the prompt split into tokens as lm-eval splits it (context + continuation encoded whole, no BOS)."""
+def _engine_scores(contexts_and_continuations: list[tuple[str, str]]) -> list[tuple[float, bool]]:
+    """Each continuation's (log-likelihood after its context, whether every token of it is the argmax), from the
+    engine directly (prompt logprobs), the prompt split into tokens as lm-eval splits it (context + continuation
+    encoded whole, no BOS)."""
     from engine import LLM, SamplingParams
     llm = LLM(MODEL, num_kv_blocks=64, max_model_len=512)
     prompts, starts = [], []
     for context, continuation in contexts_and_continuations:
-        ids = llm.tokenizer.encode(context + continuation, add_special_tokens=False)
-        prompts.append(ids)
+        prompts.append(llm.tokenizer.encode(context + continuation, add_special_tokens=False))
         starts.append(len(llm.tokenizer.encode(context, add_special_tokens=False)))
     outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0), use_tqdm=False)
-    return [sum(out.prompt_logprobs[i][ids[i]].logprob for i in range(start, len(ids)))
-            for out, ids, start in zip(outs, prompts, starts)]
+    scores = []
+    for out, ids, start in zip(outs, prompts, starts):
+        chosen = [out.prompt_logprobs[i][ids[i]] for i in range(start, len(ids))]
+        scores.append((sum(lp.logprob for lp in chosen), all(lp.rank == 1 for lp in chosen)))
+    return scores
 
 
 @pytest.mark.slow
@@ -154,7 +157,7 @@ def test_lm_eval_scores_both_task_kinds_against_pacore_serve(pacore_serve, tmp_p
         results = json.load(f)["results"]
     accuracy, exact = results["pacore_tiny_mc"]["acc,none"], results["pacore_tiny_gen"]["exact_match,none"]
     print(f"pacore_tiny_mc acc = {accuracy}, pacore_tiny_gen exact_match = {exact}")
-    assert 0 <= accuracy <= 1 and accuracy == 1.0
+    assert accuracy == 1.0, [s["resps"] for s in _samples(out_dir, "pacore_tiny_mc")]
     assert exact == 1.0, [s["resps"] for s in _samples(out_dir, "pacore_tiny_gen")]
 
     # Every request lm-eval sent was answered once, with no error or retry: one per (question, choice) and
@@ -163,11 +166,14 @@ def test_lm_eval_scores_both_task_kinds_against_pacore_serve(pacore_serve, tmp_p
     counts = {k: v for k, v in metrics(pacore_serve).items() if k.startswith("pacore_requests_total")}
     assert counts == {"pacore_requests_total{endpoint=completions,outcome=ok}": requests}, counts
 
-    # The loglikelihoods lm-eval scored are the engine's own, computed directly.
+    # The loglikelihoods lm-eval scored (token_logprobs) are the engine's own, computed directly, and so is
+    # whether each continuation is greedy (lm-eval reads it from top_logprobs).
     pairs, served = [], []
     for sample in _samples(out_dir, "pacore_tiny_mc"):
-        for arg, resp in zip(sample["arguments"].values(), sample["resps"]):
+        for arg, ((loglik, greedy),) in zip(sample["arguments"].values(), sample["resps"]):
             pairs.append((arg["arg_0"], arg["arg_1"]))
-            served.append(float(resp[0][0]))  # the samples file holds it as str(float), exact
+            served.append((float(loglik), greedy == "True"))  # the samples file holds str(float): exact
     assert len(pairs) == requests - len(GEN_ITEMS)
-    assert served == pytest.approx(_engine_logliks(pairs), abs=1e-4)
+    direct = _engine_scores(pairs)
+    assert [g for _, g in served] == [g for _, g in direct]
+    assert [x for x, _ in served] == pytest.approx([x for x, _ in direct], abs=1e-4)
