@@ -107,15 +107,17 @@ def pacore_serve(tmp_path):
         log.close()
 
 
-def _lm_eval(base: str, tasks_dir, out_dir, tasks: list[str]) -> subprocess.CompletedProcess:
+def _start_lm_eval(base: str, tasks_dir, out_dir, tasks: list[str]) -> subprocess.Popen:
+    """lm-eval's command line on ``tasks``, its stdout and stderr going to files in ``out_dir``."""
     from engine.default_model import resolve_model
     model_args = (f"base_url={base}/v1/completions,model={MODEL},tokenizer={resolve_model(None)},"
                   "tokenizer_backend=huggingface,num_concurrent=1,max_retries=1")
     env = dict(os.environ, HF_DATASETS_CACHE=str(out_dir / "hf"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    return subprocess.run([sys.executable, "-m", "lm_eval", "run", "--model", "local-completions",
-                           "--model_args", model_args, "--tasks", *tasks, "--include_path", str(tasks_dir),
-                           "--output_path", str(out_dir), "--log_samples"],
-                          capture_output=True, text=True, env=env, timeout=600)
+    out_dir.mkdir()
+    with open(out_dir / "stdout.txt", "w") as out, open(out_dir / "stderr.txt", "w") as err:  # the child keeps its own
+        return subprocess.Popen([sys.executable, "-m", "lm_eval", "run", "--model", "local-completions",
+                                 "--model_args", model_args, "--tasks", *tasks, "--include_path", str(tasks_dir),
+                                 "--output_path", str(out_dir), "--log_samples"], stdout=out, stderr=err, env=env)
 
 
 def _samples(out_dir, task: str) -> list[dict]:
@@ -147,10 +149,20 @@ def test_lm_eval_scores_both_task_kinds_against_pacore_serve(pacore_serve, tmp_p
     tasks_dir, out_dir = tmp_path / "tasks", tmp_path / "out"
     tasks_dir.mkdir()
     _write_tasks(tasks_dir)
-    run = _lm_eval(pacore_serve, tasks_dir, out_dir, ["pacore_tiny_mc", "pacore_tiny_gen"])
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
-    assert "API request failed" not in run.stderr, run.stderr[-6000:]
-    print(run.stdout)  # lm-eval's table: pytest -s shows it
+    run = _start_lm_eval(pacore_serve, tasks_dir, out_dir, ["pacore_tiny_mc", "pacore_tiny_gen"])
+    # What lm-eval scores: each choice after its question, joined by its default target_delimiter " ".
+    pairs = [(item["question"], " " + choice) for item in MC_ITEMS for choice in item["choices"]]
+    try:
+        direct = _engine_scores(pairs)  # meanwhile, on the test's own engine
+        returncode = run.wait(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    stdout, stderr = (out_dir / "stdout.txt").read_text(), (out_dir / "stderr.txt").read_text()
+    assert returncode == 0, stdout[-3000:] + stderr[-6000:]
+    assert "API request failed" not in stderr, stderr[-6000:]
+    print(stdout)  # lm-eval's table: pytest -s shows it
 
     (results_path,) = glob.glob(str(out_dir / "**" / "results_*.json"), recursive=True)
     with open(results_path) as f:
@@ -168,12 +180,11 @@ def test_lm_eval_scores_both_task_kinds_against_pacore_serve(pacore_serve, tmp_p
 
     # The loglikelihoods lm-eval scored (token_logprobs) are the engine's own, computed directly, and so is
     # whether each continuation is greedy (lm-eval reads it from top_logprobs).
-    pairs, served = [], []
+    scored, served = [], []
     for sample in _samples(out_dir, "pacore_tiny_mc"):
         for arg, ((loglik, greedy),) in zip(sample["arguments"].values(), sample["resps"]):
-            pairs.append((arg["arg_0"], arg["arg_1"]))
+            scored.append((arg["arg_0"], arg["arg_1"]))
             served.append((float(loglik), greedy == "True"))  # the samples file holds str(float): exact
-    assert len(pairs) == requests - len(GEN_ITEMS)
-    direct = _engine_scores(pairs)
+    assert scored == pairs
     assert [g for _, g in served] == [g for _, g in direct]
     assert [x for x, _ in served] == pytest.approx([x for x, _ in direct], abs=1e-4)
