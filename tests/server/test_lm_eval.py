@@ -87,9 +87,10 @@ def _free_port() -> int:
 def pacore_serve(tmp_path):
     """``pacore serve`` on the default model in a subprocess; yields its base URL."""
     port = _free_port()
-    log = open(tmp_path / "serve.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "pacore", "serve", "--port", str(port), "--max-model-len", "512",
-                             "--num-kv-blocks", "64"], stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+    with open(tmp_path / "serve.log", "wb") as log:  # the child keeps its own
+        proc = subprocess.Popen([sys.executable, "-m", "pacore", "serve", "--port", str(port), "--max-model-len",
+                                 "512", "--num-kv-blocks", "64"], stdout=log, stderr=subprocess.STDOUT,
+                                env=os.environ.copy())
     base = f"http://127.0.0.1:{port}"
 
     def up():
@@ -104,7 +105,6 @@ def pacore_serve(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
-        log.close()
 
 
 def _start_lm_eval(base: str, tasks_dir, out_dir, tasks: list[str]) -> subprocess.Popen:
