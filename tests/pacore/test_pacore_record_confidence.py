@@ -1,7 +1,6 @@
 """`pacore run --record-confidence`: the measures beside each trajectory's tokens, through snapshots,
 resume and replicas, and the summary's confidence against correctness (on the scripted engine)."""
 import json
-import os
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ from pacore.results.files import read_results, rounds_path, snapshot_dir
 from pacore.results.snapshots import SnapshotStore
 from pacore.runner import PaCoReRunner
 from pacore_fakes import FakeLLM, fake_logprobs
+from test_pacore_checkpoint import killed_llm
 from test_pacore_runner import _cfg, default_script
 
 
@@ -106,19 +106,6 @@ def test_ctrl_c_mid_round_resumes_with_the_snapshots_logprobs(tmp_path):
     whole = _cfg(tmp_path / "b", rounds=(3,), n_problems=2, record_confidence=True)
     PaCoReRunner(FakeLLM(default_script), whole).run()
     assert _measures(cfg.out_path) == _measures(whole.out_path)  # exact: from the snapshot
-
-
-class _KilledLLM(FakeLLM):
-    """Dies like a killed process (no exception, no cleanup) at step 12."""
-
-    def step(self):
-        if len(self.step_log) >= 12:
-            os._exit(9)
-        return super().step()
-
-
-def killed_llm(cfg):  # built inside a spawned replica
-    return _KilledLLM(default_script)
 
 
 def scripted_llm(cfg):
