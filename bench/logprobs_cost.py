@@ -2,7 +2,7 @@
 PaCoRe-8B's vocabulary, without and with the top-20 logprobs of each sampled token.
 
 Measured on this machine: the engine's Sampler (temperature 1, every row seeded, as PaCoRe samples),
-then the same plus what a row that asks for logprobs adds, as ``LLM._record_logprobs`` does it
+then the same plus what a row that asks for logprobs adds, as ``engine.sampler.record_logprobs`` does it
 (``engine.logprobs``: the fp32 log-softmax of its logits, the sampled token's logprob and rank, the top
 20, appended to the trajectory's TokenLogprobs). The two are timed in turn, so machine
 noise hits both alike; each figure is the median of ``--repeats`` steps. Modelled on an H200: the

@@ -2,7 +2,8 @@
 
 A step is glue between its parts: the Scheduler plans it (and owns every sequence's life), the
 ModelRunner turns the plan into tensors and runs the model (on every tensor-parallel rank), the
-Sampler picks the tokens, the Scheduler's postprocess appends them and finishes what stopped, and
+Sampler picks the tokens (and records the logprobs of the rows that ask), the
+Scheduler's postprocess appends them and finishes what stopped, and
 the StepHooks (engine/observers.py) time it for the observers. What add_request refuses is in
 engine/checks.py; a Request assembles its own outputs (engine/sequence.py). The file is a little
 over 300 lines because it is the whole public API, each method with its docstring.
@@ -26,9 +27,9 @@ from engine.checks import check_fits, check_logprobs, check_resume, check_resume
 from engine.config import EngineConfig, ModelConfig, resolve_dtype
 from engine.default_model import resolve_model
 from engine.kv_cache import kv_dtype_name
-from engine.logprobs import LogprobRows, TokenLogprobs, compute_logprobs, prompt_logprobs_list, raw_logprobs
+from engine.logprobs import TokenLogprobs, prompt_logprobs_list
 from engine.observers import StepHooks, StepObserver, StepRecord
-from engine.sampler import Sampler
+from engine.sampler import Sampler, record_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import CascadePolicy, Scheduler, StepPlan
 from engine.sequence import Partial, Request, RequestMetrics, RequestOutput
@@ -275,43 +276,13 @@ class LLM:
                 hooks.model_done()
             with hooks.phase("engine.sample"):
                 tokens = self.sampler(logits, plan.sample_seqs) if plan.sample_seqs else []
-                self._record_logprobs(plan, logits, tokens, scored)
+                record_logprobs(plan, logits, tokens, scored, self.processed_logprobs)
                 finished = self.scheduler.postprocess(plan, tokens)
         except Exception as e:
             raise self._fail_step(plan, e) from e
         self._close_step(plan, finished)
         hooks.finished(self._steps - 1, plan, self.block_manager)
         return self._take_outbox()
-
-    def _record_logprobs(self, plan: StepPlan, logits, tokens: list[int], scored: LogprobRows | None) -> None:
-        """Append the step's logprobs: the scored prompt positions (and a resumed trajectory's own
-        tokens) first, in position order, then each sampled token's, for the rows that asked only."""
-        if scored is not None:
-            at = 0
-            for span in plan.scored:
-                req = span.seq.request
-                if span.prompt:
-                    store = req.prompt_logprobs
-                else:
-                    store = span.seq.logprobs = span.seq.logprobs or TokenLogprobs(req.params.logprobs)
-                for i in range(at, at + span.count):
-                    store.append_row(scored, i)
-                at += span.count
-        asking = [i for i, seq in enumerate(plan.sample_seqs) if seq.params.logprobs is not None]
-        if not asking:
-            return  # the common step: no log-softmax, no transfer
-        seqs = [plan.sample_seqs[i] for i in asking]
-        rows = logits[torch.tensor(asking, device=logits.device)] if len(asking) < len(tokens) else logits
-        if self.processed_logprobs:
-            lp = self.sampler.processed_logprobs(rows, [s.params for s in seqs])
-        else:
-            lp = raw_logprobs(rows)
-        chosen = torch.tensor([tokens[i] for i in asking])
-        computed = compute_logprobs(lp, chosen, max(s.params.logprobs for s in seqs))
-        for j, seq in enumerate(seqs):
-            if seq.logprobs is None:
-                seq.logprobs = TokenLogprobs(seq.params.logprobs)
-            seq.logprobs.append_row(computed, j)
 
     def _idle(self) -> list[RequestOutput]:
         if self.scheduler.has_work():

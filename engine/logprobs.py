@@ -37,6 +37,10 @@ class LogprobRows:
     top_ids: list[list[int]]
     top_logprobs: list[list[float]]
 
+    @classmethod
+    def concat(cls, parts: list["LogprobRows"]) -> "LogprobRows":
+        return cls(*(sum((getattr(p, f) for p in parts), []) for f in cls.__slots__))
+
 
 def compute_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, num_top: int) -> LogprobRows:
     """Reduce normalised log-probabilities ``[M, V]`` (fp32) to the chosen tokens' logprob and rank

@@ -25,9 +25,9 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.distributed import Shard, TPGroup
 from engine.kv_cache import allocate_kv_cache, bytes_per_block, copy_blocks, resolve_kv_dtype
 from engine.loader import load_model
-from engine.logprobs import LogprobRows, compute_logprobs, raw_logprobs
+from engine.logprobs import LogprobRows, compute_logprobs
 from engine.model import tile_linears
-from engine.sampler import Sampler
+from engine.sampler import distribution
 from engine.scheduler import StepPlan
 from engine.sequence import Sequence
 from kernels._utils import is_fp8
@@ -328,17 +328,8 @@ class ModelRunner:
             if self.is_worker:
                 continue
             params = inputs.scored_params[lo:hi] if inputs.scored_params is not None else None
-            if params is not None and all(p is not None for p in params):
-                lp = Sampler.processed_logprobs(logits, params)
-            else:
-                lp = raw_logprobs(logits)
-                if params is not None:  # a pass that mixes prompt rows (raw) and processed ones
-                    rows = [i for i, p in enumerate(params) if p is not None]
-                    lp[rows] = Sampler.processed_logprobs(logits[rows], [params[i] for i in rows])
-            parts.append(compute_logprobs(lp, targets[lo:hi], inputs.scored_top))
-        if self.is_worker:
-            return None
-        return LogprobRows(*(sum((getattr(p, f) for p in parts), []) for f in LogprobRows.__slots__))
+            parts.append(compute_logprobs(distribution(logits, params), targets[lo:hi], inputs.scored_top))
+        return None if self.is_worker else LogprobRows.concat(parts)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         if pairs:

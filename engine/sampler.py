@@ -1,13 +1,16 @@
-"""Turn logits into tokens: greedy, temperature, top-k, top-p, min-p, per-sequence seeded draws."""
+"""Turn logits into tokens: greedy, temperature, top-k, top-p, min-p, per-sequence seeded draws; and
+record the logprobs of the rows that ask (raw, or the distribution sampled from; engine/logprobs.py)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 import torch
 
+from engine.logprobs import LogprobRows, TokenLogprobs, compute_logprobs, raw_logprobs
 from engine.rng import stream_uniform
 
 if TYPE_CHECKING:
+    from engine.scheduler import StepPlan
     from engine.sequence import Sequence
 
 class Sampler:
@@ -87,3 +90,44 @@ class Sampler:
         keep &= sorted_p >= min_p[:, None] * sorted_p[:, :1]
         sorted_p = sorted_p * keep
         return torch.zeros_like(probs).scatter_(1, idx, sorted_p)
+
+
+def distribution(logits: torch.Tensor, params: list | None = None) -> torch.Tensor:
+    """fp32 [M, V] log-probabilities: raw per row, except the rows given SamplingParams (processed
+    mode), which get the distribution they are sampled from (Sampler.processed_logprobs)."""
+    rows = [] if params is None else [i for i, p in enumerate(params) if p is not None]
+    if rows and len(rows) == len(params):
+        return Sampler.processed_logprobs(logits, params)
+    lp = raw_logprobs(logits)
+    if rows:  # prompt rows (raw) beside processed ones
+        lp[rows] = Sampler.processed_logprobs(logits[rows], [params[i] for i in rows])
+    return lp
+
+
+def record_logprobs(plan: StepPlan, logits: torch.Tensor | None, tokens: list[int], scored: LogprobRows | None,
+                processed: bool) -> None:
+    """Append one step's logprobs where they belong: the scored positions first (the request's prompt
+    logprobs, or a resumed trajectory's own), in position order, then each sampled token's, computed
+    for the rows that asked only. ``processed``: logprobs_mode is processed_logprobs."""
+    if scored is not None:
+        at = 0
+        for span in plan.scored:
+            req = span.seq.request
+            if span.prompt:
+                store = req.prompt_logprobs
+            else:
+                store = span.seq.logprobs = span.seq.logprobs or TokenLogprobs(req.params.logprobs)
+            for i in range(at, at + span.count):
+                store.append_row(scored, i)
+            at += span.count
+    asking = [i for i, seq in enumerate(plan.sample_seqs) if seq.params.logprobs is not None]
+    if not asking:
+        return  # the common step: no log-softmax, no transfer
+    seqs = [plan.sample_seqs[i] for i in asking]
+    rows = logits[torch.tensor(asking, device=logits.device)] if len(asking) < len(tokens) else logits
+    lp = distribution(rows, [s.params for s in seqs] if processed else None)
+    computed = compute_logprobs(lp, torch.tensor([tokens[i] for i in asking]), max(s.params.logprobs for s in seqs))
+    for j, seq in enumerate(seqs):
+        if seq.logprobs is None:
+            seq.logprobs = TokenLogprobs(seq.params.logprobs)
+        seq.logprobs.append_row(computed, j)

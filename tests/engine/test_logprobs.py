@@ -7,7 +7,7 @@ import pickle
 import pytest
 import torch
 
-import engine.llm as llm_module
+import engine.sampler as sampler_module
 from engine import LLM, SamplingParams
 from engine.llm import StepError
 from engine.logprobs import Logprob, TokenLogprobs
@@ -56,8 +56,8 @@ def test_sampled_and_prompt_logprobs_match_transformers(tiny_model_dir, kind):
 def test_rows_that_do_not_ask_cost_nothing(tiny_model_dir, monkeypatch):
     llm = LLM(str(tiny_model_dir("qwen3")), num_kv_blocks=64)
     reduced = []
-    real = llm_module.compute_logprobs
-    monkeypatch.setattr(llm_module, "compute_logprobs", lambda lp, ids, k: reduced.append(lp.shape) or real(lp, ids, k))
+    real = sampler_module.compute_logprobs
+    monkeypatch.setattr(sampler_module, "compute_logprobs", lambda lp, ids, k: reduced.append(lp.shape) or real(lp, ids, k))
     plain = SamplingParams(n=2, seed=1, max_tokens=5, ignore_eos=True)
     outs = llm.generate([PROMPT, PROMPT[:20]], plain, use_tqdm=False)
     assert reduced == [] and all(c.logprobs is None for o in outs for c in o.outputs)
