@@ -12,6 +12,10 @@ cascade, no CUDA graphs).
 Tensor parallelism: rank 0's runner prepares each step's inputs once and sends them to the worker
 ranks (engine/tp_workers.py); every rank then runs ``execute`` on its shard of the model in lock
 step, and rank 0 alone gets the logits.
+
+Prompt logprobs: the plan's scored positions (``StepPlan.scored``) are hidden rows too; they go
+through the LM head a pass of rows at a time and are reduced to LogprobRows at once (engine/logprobs.py).
+Past 300 lines: preparing a step and executing it share the buffer rows and the scored rows' layout.
 """
 from __future__ import annotations
 
