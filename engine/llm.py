@@ -191,7 +191,8 @@ class LLM:
         self.scheduler.add_request(req, resume)
         if resume_logprobs is not None:
             for seq in req.seqs:
-                seq.logprobs = resume_logprobs[seq.index]
+                if resume_logprobs[seq.index] is not None:  # else recomputed into the empty one it has
+                    seq.logprobs = resume_logprobs[seq.index]
         self.requests[request_id] = req
         return request_id
 

@@ -172,32 +172,33 @@ class TokenLogprobs:
         """The arrays as tensors, for torch.save (torch.load(weights_only=True) reads them back) and
         for vectorised reading: ``num_top`` (a scalar), ``token_ids``, ``logprobs`` and ``ranks`` ([N]),
         ``top_ids`` and ``top_logprobs`` ([N * num_top], row-major: position i's at i * num_top)."""
-        def t(a: array, dtype) -> torch.Tensor:
-            return torch.frombuffer(bytearray(a.tobytes()), dtype=dtype) if len(a) else torch.zeros(0, dtype=dtype)
-        return {"num_top": torch.tensor(self.num_top), "token_ids": t(self._ids, torch.int32),
-                "logprobs": t(self._lp, torch.float32), "ranks": t(self._ranks, torch.int32),
-                "top_ids": t(self._top_ids, torch.int32), "top_logprobs": t(self._top_lp, torch.float32)}
+        out = {"num_top": torch.tensor(self.num_top)}
+        for key, attr, _, dtype in _SAVED:
+            a = getattr(self, attr)
+            out[key] = torch.frombuffer(bytearray(a.tobytes()), dtype=dtype) if len(a) else torch.zeros(0, dtype=dtype)
+        return out
 
     @classmethod
     def from_tensors(cls, d: dict[str, torch.Tensor]) -> "TokenLogprobs":
         """Read back what to_tensors wrote; ValueError names what does not fit."""
         try:
             out = cls(int(d["num_top"]))
-            n = d["token_ids"].numel()
-            k = out.num_top
-            if d["logprobs"].numel() != n or d["ranks"].numel() != n or d["top_ids"].numel() != n * k \
-                    or d["top_logprobs"].numel() != n * k or k < 0:
+            n, k = d["token_ids"].numel(), out.num_top
+            if k < 0 or [d[key].numel() for key, *_ in _SAVED] != [n, n, n, n * k, n * k]:
                 raise ValueError("array lengths do not match")
-            for name, code, dtype in (("token_ids", "i", torch.int32), ("logprobs", "f", torch.float32),
-                                      ("ranks", "i", torch.int32), ("top_ids", "i", torch.int32),
-                                      ("top_logprobs", "f", torch.float32)):
+            for key, attr, code, dtype in _SAVED:
                 a = array(code)
-                a.frombytes(d[name].to(dtype).contiguous().numpy().tobytes())
-                setattr(out, {"token_ids": "_ids", "logprobs": "_lp", "ranks": "_ranks", "top_ids": "_top_ids",
-                              "top_logprobs": "_top_lp"}[name], a)
+                a.frombytes(d[key].to(dtype).contiguous().numpy().tobytes())
+                setattr(out, attr, a)
         except (KeyError, TypeError, AttributeError, RuntimeError) as e:
             raise ValueError(f"not saved TokenLogprobs ({type(e).__name__}: {e})") from None
         return out
+
+
+# (saved key, TokenLogprobs array, array typecode, tensor dtype): to_tensors / from_tensors
+_SAVED = (("token_ids", "_ids", "i", torch.int32), ("logprobs", "_lp", "f", torch.float32),
+          ("ranks", "_ranks", "i", torch.int32), ("top_ids", "_top_ids", "i", torch.int32),
+          ("top_logprobs", "_top_lp", "f", torch.float32))
 
 
 def prompt_logprobs_list(store: TokenLogprobs) -> list[dict[int, Logprob] | None]:

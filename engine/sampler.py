@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.logprobs import LogprobRows, TokenLogprobs, compute_logprobs, raw_logprobs
+from engine.logprobs import LogprobRows, compute_logprobs, raw_logprobs
 from engine.rng import stream_uniform
 
 if TYPE_CHECKING:
@@ -113,14 +113,11 @@ def record_logprobs(plan: StepPlan, logits: torch.Tensor | None, tokens: list[in
         at = 0
         for span in plan.scored:
             req = span.seq.request
-            if span.prompt:
-                store = req.prompt_logprobs
-            else:
-                store = span.seq.logprobs = span.seq.logprobs or TokenLogprobs(req.params.logprobs)
+            store = req.prompt_logprobs if span.prompt else span.seq.logprobs
             for i in range(at, at + span.count):
                 store.append_row(scored, i)
             at += span.count
-    asking = [i for i, seq in enumerate(plan.sample_seqs) if seq.params.logprobs is not None]
+    asking = [i for i, seq in enumerate(plan.sample_seqs) if seq.logprobs is not None]
     if not asking:
         return  # the common step: no log-softmax, no transfer
     seqs = [plan.sample_seqs[i] for i in asking]
@@ -128,6 +125,4 @@ def record_logprobs(plan: StepPlan, logits: torch.Tensor | None, tokens: list[in
     lp = distribution(rows, [s.params for s in seqs] if processed else None)
     computed = compute_logprobs(lp, torch.tensor([tokens[i] for i in asking]), max(s.params.logprobs for s in seqs))
     for j, seq in enumerate(seqs):
-        if seq.logprobs is None:
-            seq.logprobs = TokenLogprobs(seq.params.logprobs)
         seq.logprobs.append_row(computed, j)

@@ -330,13 +330,13 @@ class Scheduler:
             start, end = seq.num_computed, seq.num_computed + chunk
             req, p = seq.request, seq.num_prompt_tokens
             if req.prompt_logprobs is not None:
-                lo = max(start, claimed.get(id(req), len(req.prompt_logprobs)))
+                have = claimed.get(id(req), len(req.prompt_logprobs))  # the next position owed
                 hi = min(end, p - 1)
-                if lo < hi and lo == claimed.get(id(req), len(req.prompt_logprobs)):
-                    plan.scored.append(ScoredSpan(seq, lo, hi - lo, req.params.prompt_logprobs, True))
+                if start <= have < hi:  # this chunk reaches it (a chunk past it would leave a gap)
+                    plan.scored.append(ScoredSpan(seq, have, hi - have, req.params.prompt_logprobs, True))
                     claimed[id(req)] = hi
-            if req.params.logprobs is not None and seq.num_generated:
-                lo = max(start, p - 1 + (len(seq.logprobs) if seq.logprobs is not None else 0))
+            if seq.logprobs is not None and seq.num_generated:
+                lo = max(start, p - 1 + len(seq.logprobs))
                 hi = min(end, seq.num_tokens - 1)
                 if lo < hi:
                     plan.scored.append(ScoredSpan(seq, lo, hi - lo, req.params.logprobs, False))

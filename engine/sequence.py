@@ -38,6 +38,10 @@ class Sequence:
     row: int = -1               # row in the model runner's persistent block-table buffer
     logprobs: TokenLogprobs | None = None  # one position per generated token, when params.logprobs is set
 
+    def __post_init__(self) -> None:
+        if self.request.params.logprobs is not None and self.logprobs is None:
+            self.logprobs = TokenLogprobs(self.request.params.logprobs)
+
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
@@ -64,13 +68,10 @@ class Sequence:
         that came without their logprobs. The prefix cache may give back KV only before it, since a
         position it skips gets no logits."""
         owed = self.num_tokens
-        prompt = self.request.prompt_logprobs
-        if prompt is not None and len(prompt) < self.num_prompt_tokens - 1:
-            owed = len(prompt)  # position p scores token p + 1
-        if self.params.logprobs is not None:
-            have = len(self.logprobs) if self.logprobs is not None else 0
-            if have < self.num_generated:
-                owed = min(owed, self.num_prompt_tokens - 1 + have)
+        if self.request.prompt_logprobs is not None and not self.request.prompt_logprobs_done:
+            owed = len(self.request.prompt_logprobs)  # position p scores token p + 1
+        if self.logprobs is not None and len(self.logprobs) < self.num_generated:
+            owed = min(owed, self.num_prompt_tokens - 1 + len(self.logprobs))
         return owed
 
 
@@ -140,12 +141,12 @@ class Request:
         seqs = {s.index: s for s in self.seqs}
         out = []
         for i in range(self.params.n):
-            lp = seqs[i].logprobs if i in seqs else None
-            if lp is None:
-                lp = TokenLogprobs(self.params.logprobs)
+            seq = seqs.get(i)
+            if seq is None:  # not forked yet
+                out.append(TokenLogprobs(self.params.logprobs))
+                continue
             # never past the tokens: a step that failed between its sampling and postprocess
-            end = min(len(lp), seqs[i].num_generated) if i in seqs else 0
-            out.append(lp[seen[i] if seen is not None else 0:end])
+            out.append(seq.logprobs[seen[i] if seen is not None else 0:seq.num_generated])
         return out
 
     def output(self, final_text: Callable[[Sequence], str],
@@ -155,8 +156,6 @@ class Request:
         outputs = []
         for s in sorted(self.seqs, key=lambda s: s.index):
             lp = s.logprobs
-            if lp is None and self.params.logprobs is not None:
-                lp = TokenLogprobs(self.params.logprobs)  # a child resumed finished, with no logprobs given
             if lp is not None:
                 lp.decode = decode
             outputs.append(CompletionOutput(s.index, final_text(s), s.generated, s.finish_reason, lp,

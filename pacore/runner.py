@@ -273,8 +273,7 @@ class PaCoReRunner:
         if snapshot is not None:
             resume, logprobs = snapshot
             try:
-                self.llm.add_request(prompt, params, request_id=rid, resume=resume,
-                                     **({"resume_logprobs": logprobs} if logprobs is not None else {}))
+                self.llm.add_request(prompt, params, request_id=rid, resume=resume, resume_logprobs=logprobs)
                 return sum(len(tokens) for tokens, _ in resume)
             except ValueError as e:
                 print(f"pacore: problem {job.problem.id!r} round {r + 1}: snapshot not usable ({e}); "

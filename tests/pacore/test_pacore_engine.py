@@ -129,10 +129,11 @@ def test_stopped_mid_round_then_resumed_equals_never_stopped(tiny_qwen3, tmp_pat
 class _RecordingLLM(engine.LLM):
     """The real engine, noting each request's prompt length and budget."""
 
-    def add_request(self, prompt, params=None, request_id=None, resume=None):
+    def add_request(self, prompt, params=None, request_id=None, resume=None, resume_logprobs=None):
         self.budgets = getattr(self, "budgets", [])
         self.budgets.append((request_id, len(prompt), params.max_tokens))
-        return super().add_request(prompt, params, request_id=request_id, resume=resume)
+        return super().add_request(prompt, params, request_id=request_id, resume=resume,
+                                   resume_logprobs=resume_logprobs)
 
 
 def test_auto_budget_fills_a_small_context_on_the_real_engine(tiny_qwen3, tmp_path):
