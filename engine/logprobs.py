@@ -6,9 +6,9 @@ temperature and filters; ``processed_logprobs`` is the distribution a token was 
 (temperature, top-k, top-p, min-p applied; filtered tokens are -inf). Prompt logprobs are raw: no
 sampling happens at a prompt position.
 
-At PaCoRe's shape a trajectory has 50k+ positions; a Python dict of Logprob objects per position would
-cost about a kilobyte each, so positions live in flat arrays (4-byte values) and a position's dict is
-built when it is read.
+At PaCoRe's shape a trajectory has 50k+ positions; a Python dict of Logprob objects per position costs
+~2.3 KB at top 20 (tracemalloc; README), against 172 bytes here, so positions live in flat arrays
+(4-byte values) and a position's dict is built when it is read.
 """
 from __future__ import annotations
 
