@@ -16,45 +16,52 @@ def cascade_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
                        block_tables: torch.Tensor, seq_lens: torch.Tensor, group_starts: torch.Tensor,
                        group_prefix_lens: torch.Tensor, sm_scale: float,
                        max_group_size: int | None = None, work_plans: dict | None = None,
-                       k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
-    """q [B, Hq, D]; groups per engine/kv_cache.py. Returns out [B, Hq, D] in q.dtype. An FP8 cache is
-    read as stored * k_scale / v_scale.
+                       k_scale: float = 1.0, v_scale: float = 1.0, cu_seqlens_q: torch.Tensor | None = None,
+                       max_query_len: int | None = None) -> torch.Tensor:
+    """q [T, Hq, D]: one query per row (T = B), or several packed by cu_seqlens_q as in paged_decode_ref
+    (speculative verification: every query sits at or past its group's prefix, so it sees all of it);
+    groups over the B rows
+    per engine/kv_cache.py. Returns out [T, Hq, D] in q.dtype. An FP8 cache is read as stored *
+    k_scale / v_scale.
 
-    max_group_size and work_plans are launch hints of the Triton version, accepted here so both share
-    one signature."""
-    B, Hq, D = q.shape
+    max_group_size, work_plans and max_query_len are launch hints of the Triton version, accepted here
+    so both share one signature."""
+    T, Hq, D = q.shape
+    B = seq_lens.shape[0]
     _, bs, Hkv, _ = k_cache.shape
     G = Hq // Hkv
     dev = q.device
     starts = group_starts.tolist()
     plens = group_prefix_lens.tolist()
+    qrow = list(range(B + 1)) if cu_seqlens_q is None else cu_seqlens_q.tolist()  # row -> its first query
     sizes = torch.tensor([starts[g + 1] - starts[g] for g in range(len(plens))], device=dev)
     row_prefix = torch.repeat_interleave(group_prefix_lens.to(device=dev, dtype=torch.int64), sizes,
                                          output_size=B)
 
-    # Stage 1: every query row of a group (members x q heads per kv head) against the prefix, once.
-    o1 = torch.zeros(B, Hq, D, dtype=torch.float32, device=dev)
-    lse1 = torch.full((B, Hq), float("-inf"), dtype=torch.float32, device=dev)
+    # Stage 1: every query of a group (its rows' queries x q heads per kv head) against the prefix, once.
+    o1 = torch.zeros(T, Hq, D, dtype=torch.float32, device=dev)
+    lse1 = torch.full((T, Hq), float("-inf"), dtype=torch.float32, device=dev)
     qf = q.float()
     for g, plen in enumerate(plens):
         r0, r1 = starts[g], starts[g + 1]
-        if plen <= 0 or r1 <= r0:
+        t0, t1 = qrow[r0], qrow[r1]
+        if plen <= 0 or t1 <= t0:
             continue
         blocks = block_tables[r0, : plen // bs].to(device=dev, dtype=torch.int64)
         kp = gather_blocks(k_cache, blocks, k_scale)                         # [Hkv, P, D]
         vp = gather_blocks(v_cache, blocks, v_scale)
-        n = r1 - r0
-        qg = qf[r0:r1].reshape(n, Hkv, G, D).permute(1, 0, 2, 3).reshape(Hkv, n * G, D)
+        n = t1 - t0
+        qg = qf[t0:t1].reshape(n, Hkv, G, D).permute(1, 0, 2, 3).reshape(Hkv, n * G, D)
         scores = torch.matmul(qg, kp.transpose(1, 2)) * sm_scale                            # [Hkv, n*G, P]
         keep = torch.ones(1, 1, plen, dtype=torch.bool, device=dev)
         o, l = masked_softmax_attend(scores, keep, vp)
-        o1[r0:r1] = o.reshape(Hkv, n, G, D).permute(1, 0, 2, 3).reshape(n, Hq, D)
-        lse1[r0:r1] = l.reshape(Hkv, n, G).permute(1, 0, 2).reshape(n, Hq)
+        o1[t0:t1] = o.reshape(Hkv, n, G, D).permute(1, 0, 2, 3).reshape(n, Hq, D)
+        lse1[t0:t1] = l.reshape(Hkv, n, G).permute(1, 0, 2).reshape(n, Hq)
 
-    # Stage 2: each row's own suffix [prefix_len, seq_len), then the exact merge.
+    # Stage 2: each row's own suffix [prefix_len, seq_len), causal among its queries, then the exact merge.
     q2 = q if q.dtype == torch.float32 else qf
-    o2, lse2 = paged_decode_ref(q2, k_cache, v_cache, block_tables, seq_lens, sm_scale,
-                                start_lens=row_prefix, return_lse=True, k_scale=k_scale, v_scale=v_scale)
+    o2, lse2 = paged_decode_ref(q2, k_cache, v_cache, block_tables, seq_lens, sm_scale, start_lens=row_prefix,
+                                return_lse=True, k_scale=k_scale, v_scale=v_scale, cu_seqlens_q=cu_seqlens_q)
     out, _ = merge_attn_states(o1, lse1, o2.float(), lse2)
     return out.to(q.dtype)
 

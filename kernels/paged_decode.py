@@ -11,44 +11,77 @@ from ._utils import (HAS_TRITON, check, check_attn_dtypes, check_int, check_rows
 def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float,
                      start_lens: torch.Tensor | None = None, return_lse: bool = False,
-                     k_scale: float = 1.0, v_scale: float = 1.0):
-    """q [B, Hq, D] attends to the tokens [start_lens[b], seq_lens[b]) of sequence b.
+                     k_scale: float = 1.0, v_scale: float = 1.0, cu_seqlens_q: torch.Tensor | None = None,
+                     max_query_len: int | None = None, sink_lens: torch.Tensor | None = None):
+    """Decode attention over the paged cache: row b's queries attend to its keys [start_lens[b], their
+    own position], plus the keys [0, sink_lens[b]) when given (a sink before a window).
 
-    Returns out [B, Hq, D] (q.dtype), plus lse fp32 [B, Hq] when return_lse. Empty range: out 0, lse -inf.
+    One query per row: q [B, Hq, D] at position seq_lens[b] - 1. Several (speculative verification):
+    q [T, Hq, D] packed by cu_seqlens_q int32 [B + 1]; query i of row b sits at position
+    seq_lens[b] - q_len_b + i and sees keys up to it (causal among the row's new tokens).
+    Returns out [T, Hq, D] (q.dtype), plus lse fp32 [T, Hq] when return_lse. Empty range: out 0, lse -inf.
     Caches in q's dtype, or FP8 read as stored * k_scale / v_scale (engine/kv_cache.py).
-    Vectorised: gathers only the blocks spanning [start, seq) for every row (a window of W blocks).
+    Vectorised: gathers each row's blocks once for all its queries (a window of W blocks; with a sink,
+    the sink's blocks too). max_query_len is a launch hint of the Triton version.
     """
-    B, Hq, D = q.shape
+    B = seq_lens.shape[0]
+    T, Hq, D = q.shape
     _, bs, Hkv, _ = k_cache.shape
     G = Hq // Hkv
     dev = q.device
     seq = seq_lens.to(device=dev, dtype=torch.int64)
     start = torch.zeros_like(seq) if start_lens is None else start_lens.to(device=dev, dtype=torch.int64)
     start = torch.minimum(start, seq)
+    sink = torch.zeros_like(seq) if sink_lens is None else torch.minimum(sink_lens.to(device=dev, dtype=torch.int64),
+                                                                          start)
+    if cu_seqlens_q is None:
+        qlens = torch.ones_like(seq)
+    else:
+        qlens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(device=dev, dtype=torch.int64)
+    Qm = int(qlens.max().item()) if B > 0 else 0
+    lse = torch.full((T, Hq), float("-inf"), dtype=torch.float32, device=dev)
+    out = torch.zeros_like(q)
+    sink_blk = (sink + bs - 1) // bs
     first_blk = start // bs
     n_blk = (seq + bs - 1) // bs - first_blk
-    W = int(n_blk.max().item()) if B > 0 else 0
-    if W <= 0:
-        out = torch.zeros_like(q)
-        lse = torch.full((B, Hq), float("-inf"), dtype=torch.float32, device=dev)
+    Ws, W = (int(x.max().item()) if B > 0 else 0 for x in (sink_blk, n_blk))
+    if W + Ws <= 0 or Qm == 0:
         return (out, lse) if return_lse else out
 
-    cols = first_blk[:, None] + torch.arange(W, device=dev)  # [B, W] block-table columns
-    cols_ok = cols < ((seq + bs - 1) // bs)[:, None]           # never use padding entries
+    # Block-table columns: the sink's first (masked past sink), then the window's [start, seq).
+    cols = torch.cat([torch.arange(Ws, device=dev).expand(B, Ws), first_blk[:, None] + torch.arange(W, device=dev)], 1)
+    in_sink = torch.arange(Ws + W, device=dev) < Ws
+    cols_ok = torch.where(in_sink, cols < sink_blk[:, None], cols < ((seq + bs - 1) // bs)[:, None])  # no padding entries
     cols_c = torch.where(cols_ok, cols, torch.zeros_like(cols)).clamp_max(block_tables.shape[1] - 1)
     blocks = torch.gather(block_tables.to(device=dev, dtype=torch.int64), 1, cols_c)
     blocks = torch.where(cols_ok, blocks, torch.zeros_like(blocks))
     k = gather_blocks(k_cache, blocks, k_scale)  # [Hkv, B, L, D] fp32
     v = gather_blocks(v_cache, blocks, v_scale)
-    pos = (cols[:, :, None] * bs + torch.arange(bs, device=dev)).reshape(B, W * bs)  # token positions
-    keep = (pos >= start[:, None]) & (pos < seq[:, None]) & cols_ok.repeat_interleave(bs, dim=1)
-
+    L = (Ws + W) * bs
+    pos = (cols[:, :, None] * bs + torch.arange(bs, device=dev)).reshape(B, L)  # token positions
+    part = in_sink.repeat_interleave(bs)[None, :]
+    keep = torch.where(part, pos < sink[:, None], (pos >= start[:, None]) & (pos < seq[:, None]))
+    keep &= cols_ok.repeat_interleave(bs, dim=1)
     v.masked_fill_(~keep[None, :, :, None], 0.0)  # masked slots may hold garbage (even NaN): 0 * NaN = NaN
-    qf = q.float().reshape(B, Hkv, G, D).transpose(0, 1)          # [Hkv, B, G, D]
-    scores = torch.matmul(qf, k.transpose(-1, -2)) * sm_scale     # [Hkv, B, G, L]
-    out, lse = masked_softmax_attend(scores, keep[None, :, None, :], v)
-    out = out.transpose(0, 1).reshape(B, Hq, D).to(q.dtype)
-    lse = lse.transpose(0, 1).reshape(B, Hq)
+
+    # Queries padded to [B, Qm]: query i of row b sees positions <= seq - q_len + i.
+    i = torch.arange(Qm, device=dev)
+    q_ok = i[None, :] < qlens[:, None]                                           # [B, Qm]
+    qpos = seq[:, None] - qlens[:, None] + i[None, :]
+    keep_q = keep[:, None, :] & (pos[:, None, :] <= qpos[:, :, None]) & q_ok[:, :, None]  # [B, Qm, L]
+    if cu_seqlens_q is None:
+        qp = q[:, None]
+    else:
+        qp = torch.zeros(B, Qm, Hq, D, dtype=q.dtype, device=dev)
+        qp[q_ok] = q
+    qf = qp.float().reshape(B, Qm, Hkv, G, D).permute(2, 0, 1, 3, 4).reshape(Hkv, B, Qm * G, D)
+    scores = torch.matmul(qf, k.transpose(-1, -2)) * sm_scale                   # [Hkv, B, Qm*G, L]
+    mask = keep_q[:, :, None, :].expand(B, Qm, G, L).reshape(1, B, Qm * G, L)
+    o, l = masked_softmax_attend(scores, mask, v)
+    o = o.reshape(Hkv, B, Qm, G, D).permute(1, 2, 0, 3, 4).reshape(B, Qm, Hq, D)
+    l = l.reshape(Hkv, B, Qm, G).permute(1, 2, 0, 3).reshape(B, Qm, Hq)
+    out = o[q_ok].to(q.dtype)
+    lse = l[q_ok]
     return (out, lse) if return_lse else out
 
 
