@@ -33,6 +33,7 @@ from engine.sampler import Sampler, record_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import CascadePolicy, Scheduler, StepPlan
 from engine.sequence import Partial, Request, RequestMetrics, RequestOutput
+from engine.spec import SpeculativeConfig, Speculator, accepted_runs
 from engine.stopping import StopChecker
 from engine.tp_workers import start_ranks
 
@@ -111,9 +112,12 @@ class LLM:
                  num_blocks * opts.block_size, self.kv_cache_dtype, self.kv_bytes_per_block // opts.block_size)
         self.block_manager = BlockManager(num_blocks, opts.block_size, opts.enable_prefix_caching)
         self.stop_checker = StopChecker(self.tokenizer, cfg.eos_token_ids, self.max_model_len)
+        spec = SpeculativeConfig.from_dict(opts.speculative_config)
+        self.speculator = Speculator(spec, self.block_manager, self.max_model_len) if spec else None
         self.scheduler = Scheduler(self.block_manager, self.stop_checker, opts.max_num_seqs,
                                    opts.max_num_batched_tokens, cascade, enable_fork=opts.enable_fork,
-                                   on_release=self.runner.release)
+                                   on_release=self.runner.release, speculator=self.speculator,
+                                   on_trim=self.runner.trimmed)
         if opts.device_model:
             from engine.rehearsal.runner import ScriptedSampler
             self.sampler = ScriptedSampler(self.tokenizer, cfg.eos_token_ids[0] if cfg.eos_token_ids else 0)
@@ -276,9 +280,10 @@ class LLM:
                 logits, scored = self.runner.run(plan)
                 hooks.model_done()
             with hooks.phase("engine.sample"):
-                tokens = self.sampler(logits, plan.sample_seqs) if plan.sample_seqs else []
-                record_logprobs(plan, logits, tokens, scored, self.processed_logprobs)
-                finished = self.scheduler.postprocess(plan, tokens)
+                tokens = self.sampler(logits, plan.sample_seqs, plan.sample_offsets) if plan.sample_seqs else []
+                runs = accepted_runs(plan, tokens)  # per sequence, its tokens (several for a verified row)
+                finished = self.scheduler.postprocess(plan, runs)  # cuts each run at its stop
+                record_logprobs(plan, logits, runs, scored, self.processed_logprobs)
         except Exception as e:
             raise self._fail_step(plan, e) from e
         self._close_step(plan, finished)
@@ -399,7 +404,7 @@ class LLM:
             cascade_decode_steps=self._cascade_steps,
             num_waiting=len(sch.waiting),
             num_running=len(sch.running),
-        )
+        ) | (self.speculator.stats.as_dict() if self.speculator is not None else {})
 
 
 def _load_tokenizer(path):
