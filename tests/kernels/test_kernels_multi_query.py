@@ -146,7 +146,7 @@ def test_multi_query_triton_matches_reference(D, ratio, bs, splits, with_start, 
     _assert_matches(out, lse, ref, ref_lse, dtype)
     # the plain (no lse) entry point, and without the max_query_len hint (read from cu_seqlens_q)
     out2 = paged_decode_triton(q, kc, vc, bt, _i32(seq), sc, num_splits=splits, **kw)
-    assert torch.equal(out2, out)
+    assert torch.allclose(out2.float(), out.float(), atol=1e-6, rtol=0)
 
 
 @needs_triton
@@ -179,7 +179,8 @@ def test_one_query_per_row_through_cu_seqlens_q_equals_plain_decode(dtype):
                                                num_splits=splits)
         multi, multi_lse = paged_decode_triton(q, kc, vc, bt, _i32(seq), 0.125, start_lens=st, return_lse=True,
                                                num_splits=splits, cu_seqlens_q=cu, max_query_len=1)
-        assert torch.allclose(multi.float(), plain.float(), atol=1e-6, rtol=0)
+        # (one rounding apart at most: the two paths mask different tiles, and a GPU may fuse them differently)
+        assert env.rel_err(multi, plain) < (1e-6 if dtype == torch.float32 else env.TOL[dtype] / 4)
         assert torch.equal(torch.isfinite(multi_lse), torch.isfinite(plain_lse))
 
 
