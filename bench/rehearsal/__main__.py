@@ -33,6 +33,10 @@ CONFIGS = {
     "no-cascade": {"cascade_attention": False},
     "no-fork": {"enable_fork": False},
     "fp8": {"kv_cache_dtype": "fp8_e4m3"},  # FP8 KV: one byte per value, twice the tokens in the same memory
+    # speculative decoding: drafts accepted as --spec-profile (or --spec-acceptance) says
+    "spec-ngram": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4}},
+    "fp8+spec-ngram": {"kv_cache_dtype": "fp8_e4m3",
+                       "speculative_config": {"method": "ngram", "num_speculative_tokens": 4}},
 }
 
 
@@ -77,6 +81,8 @@ def rehearse(args, name: str, options: dict, out: Path) -> dict:
             stale.unlink()
     cfg = RunConfig(data_path=str(data), out_path=str(results), rounds=rounds, max_tokens="auto", grade=False,
                     show_progress=not args.quiet, max_problems_in_flight=args.problems_in_flight, seed=args.seed)
+    if llm.speculator is not None:
+        scripted_drafts(llm, args, cfg.temperature)
     t0 = time.perf_counter()
     run_pacore(llm, cfg, print_summary=False)
     wall = time.perf_counter() - t0
@@ -100,9 +106,22 @@ def rehearse(args, name: str, options: dict, out: Path) -> dict:
         "wall_s": wall,
         "loop_ms_per_step": 1e3 * (wall - sum(host)) / max(1, steps),
         "occupancy": [(s.start_s, s.kv_blocks_used) for s in ledger.steps[:: max(1, steps // 400)]],
+        "spec": {k: v for k, v in llm.stats().items() if k.startswith("spec_")},
     }
     (out / "report.json").write_text(json.dumps(res, indent=1))
     return res
+
+
+def scripted_drafts(llm, args, temperature: float) -> None:
+    """Drafts for a speculative configuration: accepted as the measured profile says (round 1's for
+    round 1, round 2's for the rounds whose prompt holds references), or flat with --spec-acceptance."""
+    from engine.rehearsal.drafter import DraftProfile, load_profiles, use_scripted_drafter
+    nst = llm.speculator.config.num_speculative_tokens
+    if args.spec_acceptance is not None:
+        profiles = dict.fromkeys(("round1", "round2"), DraftProfile.flat(args.spec_acceptance, nst))
+    else:
+        profiles = load_profiles(args.spec_profile, nst, temperature)
+    use_scripted_drafter(llm, profiles, lambda rid: "round1" if round_of(rid) == 1 else "round2", seed=args.seed)
 
 
 def _parts(request_id: str) -> tuple[str, object, int]:
@@ -118,6 +137,14 @@ def round_of(request_id: str) -> int:
 
 def replay_key(request_id: str, index: int) -> tuple:
     return (*_parts(request_id), index)
+
+
+def _spec_line(res: dict) -> str:
+    sp = res["spec"]
+    if not sp:
+        return ""
+    return (f", {sp['spec_decode_mean_tokens_per_verify']:.2f} tokens per verify step, "
+            f"{100 * sp['spec_decode_acceptance_rate']:.0f}% of draft tokens accepted")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,6 +165,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="configurations to run (default: engine; --compare: all)")
     p.add_argument("--compare", action="store_true", help="run every configuration in CONFIGS")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--spec-profile", default=str(Path(__file__).parent / "spec_profile.json"),
+                   help="acceptance profile of the spec-* configs (python -m bench.spec_acceptance writes it)")
+    p.add_argument("--spec-acceptance", type=float, metavar="P",
+                   help="instead: every row drafts num_speculative_tokens, each accepted with probability P")
     p.add_argument("--out", default="runs/rehearsal")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
@@ -150,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     table = report.markdown_table(results)
     host = "\n".join(f"{n}: host {r['host_ms_per_step']:.2f} ms/step (engine), loop {r['loop_ms_per_step']:.2f} "
                      f"ms/step (PaCoRe + rehearsal), modelled device {r['device_ms_per_step']:.2f} ms/step, "
-                     f"{r['steps']} steps, {r['wall_s']:.0f} s wall" for n, r in results.items())
+                     f"{r['steps']} steps, {r['wall_s']:.0f} s wall" + _spec_line(r) for n, r in results.items())
     (out / "table.md").write_text(table + "\n\n" + host + "\n")
     report.plot(results, str(out / "rehearsal.png"))
     print(table)

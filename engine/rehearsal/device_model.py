@@ -7,7 +7,9 @@ A step's time is the sum of its parts, each at its own roofline:
   weights), shared out by token: decode tokens' share here, prefill's in ``prefill``, recomputed
   tokens' in ``recompute``;
 - ``kv_read``: decode attention's KV traffic, bytes / (bandwidth x attention_bw_eff), a cascade
-  group's shared prefix counted once; the KV stores of the step's new tokens are counted here too;
+  group's shared prefix counted once; the KV stores of the step's new tokens are counted here too. A
+  verify row (speculative decoding: its last token and its d drafts) reads its KV once for its d + 1
+  queries, and pays their FLOPs at prefill_attention_eff should they take longer than the read;
 - ``attention``: prefill attention, max(FLOPs / (peak x prefill_attention_eff), the context's KV
   read once / bandwidth); a recomputed part's share goes to ``recompute``;
 - ``sampling``: the fp32 logits written once and read three times (softmax, CDF, draw) on the device;
@@ -113,14 +115,26 @@ class PrefillChunk:
 
 @dataclass(slots=True)
 class DecodeGroup:
-    """The decode rows of one request: each row's context (its new token included), the tokens of
+    """The decode rows of one request: each row's context (its new tokens included), the tokens of
     the prefix its rows hold in common, and the tokens the cascade kernel reads once for the group
-    (0: each row reads its whole context)."""
+    (0: each row reads its whole context). ``queries``: each row's query tokens (a verify row's last
+    token and its drafts); None: one each."""
 
     request_id: str
     seq_lens: list[int]
     shared: int = 0
     cascade: int = 0
+    queries: list[int] | None = None
+
+    @property
+    def num_queries(self) -> int:
+        return len(self.seq_lens) if self.queries is None else sum(self.queries)
+
+    def attention_flops(self, shape: ModelShape) -> float:
+        """Its rows' QK^T and PV FLOPs: each query sees its row's context up to itself."""
+        if self.queries is None:
+            return shape.attn_flops_per_pair * sum(self.seq_lens)
+        return sum(attention_flops(shape, n - q, q) for n, q in zip(self.seq_lens, self.queries))
 
 
 @dataclass(slots=True)
@@ -133,7 +147,7 @@ class StepWork:
 
     @property
     def num_tokens(self) -> int:
-        return sum(c.length for c in self.prefills) + sum(len(g.seq_lens) for g in self.decodes)
+        return sum(c.length for c in self.prefills) + sum(g.num_queries for g in self.decodes)
 
 
 PARTS = ("weights", "matmul", "prefill", "recompute", "kv_read", "attention", "sampling", "overhead")
@@ -187,10 +201,13 @@ def step_cost(work: StepWork, shape: ModelShape, dev: DeviceParams,
     acc: dict[object, list[float]] = {}
     for g in work.decodes:
         a = acc.setdefault(key(g.request_id), [0.0] * 6)
-        n, total = len(g.seq_lens), sum(g.seq_lens)
-        a[0] += n
-        a[3] += (total - (n - 1) * g.cascade + n) * kv_s  # reads (a cascade prefix once), plus the stores
-        needed_bytes += (total - (n - 1) * g.shared + n) * kvpt
+        n, total, q = len(g.seq_lens), sum(g.seq_lens), g.num_queries
+        flops = g.attention_flops(shape)
+        a[0] += q
+        # reads (a cascade prefix once), plus the stores; each row's KV read once for all its queries
+        a[3] += max((total - (n - 1) * g.cascade + q) * kv_s, flops / (peak * dev.prefill_attention_eff))
+        needed_bytes += (total - (n - 1) * g.shared + q) * kvpt
+        needed_flops += flops
     for ch in work.prefills:
         a = acc.setdefault(key(ch.request_id), [0.0] * 6)
         redo = min(ch.recompute, ch.length)

@@ -135,6 +135,17 @@ class RehearsalRunner(ModelRunner):
         if seq.is_finished:
             self._computed.pop(seq.seq_id, None)
 
+    def trimmed(self, seq: Sequence) -> None:
+        """A verify row has settled: the scheduler advanced it by the tokens it kept (up to a stop) and
+        dropped its rejected drafts' blocks. run() counted its first token; the rest are counted here,
+        so the ledger's generated tokens are the tokens emitted, not the queries run."""
+        super().trimmed(seq)
+        extra = seq.num_computed - self._computed.get(seq.seq_id, seq.num_computed)
+        if extra > 0:
+            k = self.account_by(seq.request.request_id)
+            self.ledger.generated[k] = self.ledger.generated.get(k, 0) + extra
+        self._computed[seq.seq_id] = seq.num_computed
+
     def work(self, plan: StepPlan) -> StepWork:
         """The plan as the device model reads it, recomputed positions found from what each sequence
         had computed before."""
@@ -147,7 +158,7 @@ class RehearsalRunner(ModelRunner):
             work.prefills.append(PrefillChunk(rid, start, chunk, redo))
             self._computed[seq.seq_id] = max(self._computed.get(seq.seq_id, 0), start + chunk)
         groups = iter(zip(plan.group_starts, plan.group_starts[1:], plan.group_prefix_lens)) if plan.cascade else None
-        decodes = plan.decodes
+        decodes, drafts = plan.decodes, plan.drafts
         for i, j in request_runs(decodes):
             req = decodes[i].request
             cascade = 0
@@ -155,11 +166,13 @@ class RehearsalRunner(ModelRunner):
                 g_start, g_end, prefix = next(groups)
                 assert (g_start, g_end) == (i, j), "cascade groups are one request's contiguous rows"
                 cascade = prefix
-            lens = [s.num_computed + 1 for s in decodes[i:j]]
+            # a verify row's queries: its last token and its drafts, each row's KV read once for all
+            queries = [1 + len(drafts.get(s.seq_id, ())) for s in decodes[i:j]] if drafts else None
+            lens = [s.num_computed + q for s, q in zip(decodes[i:j], queries or [1] * (j - i))]
             for s in decodes[i:j]:
-                self._computed[s.seq_id] = s.num_computed + 1
+                self._computed[s.seq_id] = s.num_computed + 1  # a verify row's kept drafts: trimmed()
             work.decodes.append(DecodeGroup(req.request_id, lens, self.shared_prefix(req) if j - i > 1 else 0,
-                                            cascade))
+                                            cascade, queries))
         return work
 
     @torch.inference_mode()
@@ -175,8 +188,10 @@ class RehearsalRunner(ModelRunner):
         ledger.total.add(cost)
         for k, c in per.items():
             ledger.by_account.setdefault(k, StepCost()).add(c)
-        generated = ledger.generated
-        for seq in plan.sample_seqs:
+        generated, offsets = ledger.generated, plan.sample_offsets
+        for i, seq in enumerate(plan.sample_seqs):
+            if offsets and offsets[i]:
+                continue  # a verify row's later queries: the tokens it keeps are counted by trimmed()
             k = self.account_by(seq.request.request_id)
             generated[k] = generated.get(k, 0) + 1
         self.clock.now_s += cost.total
@@ -213,8 +228,8 @@ class ScriptedSampler:
             self._plans[seq.seq_id] = p
         return p
 
-    def token(self, seq: Sequence) -> int:
-        g = seq.num_generated
+    def token(self, seq: Sequence, g: int) -> int:
+        """The token ``seq`` generates at its generated position ``g`` (EOS from its end on)."""
         think_end, conclusion_end = self.plan_for(seq)
         if g >= conclusion_end:
             self._plans.pop(seq.seq_id, None)
@@ -228,8 +243,11 @@ class ScriptedSampler:
             return self.end_think[g - think_end]
         return self.filler
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        return [self.token(s) for s in seqs]
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence], offsets: list[int] | None = None) -> list[int]:
+        """As Sampler: entry i is seqs[i]'s token ``offsets[i]`` positions after its next one."""
+        if not offsets:
+            return [self.token(s, s.num_generated) for s in seqs]
+        return [self.token(s, s.num_generated + o) for s, o in zip(seqs, offsets)]
 
 
 def _single_token(tokenizer, candidates: tuple[str, ...]) -> int:

@@ -131,3 +131,30 @@ def test_cascade_is_gated_by_the_share_of_bytes_it_saves():
     # forced on, it is used whatever it saves; forced off, never
     assert _decode_rows(512, 16384, 32, cascade=True).cascade
     assert not _decode_rows(65536, 1024, 4, cascade=False).cascade
+
+
+def test_a_verify_step_reads_each_rows_kv_once_for_all_its_queries():
+    # two rows of one request: the first verifies 2 drafts (3 queries), the second has none
+    work = StepWork(decodes=[DecodeGroup("a", [102, 300], queries=[3, 1])], sampled=4)
+    cost, _ = step_cost(work, SHAPE, DEV)
+    assert work.num_tokens == 4
+    weights = W / 5e5
+    flops = 2 * 1152 * 4 + 2 * 800 * 4  # d + 1 tokens through the linear layers and the LM head
+    assert cost.weights == pytest.approx(weights)
+    assert cost.matmul == pytest.approx(max(0.0, flops / 5e8 - weights))
+    assert cost.kv_read == pytest.approx((102 + 300 + 4) * 32 / 5e5)  # each context once, 4 stores
+    assert cost.sampling == pytest.approx(4 * 100 * 4 * 4 / 1e6)  # a logits row per query
+    attn = 64 * (3 * 99 + 3 * 4 / 2) + 64 * 300  # causal among the 3 new queries
+    assert cost.limit == pytest.approx(max((W + 406 * 32 + 4 * 100 * 4) / 1e6, (flops + attn) / 1e9))
+    # the same rows decoding one token each read 2 context tokens and store 2 tokens fewer
+    plain, _ = step_cost(StepWork(decodes=[DecodeGroup("a", [100, 300])], sampled=2), SHAPE, DEV)
+    assert cost.kv_read - plain.kv_read == pytest.approx(4 * 32 / 5e5)
+
+
+def test_a_verify_rows_attention_flops_bound_it_when_they_outweigh_its_read():
+    # 600 queries over a 1,000-token context: at 2.5e8 attention FLOP/s their FLOPs take longer than the read
+    work = StepWork(decodes=[DecodeGroup("a", [1000], queries=[600])], sampled=600)
+    cost, _ = step_cost(work, SHAPE, DEV)
+    flops = 64 * (600 * 400 + 600 * 601 / 2)
+    assert flops / 2.5e8 > (1000 + 600) * 32 / 5e5
+    assert cost.kv_read == pytest.approx(flops / 2.5e8)

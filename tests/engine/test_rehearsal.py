@@ -4,6 +4,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.observers import StepObserver
+from engine.rehearsal.drafter import KINDS, DraftProfile, use_scripted_drafter
 
 
 class Plans(StepObserver):
@@ -88,3 +89,34 @@ def test_a_rehearsed_trajectory_ends_in_a_conclusion_of_its_length(tiny_model_di
                 assert len(c.token_ids) == 40 + 5 * c.index and c.finish_reason == "stop"
                 message = c.text.rsplit("</think>", 1)[1]
                 assert len(llm.tokenizer.encode(message, add_special_tokens=False)) == 12
+
+
+@pytest.mark.parametrize("p", [0.0, 0.7, 1.0])
+def test_a_rehearsal_with_speculation_emits_the_scripted_tokens_once_each(tiny_model_dir, p):
+    """Drafts accepted with a flat probability p: the same trajectories as without speculation (with
+    preemption), fewer steps, the ledger counting emitted tokens (not verify queries), every block back."""
+    model = str(tiny_model_dir("qwen3"))
+    table = {(f"q{i}", c): 30 + 7 * c + i for i in range(len(PROMPTS)) for c in range(3)}
+
+    def run(spec):
+        llm = LLM(model, device_model="h200", speculative_config=spec, **OPTIONS)
+        llm.sampler.workload = Lengths(table)
+        if spec:
+            use_scripted_drafter(llm, dict.fromkeys(KINDS, DraftProfile.flat(p, 4)))
+        outs, _ = _run(llm, StepObserver())
+        return llm, {rid: [c.token_ids for c in out.outputs] for rid, out in outs.items()}
+
+    plain, want = run(None)
+    llm, got = run({"method": "ngram", "num_speculative_tokens": 4})
+    assert got == want
+    emitted = sum(len(t) for trajs in want.values() for t in trajs)
+    assert sum(llm.runner.ledger.generated.values()) == sum(plain.runner.ledger.generated.values()) == emitted
+    st = llm.stats()
+    assert st["spec_decode_num_drafts"] > 0 and st["kv_blocks_used"] == 0 and st["preemptions"] > 0
+    if p == 0.0:
+        assert st["spec_decode_num_accepted_tokens"] == 0 and st["steps"] == plain.stats()["steps"]
+    else:
+        assert st["spec_decode_num_accepted_tokens"] > 0 and st["steps"] < plain.stats()["steps"]
+        assert llm.clock() < plain.clock()  # fewer reads of the weights and the KV
+    if p == 1.0:  # only a draft that runs past its trajectory's EOS loses tokens
+        assert st["spec_decode_acceptance_rate"] > 0.8

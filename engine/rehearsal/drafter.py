@@ -1,0 +1,118 @@
+"""The rehearsal's drafter: speculative drafts whose acceptance follows a measured profile.
+
+A real drafter's acceptance depends on the text, which a rehearsal does not have: its trajectories
+are scripted (runner.py's ScriptedSampler). So for each decode row this drafter draws whether the row
+has a draft (the profile's ``draft_rate``), how long it is (``draft_len``) and how many of its tokens
+the target accepts (``accept[j]``: the chance token j is accepted once the ones before it were),
+then proposes the script's next tokens for the accepted ones and a wrong token after them. The
+engine's own verification (engine/spec/verify.py) then keeps exactly those, as it would keep a real
+drafter's; the scheduler, the drafts' blocks (rejected ones trimmed), the model runner's verify rows
+and the device model's cost of each verify step all run for real.
+
+Profiles come from ``bench/spec_acceptance.py`` (the embedded 135M model: far less predictable than
+an 8B reasoning model) or are flat (``DraftProfile.flat``: the textbook i.i.d. acceptance).
+"""
+from __future__ import annotations
+
+import bisect
+import itertools
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.rehearsal.runner import ScriptedSampler
+    from engine.sequence import Sequence
+
+KINDS = ("round1", "round2")  # a round's prompt: the problem alone, or the problem and its references
+
+
+@dataclass(slots=True, frozen=True)
+class DraftProfile:
+    """How often a row drafts, how long its drafts are, and how much of them the target accepts."""
+
+    draft_rate: float              # P(a decode row has a draft in a step)
+    draft_len: tuple[float, ...]   # [k]: P(a draft has k + 1 tokens)
+    accept: tuple[float, ...]      # [j]: P(draft token j is accepted | the tokens before it were)
+
+    @classmethod
+    def flat(cls, p: float, k: int) -> "DraftProfile":
+        """Every row drafts k tokens, each accepted with probability p once the ones before it were:
+        (1 - p^(k+1)) / (1 - p) tokens per verify step (Leviathan et al., 2023)."""
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"a per-token acceptance must be in [0, 1], got {p}")
+        return cls(1.0, (0.0,) * (k - 1) + (1.0,), (p,) * k)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "DraftProfile":
+        return cls(float(raw["draft_rate"]), tuple(map(float, raw["draft_len"])), tuple(map(float, raw["accept"])))
+
+    def tokens_per_step(self) -> float:
+        """Expected tokens a decode row emits per step (1 without a draft)."""
+        cum = list(itertools.accumulate(self.accept, lambda x, y: x * y))  # [j]: P(tokens 0..j accepted)
+        per_draft = sum(p * (1 + sum(cum[:k + 1])) for k, p in enumerate(self.draft_len))
+        return 1 - self.draft_rate + self.draft_rate * per_draft
+
+
+def load_profiles(path: str | Path, num_speculative_tokens: int, temperature: float) -> dict[str, DraftProfile]:
+    """{"round1": ..., "round2": ...}: the profiles a ``bench/spec_acceptance.py`` JSON holds for
+    ``num_speculative_tokens``, at the measured temperature nearest ``temperature``."""
+    raw = json.loads(Path(path).read_text())
+    by_temp = raw.get("profiles") or {}
+    if not by_temp:
+        raise ValueError(f"{path}: no 'profiles' in it; write one with python -m bench.spec_acceptance")
+    t = min(by_temp, key=lambda key: abs(float(key) - temperature))
+    out = {}
+    for kind in KINDS:
+        table = by_temp[t].get(kind, {})
+        if str(num_speculative_tokens) not in table:
+            raise ValueError(f"{path}: no {kind} profile for num_speculative_tokens={num_speculative_tokens} at "
+                             f"temperature {t} (it has {sorted(table, key=int)}); measure it with python -m "
+                             f"bench.spec_acceptance --num-speculative-tokens ...")
+        out[kind] = DraftProfile.from_dict(table[str(num_speculative_tokens)])
+    return out
+
+
+class ScriptedDrafter:
+    """Proposes as engine/spec/ngram.py's NgramDrafter does (``propose(seq, k)``), from the profile of
+    the row's round kind (``kind_of(request_id)``), against the scripted trajectory. Seeded: the same
+    schedule draws the same drafts."""
+
+    def __init__(self, profiles: dict[str, DraftProfile], script: ScriptedSampler,
+                 kind_of: Callable[[str], str] = lambda request_id: "round1", seed: int = 0):
+        self.profiles, self.script, self.kind_of = profiles, script, kind_of
+        self.rng = random.Random(seed)
+        self._cdf = {kind: list(itertools.accumulate(p.draft_len)) for kind, p in profiles.items()}
+
+    def propose(self, seq: Sequence, k: int) -> tuple[list[int], str]:
+        kind = self.kind_of(seq.request.request_id)
+        prof, rng = self.profiles[kind], self.rng
+        if rng.random() >= prof.draft_rate:
+            return [], ""
+        cdf = self._cdf[kind]
+        d = min(k, 1 + min(bisect.bisect_right(cdf, rng.random() * cdf[-1]), len(cdf) - 1))
+        a = 0
+        while a < d and rng.random() < prof.accept[a]:
+            a += 1
+        g = seq.num_generated
+        draft = [self.script.token(seq, g + j) for j in range(d)]
+        if a < d:  # the first rejected token: anything but the script's
+            t = draft[a]
+            draft[a] = t + 1 if t + 1 < self.script.vocab else t - 1
+        return draft, "scripted"
+
+
+def use_scripted_drafter(llm, profiles: dict[str, DraftProfile], kind_of: Callable[[str], str] = lambda rid: "round1",
+                         seed: int = 0) -> ScriptedDrafter:
+    """Give a rehearsed LLM (``device_model=...``, ``speculative_config=...``) a ScriptedDrafter in place
+    of its n-gram drafter; its drafts are counted under the corpus "scripted" in LLM.stats()."""
+    spec = llm.speculator
+    if spec is None or not hasattr(llm.sampler, "plan_for"):
+        raise ValueError("a scripted drafter needs a rehearsed LLM with speculative decoding: "
+                         "LLM(..., device_model='h200', speculative_config={'method': 'ngram', ...})")
+    spec.drafter = drafter = ScriptedDrafter(profiles, llm.sampler, kind_of, seed)
+    spec.stats.by_corpus.setdefault("scripted", [0, 0, 0])
+    return drafter
