@@ -1,20 +1,29 @@
 """The host's real time per engine step at PaCoRe-8B's shape, beside the modelled H200 step.
 
     python -m bench.rehearsal.host            # the table: batch 32 / 128 / 256 with the cache full, 4 x 128k
+    python -m bench.rehearsal.host --speculative-config '{"method": "ngram", "num_speculative_tokens": 4}'
 
 Each case fills a rehearsed engine's cache (the real block count of one H200) with ``batch``
 sequences of ``context`` tokens, then times decode steps: the scheduler, ``ModelRunner.prepare`` and
 the sampling/postprocess phase (stop checks, finishing), measured on this CPU. The device step is
 the device model's. Host work must grow with the batch, not the context, and stay under 10% of the
-device step.
+device step. With ``--speculative-config`` the n-gram drafter runs for real: a scripted trajectory
+is filler, so every row drafts from its own tokens and every draft is accepted, but the most recent
+match of a run of one repeated token is followed by one token only: the drafts are 1 token long. With
+``--spec-acceptance 1`` the rehearsal's scripted drafter proposes full drafts instead, all accepted:
+the most tokens a step can append and check per row. The device step is then a verify step's.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
+from unittest import mock
 
 from bench.rehearsal.shapes import model_folder
 
@@ -23,19 +32,24 @@ from bench.rehearsal.shapes import model_folder
 CASES = [(32, 24_000), (128, 6_000), (256, 3_000), (4, 128_000)]
 
 
-def filled_engine(batch: int, context: int, folder: Path, shape: str = "qwen3-8b"):
-    """A rehearsed engine decoding ``batch`` sequences of ``context`` tokens, its cache nearly full."""
+def filled_engine(batch: int, context: int, folder: Path, shape: str = "qwen3-8b",
+                  speculative_config: dict | None = None):
+    """A rehearsed engine decoding ``batch`` sequences of ``context`` tokens, its cache nearly full
+    (with speculative_config: each request's prompt indexed by the drafter already)."""
     from engine import LLM, SamplingParams
     model = model_folder(shape, folder)
     per_seq = -(-context // 16) + 8  # room for a few blocks of growth each
     blocks = batch * per_seq * 102 // 100 + 16  # and the 1% the scheduler keeps free when it admits
     llm = LLM(str(model), tokenizer=str(model / "tokenizer"), device_model="h200", num_kv_blocks=blocks,
-              max_num_seqs=max(batch, 1), max_num_batched_tokens=16384, record_steps=True)
+              max_num_seqs=max(batch, 1), max_num_batched_tokens=16384, record_steps=True,
+              speculative_config=speculative_config)
     for i in range(batch):
         prompt = [100 + (i * 7919 + j) % 40000 for j in range(context - 1)]  # distinct: no prefix hits
         llm.add_request(prompt, SamplingParams(max_tokens=1024, ignore_eos=True), request_id=f"s{i}")
     while len(llm.scheduler.running) < batch or any(s.num_generated == 0 for s in llm.scheduler.running):
         llm.step()
+    if speculative_config:
+        llm.step()  # the first drafts index each prompt once (per request, not per step)
     return llm
 
 
@@ -57,12 +71,30 @@ def measure(llm, steps: int = 64) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.rehearsal.host", description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--speculative-config", type=json.loads, metavar="JSON", help="speculative decoding on")
+    p.add_argument("--batch", type=int, action="append", help="only the cases of these batch sizes")
+    p.add_argument("--spec-acceptance", type=float, metavar="P",
+                   help="with --speculative-config: drafts of num_speculative_tokens from the rehearsal's scripted "
+                        "drafter, each accepted with probability P, in place of the n-gram drafter (P=1: the most "
+                        "tokens a step appends and checks)")
+    p.add_argument("--cpu-time", action="store_true",
+                   help="time the phases in this thread's CPU time, not the wall clock (which on a shared VM "
+                        "counts the time other jobs hold the cores)")
     args = p.parse_args(argv)
     print("| batch | context | schedule ms | prepare ms | sample+postprocess ms | host ms | modelled H200 step ms "
           "| host / device |\n|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for batch, context in CASES:
-            m = measure(filled_engine(batch, context, Path(tmp)), args.steps)
+            if args.batch and batch not in args.batch:
+                continue
+            llm = filled_engine(batch, context, Path(tmp), speculative_config=args.speculative_config)
+            if args.spec_acceptance is not None:
+                from engine.rehearsal.drafter import KINDS, DraftProfile, use_scripted_drafter
+                nst = llm.speculator.config.num_speculative_tokens
+                use_scripted_drafter(llm, dict.fromkeys(KINDS, DraftProfile.flat(args.spec_acceptance, nst)))
+            # the engine's step timers call time.perf_counter
+            with mock.patch("time.perf_counter", time.thread_time) if args.cpu_time else contextlib.nullcontext():
+                m = measure(llm, args.steps)
             print(f"| {batch} | {context:,} | {m['schedule_ms']:.2f} | {m['prepare_ms']:.2f} | {m['sample_ms']:.2f} | "
                   f"{m['host_ms']:.2f} | {m['device_ms']:.1f} | {100 * m['host_share']:.1f}% |", flush=True)
     return 0

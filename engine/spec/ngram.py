@@ -76,6 +76,8 @@ class NgramIndex:
                 m += 1
             if m > best_len or (m == best_len and source == own and best[0] != own):
                 best, best_len = (source, p), m
+                if m == max_match and source == own:
+                    break  # no older place can beat it: none is longer, and its own tokens win ties
         if best is None:
             return [], own
         source, p = best

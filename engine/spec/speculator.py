@@ -68,7 +68,9 @@ class Speculator:
             draft, corpus = self.drafter.propose(seq, room)
             if not draft:
                 continue
-            bm.allocate(seq, seq.num_computed + 1 + len(draft))
+            need = seq.num_computed + 1 + len(draft)
+            if need > len(seq.block_table) * bs:  # most steps the row's last block has room for its drafts
+                bm.allocate(seq, need)
             plan.drafts[seq.seq_id] = draft
             self._corpus[seq.seq_id] = corpus
             budget -= len(draft)
