@@ -82,6 +82,7 @@ class LLM:
         self.tokenizer = None if opts.skip_tokenizer_init else _load_tokenizer(opts.tokenizer or path)
         self.max_model_len = opts.max_model_len or cfg.max_position_embeddings
         self.block_size = opts.block_size
+        spec = SpeculativeConfig.from_dict(opts.speculative_config)
         cascade = CascadePolicy(False if opts.batch_invariant else opts.cascade_attention, opts.cascade_min_group,
                                 opts.cascade_min_prefix, opts.cascade_min_shared_tokens,
                                 opts.cascade_min_saved_fraction)
@@ -89,7 +90,8 @@ class LLM:
             cfg=cfg, dtype=self.dtype, block_size=opts.block_size, max_num_seqs=opts.max_num_seqs,
             max_model_len=self.max_model_len, backend=opts.attention_backend or default_backend(self.device),
             cascade=cascade.enabled is not False, batch_invariant=opts.batch_invariant,
-            kv_cache_dtype=opts.kv_cache_dtype, logprobs_mode=opts.logprobs_mode)
+            kv_cache_dtype=opts.kv_cache_dtype, logprobs_mode=opts.logprobs_mode,
+            verify_queries=spec.num_speculative_tokens + 1 if spec else 1)
         if opts.device_model:
             from engine.rehearsal.device_model import DeviceParams
             from engine.rehearsal.runner import RehearsalRunner
@@ -112,7 +114,6 @@ class LLM:
                  num_blocks * opts.block_size, self.kv_cache_dtype, self.kv_bytes_per_block // opts.block_size)
         self.block_manager = BlockManager(num_blocks, opts.block_size, opts.enable_prefix_caching)
         self.stop_checker = StopChecker(self.tokenizer, cfg.eos_token_ids, self.max_model_len)
-        spec = SpeculativeConfig.from_dict(opts.speculative_config)
         self.speculator = Speculator(spec, self.block_manager, self.max_model_len) if spec else None
         self.scheduler = Scheduler(self.block_manager, self.stop_checker, opts.max_num_seqs,
                                    opts.max_num_batched_tokens, cascade, enable_fork=opts.enable_fork,

@@ -73,7 +73,8 @@ class ModelRunner:
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, block_size: int,
                  max_num_seqs: int, max_model_len: int, backend: str, cascade: bool = True,
                  batch_invariant: bool = False, shard: Shard | None = None, tp: TPGroup | None = None,
-                 workers=None, kv_cache_dtype: str = "auto", logprobs_mode: str = "raw_logprobs"):
+                 workers=None, kv_cache_dtype: str = "auto", logprobs_mode: str = "raw_logprobs",
+                 verify_queries: int = 1):
         self.cfg, self.dtype, self.device, self.block_size = cfg, dtype, device, block_size
         self.kv_dtype = resolve_kv_dtype(kv_cache_dtype, dtype)
         self.model = load_model(cfg, dtype, device, shard, tp)
@@ -102,6 +103,7 @@ class ModelRunner:
         self.max_num_seqs = max_num_seqs
         self.tp_size = tp.size if tp is not None else 1
         self.graphs: DecodeGraphs | None = None
+        self.verify_queries = verify_queries  # query slots per row of verify-step graphs (speculation)
         self.processed_logprobs = logprobs_mode == "processed_logprobs"  # for a resumed trajectory's scored rows
 
     @property
@@ -178,7 +180,8 @@ class ModelRunner:
         emulate=True drives the graphs' static buffers eagerly (for CPU tests)."""
         if self.workers is not None:
             self.workers.call("capture_decode_graphs", max_batch, emulate, wait=False)
-        self.graphs = DecodeGraphs(self, max_batch, cascade=self.cascade, emulate=emulate)
+        self.graphs = DecodeGraphs(self, max_batch, cascade=self.cascade, emulate=emulate,
+                                   verify_queries=self.verify_queries)
 
     # -- rows of the persistent block-table buffer -------------------------------------------
     def release(self, seq: Sequence) -> None:
@@ -277,8 +280,8 @@ class ModelRunner:
             sample_idx.extend(range(first, first + len(dpos)))
         meta.slot_mapping = torch.cat(slots)
         writes, self.writes = self.writes, []
-        graph = (self.graphs is not None and not chunks and not plan.drafts
-                 and self.graphs.can_run(len(plan.decodes)))
+        graph = (self.graphs is not None and not chunks
+                 and self.graphs.can_run(len(plan.decodes), meta.decode_max_query_len))
         inputs = StepInputs(torch.tensor(ids), torch.cat(pos), meta, torch.tensor(sample_idx, dtype=torch.long),
                             plan.copies, graph, tables, writes)
         if plan.scored:
