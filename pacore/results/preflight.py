@@ -46,9 +46,10 @@ def preflight(cfg: RunConfig, max_model_len: int | None) -> Iterator[Pending]:
 
     ``max_model_len``: the engine's context, when known before the run (None: the budget was checked
     where it is known). Raises SettingsRefused (a ValueError) for bad settings, ResultsLocked when another run holds the
-    results file, OutputUnusable for a link (or not a file) where a side file goes, OutputExistsError for a non-empty output without --resume, SettingsChanged for a resume
-    with other settings than the results (settings.py); all before any work.
-    """
+    results file, OutputUnusable for a link (or not a file) where a side file goes (files.py),
+    OutputExistsError for a non-empty output without --resume, SettingsChanged for a resume with other
+    settings than the results (settings.py); all before any work. A resume that mixes --record-confidence
+    with sessions that ran otherwise is said (resume.confidence_note)."""
     try:
         check_settings(cfg, max_model_len)
     except ValueError as e:

@@ -31,7 +31,9 @@ class PriorResults:
     failed: set[str] = field(default_factory=set)  # run keys with error records only
     bad_lines: dict[int, str] = field(default_factory=dict)  # input line -> its latest recorded input error
     fresh: bool = True  # the output held nothing: no results, checkpoints or snapshots
-    measured: list[int] = field(default_factory=lambda: [0, 0])  # done runs recorded with, without the measures
+    # done runs whose trajectories carry --record-confidence's measures, and those whose do not
+    runs_measured: int = 0
+    runs_unmeasured: int = 0
 
 
 def latest_records(records: list[dict]) -> list[dict]:
@@ -87,7 +89,10 @@ def prepare_output(path: str, resume: bool) -> PriorResults:
             prior.failed.add(key)
         else:
             prior.done.add(key)
-            prior.measured[not _measured(rec.get("round_responses"))] += 1
+            if _measured(rec.get("round_responses")):
+                prior.runs_measured += 1
+            else:
+                prior.runs_unmeasured += 1
     return prior
 
 
@@ -190,16 +195,18 @@ def confidence_note(cfg: RunConfig, prior: PriorResults, work: dict[str, PriorWo
     """What a resume says when the output's finished runs and checkpointed rounds were recorded with
     --record-confidence and this session runs without it, or the other way round (None: neither): the
     summary's confidence table then covers only the trajectories that have the measures."""
-    rounds = [0, 0]  # checkpointed rounds (and pools) this session continues from: with, without the measures
-    for w in work.values():
-        for rec in [*(r for recs in w.rounds.values() for r in recs), *([w.pool] if w.pool else [])]:
-            rounds[not _measured([rec.get("responses")])] += 1
-    differ = 1 if cfg.record_confidence else 0  # the index of what this session does not do
-    runs, checkpoints = prior.measured[differ], rounds[differ]
-    if not (runs or checkpoints):
+    checkpoints = [rec for w in work.values() for rec in [*(r for recs in w.rounds.values() for r in recs),
+                                                          *([w.pool] if w.pool else [])]]
+    if cfg.record_confidence:  # what earlier sessions recorded without it
+        runs = prior.runs_unmeasured
+        rounds = sum(not _measured([rec.get("responses")]) for rec in checkpoints)
+    else:
+        runs = prior.runs_measured
+        rounds = sum(_measured([rec.get("responses")]) for rec in checkpoints)
+    if not (runs or rounds):
         return None
-    held = " and ".join(x for x in (runs and _count(runs, "finished run"),
-                                      checkpoints and _count(checkpoints, "checkpointed round")) if x)
+    held = " and ".join(x for x in (runs and _count(runs, "finished run"), rounds and _count(rounds, "checkpointed round"))
+                        if x)
     if cfg.record_confidence:
         return (f"{held} in {cfg.out_path} were recorded without --record-confidence: their trajectories have no "
                 f"confidence measures, and the summary's confidence table covers only those that have them")

@@ -137,7 +137,11 @@ class SnapshotStore:
     def read(self, key: str, round_no: int) -> dict | None:
         """The snapshot record of this round as saved, or None (none, or unreadable: the round starts over)."""
         path = self._path(key, round_no)
-        dir_fd = self._open_dir(create=False)
+        try:
+            dir_fd = self._open_dir(create=False)
+        except WriteFailed as e:  # the folder is a link (planted during the run): never read through it
+            print(f"pacore: the snapshot {path} cannot be used ({e.strerror}); its round starts over", file=sys.stderr)
+            return None
         if dir_fd is None:
             return None
         try:
@@ -167,7 +171,10 @@ class SnapshotStore:
         return usable_snapshot(self.read(key, round_no), key, k, seed, prompt)
 
     def drop(self, key: str, round_no: int) -> None:
-        dir_fd = self._open_dir(create=False)
+        try:
+            dir_fd = self._open_dir(create=False)
+        except WriteFailed:  # a link at the folder: nothing of ours is behind it
+            return
         if dir_fd is None:
             return
         try:

@@ -118,6 +118,10 @@ def test_every_writer_refuses_a_link_planted_during_a_run(tmp_path, capsys):
     with pytest.raises(WriteFailed, match="symbolic link"):
         store.save("p", 1, 2, 0, [1, 2], [([4], None), ([5], None)])
     assert os.listdir(tmp_path / "elsewhere") == []
+    torch.save({"planted": 1}, tmp_path / "elsewhere" / os.path.basename(store._path("p", 1)))
+    assert store.read("p", 1) is None and "symbolic link" in capsys.readouterr().err  # not read through it
+    store.drop("p", 1)
+    assert os.listdir(tmp_path / "elsewhere") == [os.path.basename(store._path("p", 1))]  # nor deleted
     os.remove(store.dir)
     store.save("p", 1, 2, 0, [1, 2], [([4], None), ([5], None)])
     os.rename(store._path("p", 1), tmp_path / "real.pt")
