@@ -21,9 +21,11 @@ import time
 from pathlib import Path
 
 from engine.config import positive_int, seed_int
+from engine.rehearsal.device_model import DeviceParams
 
 from bench.rehearsal import report
-from bench.rehearsal.checks import BLOCK_SIZE, MAX_KV_TOKENS, Refused, check_args, check_cache, check_replay_covers, positive_number
+from bench.rehearsal.checks import (BLOCK_SIZE, MAX_KV_TOKENS, Refused, check_args, check_cache, check_replay_covers,
+                                    positive_number)
 from bench.rehearsal.shapes import SHAPES, model_folder
 from bench.rehearsal.workload import CONTEXT, PaperLengths, ReplayLengths, mean_trajectory_tokens
 
@@ -55,7 +57,8 @@ class Failed(RuntimeError):
     """Problems failed in a rehearsal (exit 1): its figures would leave their work out."""
 
 
-def rehearse(args, name: str, options: dict, out: Path, device) -> dict:
+def rehearse(args, name: str, options: dict, out: Path, device: DeviceParams) -> dict:
+    """Run PaCoRe on the rehearsed engine with ``options``; its report (Refused, Failed: no report)."""
     from engine import LLM
     from pacore.config import RunConfig
     from pacore.runner import run_pacore
@@ -157,9 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", action="append", choices=sorted(CONFIGS),
                    help="configurations to run (default: engine; --compare: all)")
     p.add_argument("--compare", action="store_true", help="run every configuration in CONFIGS")
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--out", default="runs/rehearsal")
     p.add_argument("--quiet", action="store_true")
-    p.add_argument("--seed", type=seed_int, default=0)
     args = p.parse_args(argv)
     names = list(CONFIGS) if args.compare else (args.config or ["engine"])
     out = Path(args.out)
