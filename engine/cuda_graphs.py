@@ -1,4 +1,4 @@
-"""Decode steps replayed from CUDA graphs, one per (batch-size bucket, queries per row, cascade).
+"""Decode steps replayed from CUDA graphs, one per (batch-size bucket, kind of step, cascade).
 
 A decode step of a small model is mostly kernel launches; a graph replays them in one go. Every
 per-step input lives in a static buffer that the graph reads: token ids, positions, slots, lengths,
@@ -7,7 +7,8 @@ the smallest bucket >= B; padding rows store nothing (slot -1), attend to one to
 of their own, and their outputs are dropped. With speculative decoding a second set of graphs runs
 verify steps: Q = num_speculative_tokens + 1 query slots per row, the real queries packed first
 (``cu_seqlens_q``, ragged: a row with fewer drafts uses fewer), the rest of the slots and the padding
-rows' queries (0 each) never stored and never attended. On CPU the same buffers drive an eager call
+rows' queries (0 each) never stored and never attended; self-drafting adds a third set, draft steps
+whose rows attend to a sink and a recent window. On CPU the same buffers drive an eager call
 ("emulate"), so tests cover the padding.
 """
 from __future__ import annotations
@@ -34,9 +35,10 @@ def bucket_sizes(max_batch: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, runner, max_batch: int, cascade: bool, emulate: bool = False, verify_queries: int = 1):
-        """verify_queries: query slots per row of the verify-step graphs (num_speculative_tokens + 1);
-        1 captures plain decode graphs only."""
+    def __init__(self, runner, max_batch: int, cascade: bool, emulate: bool = False, verify_queries: int = 1,
+                 draft_steps: bool = False):
+        """verify_queries: query slots per row of the verify-step graphs (num_speculative_tokens + 1;
+        1: no verify graphs); draft_steps: capture self-drafting steps' graphs too."""
         self.runner = runner
         self.sizes = bucket_sizes(max_batch)
         self.emulate = emulate
@@ -51,17 +53,23 @@ class DecodeGraphs:
         self.group_starts = torch.arange(n + 1, dtype=i32, device=dev)
         self.prefix_lens = torch.zeros(n, dtype=i32, device=dev)
         self.cu_q = torch.zeros(n + 1, dtype=i32, device=dev)
+        self.start_lens = torch.zeros(n, dtype=i32, device=dev)
+        self.sink_lens = torch.zeros(n, dtype=i32, device=dev)
+        # (size, queries per row (0: a draft step), cascade) -> (graph, its output)
         self.graphs: dict[tuple[int, int, bool], tuple[object, torch.Tensor]] = {}
         pool = None if emulate else torch.cuda.graph_pool_handle()
-        for q in sorted({1, verify_queries}, reverse=True):  # largest first: the others reuse its memory pool
+        kinds = sorted({1, verify_queries}, reverse=True) + ([0] if draft_steps else [])
+        for q in kinds:  # the largest first: the others reuse its memory pool
             for size in reversed(self.sizes):
                 # Cascade needs >= 2 decodes sharing a prefix: a 1-row cascade graph would never be replayed.
-                for use_cascade in ((False, True) if cascade and size >= 2 else (False,)):
+                for use_cascade in ((False, True) if cascade and size >= 2 and q else (False,)):
                     self.graphs[size, q, use_cascade] = self._capture(size, q, use_cascade, pool)
 
     def _meta(self, size: int, q: int, cascade: bool) -> AttentionMetadata:
-        meta = AttentionMetadata(slot_mapping=self.slots[:size * q], num_prefill_tokens=0,
+        meta = AttentionMetadata(slot_mapping=self.slots[:size * max(q, 1)], num_prefill_tokens=0,
                                  decode_seq_lens=self.seq_lens[:size], decode_block_tables=self.tables[:size])
+        if q == 0:
+            meta.decode_start_lens, meta.decode_sink_lens = self.start_lens[:size], self.sink_lens[:size]
         if q > 1:
             meta.decode_cu_seqlens_q, meta.decode_max_query_len = self.cu_q[:size + 1], q
         if cascade:
@@ -71,8 +79,9 @@ class DecodeGraphs:
         return meta
 
     def _forward(self, size: int, q: int, cascade: bool) -> torch.Tensor:
-        r, t = self.runner, size * q
-        return r.model(self.ids[:t], self.pos[:t], self._meta(size, q, cascade), r.kv_cache, r.ops, r.cos_sin)
+        r, t = self.runner, size * max(q, 1)
+        ops = r.window_ops if q == 0 else r.ops
+        return r.model(self.ids[:t], self.pos[:t], self._meta(size, q, cascade), r.kv_cache, ops, r.cos_sin)
 
     def _capture(self, size: int, q: int, cascade: bool, pool):
         if self.emulate:
@@ -84,7 +93,9 @@ class DecodeGraphs:
             out = self._forward(size, q, cascade)
         return graph, out
 
-    def can_run(self, batch_size: int, max_query_len: int = 1) -> bool:
+    def can_run(self, batch_size: int, max_query_len: int = 1, draft: bool = False) -> bool:
+        if draft:
+            return batch_size <= self.sizes[-1] and (self.sizes[-1], 0, False) in self.graphs
         return batch_size <= self.sizes[-1] and (max_query_len == 1 or max_query_len <= self.verify_queries)
 
     def run(self, ids, pos, meta: AttentionMetadata) -> torch.Tensor:
@@ -92,11 +103,16 @@ class DecodeGraphs:
         b, t = meta.decode_seq_lens.shape[0], ids.shape[0]
         size = next(s for s in self.sizes if s >= b)
         q = 1 if meta.decode_cu_seqlens_q is None else self.verify_queries
+        if meta.decode_start_lens is not None:  # a draft step; padding rows see their one token
+            q = 0
+            self.start_lens[:b].copy_(meta.decode_start_lens, non_blocking=True)
+            self.start_lens[b:size].fill_(0)
+            self.sink_lens[:size].fill_(int(meta.decode_sink_lens[0]) if b else 0)
         cascade = meta.group_starts is not None
         self.ids[:t].copy_(ids, non_blocking=True)
         self.pos[:t].copy_(pos, non_blocking=True)
         self.slots[:t].copy_(meta.slot_mapping, non_blocking=True)
-        self.slots[t:size * q].fill_(-1)
+        self.slots[t:size * max(q, 1)].fill_(-1)
         self.seq_lens[:b].copy_(meta.decode_seq_lens, non_blocking=True)
         self.seq_lens[b:size].fill_(1)
         width = meta.decode_block_tables.shape[1]

@@ -34,6 +34,8 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import CascadePolicy, Scheduler, StepPlan
 from engine.sequence import Partial, Request, RequestMetrics, RequestOutput
 from engine.spec import SpeculativeConfig, Speculator, accepted_runs
+from engine.spec.self_window import self_draft
+from engine.spec.verify import rejection_runs
 from engine.stopping import StopChecker
 from engine.tp_workers import start_ranks
 
@@ -91,7 +93,8 @@ class LLM:
             max_model_len=self.max_model_len, backend=opts.attention_backend or default_backend(self.device),
             cascade=cascade.enabled is not False, batch_invariant=opts.batch_invariant,
             kv_cache_dtype=opts.kv_cache_dtype, logprobs_mode=opts.logprobs_mode,
-            verify_queries=spec.num_speculative_tokens + 1 if spec else 1)
+            verify_queries=spec.num_speculative_tokens + 1 if spec else 1,
+            draft_steps=spec is not None and spec.method == "self_window")
         if opts.device_model:
             from engine.rehearsal.device_model import DeviceParams
             from engine.rehearsal.runner import RehearsalRunner
@@ -278,11 +281,17 @@ class LLM:
         hooks.planned(plan)
         try:
             with hooks.phase("engine.model"):
+                drafted = None  # self-drafting: the uniforms its drafts were coupled to, or their q
+                if plan.drafts and self.speculator.self_drafting:
+                    drafted = self_draft(plan, self.speculator.config, self.runner, self.sampler)
                 logits, scored = self.runner.run(plan)
                 hooks.model_done()
             with hooks.phase("engine.sample"):
-                tokens = self.sampler(logits, plan.sample_seqs, plan.sample_offsets) if plan.sample_seqs else []
-                runs = accepted_runs(plan, tokens)  # per sequence, its tokens (several for a verified row)
+                if isinstance(drafted, dict):
+                    runs = rejection_runs(plan, logits, drafted, self.sampler)
+                else:
+                    tokens = self.sampler(logits, plan.sample_seqs, plan.sample_offsets, drafted) if plan.sample_seqs else []
+                    runs = accepted_runs(plan, tokens)  # per sequence, its tokens (several for a verified row)
                 finished = self.scheduler.postprocess(plan, runs)  # cuts each run at its stop
                 record_logprobs(plan, logits, runs, scored, self.processed_logprobs)
         except Exception as e:
