@@ -10,7 +10,7 @@ For each model and FP8 format, against kv_cache_dtype="auto":
   distributions (mean and max over all positions) and top-1 agreement there.
 
 Models: SmolLM2-135M-Instruct (the embedded default) and tiny random Qwen3 / Llama checkpoints
-(tests/tiny_models.py). The table goes in the README.
+(tests/tiny_models.py). The table is in docs/gpu.md.
 
     python -m bench.fp8_accuracy [--tokens 256] [--models smollm2,qwen3,llama] [--out DIR]
 """

@@ -45,7 +45,7 @@ def test_models_health_and_metrics(server, client):
     assert httpx.get(f"{server.base}/health").status_code == 200
     client.completions.create(model=MODEL, prompt="x", max_tokens=1)
     names = {name.partition("{")[0] for name in metrics(server.base)}
-    assert {"pacore_requests_total", "pacore_prompt_tokens_total", "pacore_completion_tokens_total",  # the README's
+    assert {"pacore_requests_total", "pacore_prompt_tokens_total", "pacore_completion_tokens_total",  # docs/serving.md's
             "pacore_http_requests_in_flight", "pacore_queued_sequences", "pacore_prefill_tokens_total", "pacore_decode_tokens_total",
             "pacore_prefix_cache_hit_tokens_total", "pacore_cascade_decode_steps_total", "pacore_engine_steps_total",
             "pacore_preemptions_total", "pacore_kv_blocks_used", "pacore_kv_blocks_shared", "pacore_kv_blocks_total",
@@ -338,9 +338,8 @@ def test_an_engine_that_is_gone_answers_503_and_nobody_hangs(tiny_model_dir, how
         assert e.value.status_code == 503
 
 
-def test_the_readme_serve_commands_parse():
-    section = (Path(__file__).resolve().parents[2] / "README.md").read_text().split(
-        "## Serve an OpenAI-compatible API", 1)[1]
+def test_the_documented_serve_commands_parse():
+    section = (Path(__file__).resolve().parents[2] / "docs" / "serving.md").read_text().split("## Start", 1)[1]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     commands = [shlex.split(line, comments=True) for line in block.replace("\\\n", " ").splitlines() if line.strip()]
     assert [c[1] for c in commands] == ["serve", "serve"]
