@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bench.rehearsal import report
 from bench.rehearsal.shapes import SHAPES, model_folder
-from bench.rehearsal.workload import CONTEXT, PaperLengths, ReplayLengths, mean_trajectory_tokens
+from bench.rehearsal.workload import CONTEXT, PaperLengths, ReplayLengths, mean_trajectory_tokens, recorded_rounds
 
 PRESETS = {"low": (4,), "medium": (16,), "high": (32, 4)}
 # name -> engine options; "engine" is this engine's default, "vllm-style" what a server without
@@ -36,15 +36,15 @@ CONFIGS = {
 }
 
 
-def problems_file(folder: Path, n: int, prompt_tokens: int) -> Path:
-    """n problems whose prompts are about ``prompt_tokens`` tokens (round 1's shared prompt)."""
+def problems_file(folder: Path, ids: list[str], prompt_tokens: int) -> Path:
+    """A problem per id whose prompt is about ``prompt_tokens`` tokens (round 1's shared prompt)."""
     words = ("the sum of two primes is even when both are odd so consider each case in turn and "
              "count the ways a number can be written as such a sum").split()
     path = folder / "problems.jsonl"
     with open(path, "w") as f:
-        for i in range(n):
+        for i, pid in enumerate(ids):
             body = " ".join(words[(i + j) % len(words)] for j in range(int(prompt_tokens * 0.9)))
-            f.write(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"Problem {i}. {body}"}]}) + "\n")
+            f.write(json.dumps({"id": pid, "messages": [{"role": "user", "content": f"Problem {i}. {body}"}]}) + "\n")
     return path
 
 
@@ -70,7 +70,7 @@ def rehearse(args, name: str, options: dict, out: Path) -> dict:
         llm.sampler.workload = PaperLengths(mean, seed=args.seed, conclusion_median=args.conclusion_tokens,
                                             context=llm.max_model_len)
     out.mkdir(parents=True, exist_ok=True)
-    data = problems_file(out, args.problems, args.prompt_tokens)
+    data = problems_file(out, args.problem_ids, args.prompt_tokens)
     results = out / "results.jsonl"
     for stale in out.glob("results.jsonl*"):
         if stale.is_file():
@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--problems", type=int, default=8)
     p.add_argument("--problems-in-flight", type=int, default=64)
     p.add_argument("--prompt-tokens", type=int, default=512)
-    p.add_argument("--replay", metavar="RESULTS", help="lengths from a results file of pacore run")
+    p.add_argument("--replay", metavar="RESULTS", help="lengths from a results file of pacore run: its problems "
+                   "(run 0), each trajectory as long as it was recorded; --preset must be the one it ran")
     p.add_argument("--mean-tokens", type=float, help="mean trajectory length (default: the paper's per preset)")
     p.add_argument("--conclusion-tokens", type=float, default=1500, help="median conclusion length (default 1500)")
     p.add_argument("--max-num-seqs", type=int, default=256)
@@ -141,6 +142,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/rehearsal")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
+    args.problem_ids = [f"p{i}" for i in range(args.problems)]
+    if args.replay:  # the recorded problems, at the schedule they ran
+        recorded = recorded_rounds(args.replay)
+        schedule = PRESETS[args.preset] + (1,)
+        wrong = sorted({k for k in recorded.values() if k != schedule})
+        if not recorded or wrong:
+            print(f"--replay {args.replay}: " + (f"rounds of K={list(wrong[0])} recorded, but --preset {args.preset} "
+                  f"runs K={list(schedule)}; pass the preset it ran" if recorded else "no successful record to replay"),
+                  file=sys.stderr)
+            return 2
+        args.problem_ids = list(recorded)
     names = list(CONFIGS) if args.compare else (args.config or ["engine"])
     out = Path(args.out)
     results = {}

@@ -61,6 +61,20 @@ class PaperLengths:
         return total, min(conclusion, total // 2)
 
 
+def recorded_rounds(results: str | Path) -> dict[str, tuple[int, ...]]:
+    """Each problem a results file recorded (run 0, error records left out), in file order, with the K of
+    each of its rounds: a replay rehearses those problems at that schedule."""
+    out = {}
+    for line in Path(results).read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("round_responses") and rec.get("run", 0) == 0 and "error" not in rec:
+            out[str(rec["request_id"])] = tuple(len(r) for r in rec["round_responses"])
+    return out
+
+
 class ReplayLengths:
     """Lengths from a results file: ``key(request_id, index)`` names the (problem, run, round, index)
     whose recorded trajectory a rehearsal request stands for."""
