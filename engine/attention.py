@@ -21,6 +21,8 @@ class AttentionMetadata:
     prefill_block_tables: torch.Tensor | None = None
     decode_seq_lens: torch.Tensor | None = None
     decode_block_tables: torch.Tensor | None = None
+    decode_cu_seqlens_q: torch.Tensor | None = None  # set: verify rows, several queries each (engine/kv_cache.py)
+    decode_max_query_len: int = 1                    # host-side bound on a row's queries
     group_starts: torch.Tensor | None = None   # set: decode rows use cascade (prefix-shared) attention
     group_prefix_lens: torch.Tensor | None = None
     max_group_size: int | None = None          # host-side bound, so kernels need no device read
@@ -57,6 +59,9 @@ class Backend:
                                              work_plans=meta.work_plans, k=k[:num_p], v=v[:num_p], **kv_scales)
         if num_p < q.shape[0]:
             qd = q[num_p:]
+            if meta.decode_cu_seqlens_q is not None:  # each KV block read once for all of a row's queries
+                kv_scales = kv_scales | dict(cu_seqlens_q=meta.decode_cu_seqlens_q,
+                                             max_query_len=meta.decode_max_query_len)
             if meta.group_starts is not None:
                 decode = self.cascade_decode(qd, k_cache, v_cache, meta.decode_block_tables,
                                              meta.decode_seq_lens, meta.group_starts,

@@ -33,6 +33,7 @@ from engine.sampler import Sampler, record_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import CascadePolicy, Scheduler, StepPlan
 from engine.sequence import Partial, Request, RequestMetrics, RequestOutput
+from engine.spec import SpeculativeConfig, Speculator, accepted_runs
 from engine.stopping import StopChecker
 from engine.tp_workers import start_ranks
 
@@ -81,6 +82,7 @@ class LLM:
         self.tokenizer = None if opts.skip_tokenizer_init else _load_tokenizer(opts.tokenizer or path)
         self.max_model_len = opts.max_model_len or cfg.max_position_embeddings
         self.block_size = opts.block_size
+        spec = SpeculativeConfig.from_dict(opts.speculative_config)
         cascade = CascadePolicy(False if opts.batch_invariant else opts.cascade_attention, opts.cascade_min_group,
                                 opts.cascade_min_prefix, opts.cascade_min_shared_tokens,
                                 opts.cascade_min_saved_fraction)
@@ -88,7 +90,8 @@ class LLM:
             cfg=cfg, dtype=self.dtype, block_size=opts.block_size, max_num_seqs=opts.max_num_seqs,
             max_model_len=self.max_model_len, backend=opts.attention_backend or default_backend(self.device),
             cascade=cascade.enabled is not False, batch_invariant=opts.batch_invariant,
-            kv_cache_dtype=opts.kv_cache_dtype, logprobs_mode=opts.logprobs_mode)
+            kv_cache_dtype=opts.kv_cache_dtype, logprobs_mode=opts.logprobs_mode,
+            verify_queries=spec.num_speculative_tokens + 1 if spec else 1)
         if opts.device_model:
             from engine.rehearsal.device_model import DeviceParams
             from engine.rehearsal.runner import RehearsalRunner
@@ -110,9 +113,11 @@ class LLM:
         self.block_manager = BlockManager(num_blocks, opts.block_size, opts.enable_prefix_caching)
         log.info("%s", self.describe())
         self.stop_checker = StopChecker(self.tokenizer, cfg.eos_token_ids, self.max_model_len)
+        self.speculator = Speculator(spec, self.block_manager, self.max_model_len) if spec else None
         self.scheduler = Scheduler(self.block_manager, self.stop_checker, opts.max_num_seqs,
                                    opts.max_num_batched_tokens, cascade, enable_fork=opts.enable_fork,
-                                   on_release=self.runner.release)
+                                   on_release=self.runner.release, speculator=self.speculator,
+                                   on_trim=self.runner.trimmed)
         if opts.device_model:
             from engine.rehearsal.runner import ScriptedSampler
             self.sampler = ScriptedSampler(self.tokenizer, cfg.eos_token_ids[0] if cfg.eos_token_ids else 0)
@@ -275,9 +280,10 @@ class LLM:
                 logits, scored = self.runner.run(plan)
                 hooks.model_done()
             with hooks.phase("engine.sample"):
-                tokens = self.sampler(logits, plan.sample_seqs) if plan.sample_seqs else []
-                record_logprobs(plan, logits, tokens, scored, self.processed_logprobs)
-                finished = self.scheduler.postprocess(plan, tokens)
+                tokens = self.sampler(logits, plan.sample_seqs, plan.sample_offsets) if plan.sample_seqs else []
+                runs = accepted_runs(plan, tokens)  # per sequence, its tokens (several for a verified row)
+                finished = self.scheduler.postprocess(plan, runs)  # cuts each run at its stop
+                record_logprobs(plan, logits, runs, scored, self.processed_logprobs)
         except Exception as e:
             raise self._fail_step(plan, e) from e
         self._close_step(plan, finished)
@@ -412,7 +418,7 @@ class LLM:
             cascade_decode_steps=self._cascade_steps,
             num_waiting=len(sch.waiting),
             num_running=len(sch.running),
-        )
+        ) | (self.speculator.stats.as_dict() if self.speculator is not None else {})
 
 
 def _load_tokenizer(path):

@@ -12,6 +12,7 @@ from engine.rng import stream_uniform
 if TYPE_CHECKING:
     from engine.scheduler import StepPlan
     from engine.sequence import Sequence
+    from engine.spec.verify import Run
 
 class Sampler:
     def __init__(self, device: torch.device, seed: int = 0):
@@ -20,8 +21,10 @@ class Sampler:
         self.generator.manual_seed(seed)
 
     @torch.no_grad()
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        """logits fp32 [N, V], one row per sequence to sample."""
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence], offsets: list[int] | None = None) -> list[int]:
+        """logits fp32 [N, V], one row per entry to sample: entry i draws sequence seqs[i]'s token at
+        ``offsets[i]`` positions after its next one (a verified row's later queries; default 0). A seeded
+        draw is the one plain decoding makes at that position."""
         params = [s.params for s in seqs]
         if all(p.greedy for p in params):
             return logits.argmax(dim=-1).tolist()
@@ -29,7 +32,9 @@ class Sampler:
         # Inverse CDF: one uniform per row instead of one per vocabulary entry.
         cdf = self.cdf(logits, params)
         u = torch.rand(len(seqs), dtype=torch.float64, device=dev, generator=self.generator)
-        seeded = [(i, stream_uniform(s.stream, s.num_generated)) for i, s in enumerate(seqs) if s.stream is not None]
+        offsets = offsets or [0] * len(seqs)
+        seeded = [(i, stream_uniform(s.stream, s.num_generated + off))
+                  for i, (s, off) in enumerate(zip(seqs, offsets)) if s.stream is not None]
         if seeded:
             rows, draws = zip(*seeded)
             u[list(rows)] = torch.tensor(draws, dtype=torch.float64, device=dev)
@@ -104,11 +109,12 @@ def distribution(logits: torch.Tensor, params: list | None = None) -> torch.Tens
     return lp
 
 
-def record_logprobs(plan: StepPlan, logits: torch.Tensor | None, tokens: list[int], scored: LogprobRows | None,
-                processed: bool) -> None:
+def record_logprobs(plan: StepPlan, logits: torch.Tensor | None, runs: list[Run], scored: LogprobRows | None,
+                    processed: bool) -> None:
     """Append one step's logprobs where they belong: the scored positions first (the request's prompt
-    logprobs, or a resumed trajectory's own), in position order, then each sampled token's, computed
-    for the rows that asked only. ``processed``: logprobs_mode is processed_logprobs."""
+    logprobs, or a resumed trajectory's own), in position order, then each appended token's (the runs,
+    already cut at a stop: engine/spec/verify.py), computed for the rows that asked only, each from the
+    distribution at its own position. ``processed``: logprobs_mode is processed_logprobs."""
     if scored is not None:
         at = 0
         for span in plan.scored:
@@ -117,12 +123,12 @@ def record_logprobs(plan: StepPlan, logits: torch.Tensor | None, tokens: list[in
             for i in range(at, at + span.count):
                 store.append_row(scored, i)
             at += span.count
-    asking = [i for i, seq in enumerate(plan.sample_seqs) if seq.logprobs is not None]
+    asking = [(seq, first + j, t) for seq, run, first in runs if seq.logprobs is not None for j, t in enumerate(run)]
     if not asking:
         return  # the common step: no log-softmax, no transfer
-    seqs = [plan.sample_seqs[i] for i in asking]
-    rows = logits[torch.tensor(asking, device=logits.device)] if len(asking) < len(tokens) else logits
+    seqs, entries, tokens = zip(*asking)
+    rows = logits[torch.tensor(entries, device=logits.device)] if len(entries) < logits.shape[0] else logits
     lp = distribution(rows, [s.params for s in seqs] if processed else None)
-    computed = compute_logprobs(lp, torch.tensor([tokens[i] for i in asking]), max(s.params.logprobs for s in seqs))
+    computed = compute_logprobs(lp, torch.tensor(tokens), max(s.params.logprobs for s in seqs))
     for j, seq in enumerate(seqs):
         seq.logprobs.append_row(computed, j)

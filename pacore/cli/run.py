@@ -10,7 +10,7 @@ from engine.config import engine_kwargs
 
 from ..config import PRESETS, RunConfig
 from ..evaluate.runs import validate_runs
-from ..results.files import same_file
+from ..results.files import WriteFailed, same_file
 from ..results.lock import OutputUnusable, ResultsLocked
 from ..results.preflight import Pending, SettingsRefused, preflight
 from ..results.resume import OutputExistsError
@@ -99,6 +99,10 @@ def run(args, cfg: RunConfig) -> int:
             return _run_one(cfg, pending)
     except (SettingsRefused, SettingsChanged, OutputExistsError, ResultsLocked, OutputUnusable) as e:
         print(f"pacore: {e}", file=sys.stderr)
+        return 2
+    except WriteFailed as e:  # a full disk: what was written before stays whole
+        print(f"pacore: {e}. What finished before is saved in {cfg.out_path}; free space on its disk, then run "
+              f"again with --resume to complete the rest", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -64,7 +64,8 @@ def test_the_command_replays_a_results_file_by_its_own_problem_ids(tmp_path, cap
     out = tmp_path / "r"
     common = ["--shape", "tiny", "--replay", str(real), "--kv-tokens", "20000", "--out", str(out), "--quiet"]
     assert main(common + ["--preset", "high"]) == 2
-    assert "K=[4, 1] recorded, but --preset high runs K=[32, 4, 1]" in capsys.readouterr().err
+    assert ("no trajectory for problem apples round 1 index 4 (it recorded rounds of K=[4, 1]); replay with the "
+            "--preset the run used (--preset high is K=[32, 4, 1])") in capsys.readouterr().err
     assert main(common + ["--preset", "low"]) == 0
     records = [json.loads(line) for line in (out / "engine" / "results.jsonl").read_text().splitlines()]
     assert [r["request_id"] for r in records] == ["apples", "pencils"] and not any("error" in r for r in records)
