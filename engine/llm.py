@@ -113,9 +113,8 @@ class LLM:
             self.shutdown()
             raise
         self.kv_cache_dtype = kv_dtype_name(self.runner.kv_dtype)
-        log.info("KV cache: %d blocks x %d tokens = %d tokens, %s, %d bytes per token", num_blocks, opts.block_size,
-                 num_blocks * opts.block_size, self.kv_cache_dtype, self.kv_bytes_per_block // opts.block_size)
         self.block_manager = BlockManager(num_blocks, opts.block_size, opts.enable_prefix_caching)
+        log.info("%s", self.describe())
         self.stop_checker = StopChecker(self.tokenizer, cfg.eos_token_ids, self.max_model_len)
         self.speculator = Speculator(spec, self.block_manager, self.max_model_len) if spec else None
         self.scheduler = Scheduler(self.block_manager, self.stop_checker, opts.max_num_seqs,
@@ -386,6 +385,20 @@ class LLM:
         """Restart stats()'s KV peaks (kv_blocks_peak, kv_blocks_peak_saved) from the present, e.g.
         to measure one round's peak."""
         self.block_manager.reset_peak()
+
+    def describe(self) -> str:
+        """One line for a person starting the engine: the model, dtype, KV cache (format, tokens that
+        fit, bytes per token), context length and devices. The pacore commands print it at start-up."""
+        blocks = self.block_manager.num_blocks
+        tp = self.options.tensor_parallel_size
+        devices = f"{self.device}" + (f" x {tp} (tensor parallel)" if tp > 1 else "")
+        if self.options.device_model:
+            devices += f", rehearsing a modelled {self.options.device_model}"
+        dtype = str(self.dtype).removeprefix("torch.")
+        return (f"engine: {self.config.path.name} ({self.config.architecture}), {dtype}, "
+                f"KV cache {self.kv_cache_dtype}: {blocks * self.block_size:,} tokens ({blocks:,} blocks of "
+                f"{self.block_size}), {self.kv_bytes_per_block // self.block_size:,} bytes per token, "
+                f"context {self.max_model_len:,} tokens, device {devices}")
 
     def stats(self) -> dict:
         """Counters since start (tokens computed, prefix-cache hits, KV block peaks, preemptions) and

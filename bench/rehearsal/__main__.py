@@ -24,8 +24,8 @@ from engine.config import positive_int, seed_int
 from engine.rehearsal.device_model import DeviceParams
 
 from bench.rehearsal import report
-from bench.rehearsal.checks import (BLOCK_SIZE, MAX_KV_TOKENS, Refused, check_args, check_cache, check_replay_covers,
-                                    positive_number)
+from bench.rehearsal.checks import (BLOCK_SIZE, MAX_KV_TOKENS, Refused, check_args, check_cache, positive_number,
+                                    replayed_problems)
 from bench.rehearsal.shapes import SHAPES, model_folder
 from bench.rehearsal.workload import CONTEXT, PaperLengths, ReplayLengths, mean_trajectory_tokens
 
@@ -41,15 +41,15 @@ CONFIGS = {
 }
 
 
-def problems_file(folder: Path, n: int, prompt_tokens: int) -> Path:
-    """n problems whose prompts are about ``prompt_tokens`` tokens (round 1's shared prompt)."""
+def problems_file(folder: Path, ids: list[str], prompt_tokens: int) -> Path:
+    """A problem per id whose prompt is about ``prompt_tokens`` tokens (round 1's shared prompt)."""
     words = ("the sum of two primes is even when both are odd so consider each case in turn and "
              "count the ways a number can be written as such a sum").split()
     path = folder / "problems.jsonl"
     with open(path, "w") as f:
-        for i in range(n):
+        for i, pid in enumerate(ids):
             body = " ".join(words[(i + j) % len(words)] for j in range(int(prompt_tokens * 0.9)))
-            f.write(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"Problem {i}. {body}"}]}) + "\n")
+            f.write(json.dumps({"id": pid, "messages": [{"role": "user", "content": f"Problem {i}. {body}"}]}) + "\n")
     return path
 
 
@@ -79,13 +79,14 @@ def rehearse(args, name: str, options: dict, out: Path, device: DeviceParams) ->
             llm.sampler.workload = ReplayLengths(args.replay, llm.tokenizer, replay_key)
         except ValueError as e:
             raise Refused(str(e)) from None
-        check_replay_covers(llm.sampler.workload, args.problems, rounds, args.replay)
+        problem_ids = replayed_problems(llm.sampler.workload, args.problems, args.preset, rounds, args.replay)
     else:
+        problem_ids = [f"p{i}" for i in range(args.problems or 8)]
         mean = args.mean_tokens or mean_trajectory_tokens(args.preset, rounds)
         llm.sampler.workload = PaperLengths(mean, seed=args.seed, conclusion_median=args.conclusion_tokens,
                                             context=llm.max_model_len)
     out.mkdir(parents=True, exist_ok=True)
-    data = problems_file(out, args.problems, args.prompt_tokens)
+    data = problems_file(out, problem_ids, args.prompt_tokens)
     results = out / "results.jsonl"
     for stale in out.glob("results.jsonl*"):
         if stale.is_file():
@@ -144,10 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
     p.add_argument("--device", default="h200", help="'h200' or a parameters JSON a GPU run of bench/ wrote")
     p.add_argument("--preset", choices=sorted(PRESETS), default="high")
-    p.add_argument("--problems", type=positive_int, default=8)
+    p.add_argument("--problems", type=positive_int, default=None,
+                   help="problems to rehearse (default 8; with --replay, every problem the file recorded)")
     p.add_argument("--problems-in-flight", type=positive_int, default=64)
     p.add_argument("--prompt-tokens", type=positive_int, default=512)
-    p.add_argument("--replay", metavar="RESULTS", help="lengths from a results file of pacore run")
+    p.add_argument("--replay", metavar="RESULTS", help="lengths from a results file of pacore run: its problems "
+                   "(run 0, in its order), each trajectory as long as it was recorded; --preset must be the one it ran")
     p.add_argument("--mean-tokens", type=positive_number, help="mean trajectory length (default: the paper's per preset)")
     p.add_argument("--conclusion-tokens", type=positive_number, default=1500,
                    help="median conclusion length (default 1500)")

@@ -76,15 +76,26 @@ def check_cache(args, shapes: dict, folder, options: dict, device: DeviceParams)
                       f"trajectory that grows to it could never run; raise --kv-tokens or lower --max-model-len")
 
 
-def check_replay_covers(replay, problems: int, rounds: tuple[int, ...], path: str) -> None:
-    """Every trajectory the rehearsal will ask for (problems p0.., run 0, each round's K, then the final
-    round's one) must be in the replayed results file."""
-    have = {key[0] for key in replay.table}
-    for i in range(problems):
-        for r, k in enumerate((*rounds, 1), start=1):
+def replayed_problems(replay, problems: int | None, preset: str, rounds: tuple[int, ...], path: str) -> list[str]:
+    """The problems a replay rehearses: the first ``problems`` (None: all) whose run 0 the results file
+    recorded in full, in its order, each holding every trajectory the rehearsal will ask for (each
+    round's K, then the final round's one)."""
+    recorded = list(replay.problems)
+    held = ", ".join(recorded[:5]) + (", ..." if len(recorded) > 5 else "")
+    if not recorded:
+        raise Refused(f"--replay {path} records no problem's run 0 in full (only error records, or none): "
+                      f"nothing to replay")
+    if problems and problems > len(recorded):
+        raise Refused(f"--replay {path} records {len(recorded)} of the {problems} problems --problems asks for "
+                      f"({held}); lower --problems, or leave it out to replay them all")
+    schedule = (*rounds, 1)
+    ids = recorded[:problems] if problems else recorded
+    for pid in ids:
+        for r, k in enumerate(schedule, start=1):
             for index in range(k):
-                if (f"p{i}", 0, r, index) not in replay.table:
-                    held = ", ".join(sorted(have)[:5]) + (", ..." if len(have) > 5 else "") or "none"
-                    raise Refused(f"--replay {path} has no trajectory for problem p{i} round {r} index {index} (its "
-                                  f"problems: {held}); replay a results file of the same --preset whose problems are "
-                                  f"p0..p{problems - 1}, or lower --problems")
+                if (pid, 0, r, index) not in replay.table:
+                    raise Refused(f"--replay {path} has no trajectory for problem {pid} round {r} index {index} (it "
+                                  f"recorded rounds of K={list(replay.problems[pid])}); replay with the --preset the "
+                                  f"run used (--preset {preset} is K={list(schedule)}), a run whose round 1 was not "
+                                  f"drawn from a --pool")
+    return ids

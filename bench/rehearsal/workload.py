@@ -64,11 +64,13 @@ class PaperLengths:
 class ReplayLengths:
     """Lengths from a results file: ``key(request_id, index)`` names the (problem, run, round, index)
     whose recorded trajectory a rehearsal request stands for. Every entry is checked as it is read:
-    ValueError names the line, the round, the trajectory and what is wrong with it."""
+    ValueError names the line, the round, the trajectory and what is wrong with it. ``problems``: each
+    problem whose run 0 the file recorded in full (no error), in file order, with the K of its rounds."""
 
     def __init__(self, results: str | Path, tokenizer, key: Callable[[str, int], tuple]):
         self.key = key
         self.table: dict[tuple, tuple[int, int]] = {}
+        self.problems: dict[str, tuple[int, ...]] = {}
         try:
             lines = Path(results).read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError) as e:
@@ -88,6 +90,8 @@ class ReplayLengths:
                 conclusion = len(tokenizer.encode(message, add_special_tokens=False)) if message else 0
                 # a trajectory cut at its length limit ran on: give it one token more than it had
                 self.table[(pid, run, r, index)] = (t["tokens"] + (t.get("finish_reason") == "length"), conclusion)
+            if rec.get("run", 0) == 0 and "error" not in rec:
+                self.problems[str(rec["request_id"])] = tuple(len(rnd) for rnd in rec["round_responses"])
 
     def lengths(self, request_id: str, index: int, prompt_tokens: int, max_tokens: int) -> tuple[int, int]:
         k = self.key(request_id, index)

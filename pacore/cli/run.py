@@ -52,7 +52,9 @@ def build_llm(cfg: RunConfig):
     """The engine for ``cfg`` (imported here so ``pacore --help`` never loads torch)."""
     from engine import LLM
 
-    return LLM(seed=cfg.seed, **cfg.engine_options)
+    llm = LLM(seed=cfg.seed, **cfg.engine_options)
+    print(llm.describe(), file=sys.stderr, flush=True)  # the one start-up line: model, KV cache, context
+    return llm
 
 
 def refused_paths(args) -> str | None:

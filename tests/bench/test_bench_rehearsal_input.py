@@ -91,9 +91,9 @@ def test_a_malformed_replay_entry_is_refused_naming_it(tmp_path, capsys, bad, wo
 
 
 def test_a_replay_file_that_lacks_the_problems_is_refused(tmp_path, capsys):
-    replay = _replay(tmp_path / "r.jsonl", [_record("p0")])  # --problems 2: p1 is missing
+    replay = _replay(tmp_path / "r.jsonl", [_record("p0")])  # --problems 2: one recorded
     _refused(capsys, [*BASE, "--kv-tokens", "20000", "--replay", str(replay), "--out", str(tmp_path / "o")],
-             "no trajectory for problem p1 round 1 index 0", "p0", "--problems")
+             "records 1 of the 2 problems", "p0", "--problems")
     replay = _replay(tmp_path / "r.jsonl", [_record("p0"), _record("p1", rounds=((2,), (1,)))])  # K=2, not 4
     _refused(capsys, [*BASE, "--kv-tokens", "20000", "--replay", str(replay), "--out", str(tmp_path / "o")],
              "problem p1 round 1 index 2")
