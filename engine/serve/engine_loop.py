@@ -224,7 +224,7 @@ class EngineLoop:
         self._jobs[job.id] = job
         if job.stream:
             tok = self.llm.tokenizer
-            job.texts = {c: IncrementalText(tok, job.params.stop) for c in range(len(ids) * job.params.n)}
+            job.texts = {c: IncrementalText(tok, job.params.stop_strings) for c in range(len(ids) * job.params.n)}
         job.emit(Accepted())
 
     def _drop(self, job: Job) -> None:
