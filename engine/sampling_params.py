@@ -4,6 +4,8 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+from engine.stop_strings import StopStrings
+
 # Stop strings a request may carry: a string is found at a cost that follows the longest one, and the
 # index built for them follows their characters, so both are bounded (OpenAI takes 4 strings; the
 # server may lower these with --max-stop-strings / --max-stop-chars).
@@ -39,7 +41,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     prompt_logprobs: int | None = None
-    _stop_index: object = field(default=None, init=False, repr=False, compare=False)
+    _stop_index: StopStrings | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -88,10 +90,9 @@ class SamplingParams:
                              f"got {self.stop_token_ids!r}")
 
     @property
-    def stop_strings(self):
-        """``stop`` indexed for search (engine/stopping.py: StopStrings), built once per validation."""
+    def stop_strings(self) -> StopStrings:
+        """``stop`` indexed for search (engine/stop_strings.py), built once per validation."""
         if self._stop_index is None:
-            from engine.stopping import StopStrings
             self._stop_index = StopStrings(self.stop)
         return self._stop_index
 
