@@ -116,20 +116,28 @@ def _poison(llm, monkeypatch, request_id: str, value: float, after: int = 2, sco
     monkeypatch.setattr(llm.runner, "run", poisoned)
 
 
-@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
-def test_non_finite_logits_abort_that_request_alone(llm, monkeypatch, value):
+SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+
+
+@pytest.mark.parametrize("value, spec", [(math.nan, None), (math.inf, None), (-math.inf, None), (math.nan, SPEC)],
+                         ids=["nan", "inf", "-inf", "nan-speculative"])
+def test_non_finite_logits_abort_that_request_alone(llm, tiny_model_dir, monkeypatch, value, spec):
+    if spec is not None:  # verified rows: several logits rows per sequence
+        llm = LLM(str(tiny_model_dir("llama")), num_kv_blocks=64, max_model_len=256, speculative_config=spec)
     good = SamplingParams(n=2, max_tokens=3, seed=5, logprobs=1, **NO_EOS)
-    alone, _ = _run(llm, ("alone", [5, 6, 8], good))
+    alone, _ = _run(llm, ("alone", [5, 6, 8] * 3, good))
     _poison(llm, monkeypatch, "bad", value)
-    outputs, errors = _run(llm, ("bad", [5, 6, 7], SamplingParams(n=3, max_tokens=8, seed=1, **NO_EOS)),
-                           ("good", [5, 6, 8], good))
+    outputs, errors = _run(llm, ("bad", [5, 6, 7] * 3, SamplingParams(n=3, max_tokens=8, seed=1, **NO_EOS)),
+                           ("good", [5, 6, 8] * 3, good))
     # "good" finished in the step that failed "bad": it comes with the next step, with its own tokens.
     assert list(outputs) == ["good"]
     assert [o.token_ids for o in outputs["good"].outputs] == [o.token_ids for o in alone["alone"].outputs]
     (error,) = errors
     assert isinstance(error.cause, NonFiniteLogits) and "non-finite logits (NaN or inf)" in str(error)
-    # Its tokens so far, all drawn from finite logits (the poisoned row was never sampled).
-    assert set(error.partial) == {"bad"} and [len(t) for t, _ in error.partial["bad"]] == [2, 2, 2]
+    # Its tokens so far, all drawn from finite logits (those drawn from the poisoned rows are dropped).
+    assert set(error.partial) == {"bad"} and all(len(t) >= 2 and reason is None for t, reason in error.partial["bad"])
+    if spec is None:
+        assert [len(t) for t, _ in error.partial["bad"]] == [2, 2, 2]
     assert llm.block_manager.num_used == 0 and not llm.has_unfinished()
 
 
