@@ -107,7 +107,7 @@ _GREEDY_BELOW = 1e-5
 
 def check_stop(stop: list[str], max_strings: int, max_chars: int, what: str, limits: str) -> None:
     """Raise ValueError if ``stop`` has more than ``max_strings`` strings or ``max_chars`` characters
-    in all; ``what`` names the field, ``limits`` what sets the limits (the server's flags)."""
+    in all; ``what`` names the field, ``limits`` what sets the limits (the engine's, or the server's flags)."""
     chars = sum(len(s) for s in stop if isinstance(s, str))
     if len(stop) > max_strings or chars > max_chars:
         raise ValueError(f"{what} has {len(stop)} strings of {chars} characters in all, beyond the limit of "
