@@ -285,7 +285,7 @@ class EngineConfig:
         "D x T GPUs (default 1)", name="--tensor-parallel", type=positive_int, metavar="T"))
     max_logprobs: int = field(default=20, metadata=_flag(
         "most top alternatives a request may ask for per token (logprobs / top_logprobs / prompt_logprobs; "
-        "vLLM's --max-logprobs, default 20)", type=positive_int, metavar="N"))
+        "vLLM's --max-logprobs, default 20; at most the model's vocabulary)", type=positive_int, metavar="N"))
     logprobs_mode: str = field(default="raw_logprobs", metadata=_flag(
         "which distribution logprobs come from: raw_logprobs (the model's, before temperature and top-k/top-p; "
         "vLLM's default) or processed_logprobs (the one sampled from); prompt logprobs are always raw",
