@@ -290,7 +290,7 @@ class EngineConfig:
         "capturing fails)"))
     batch_invariant: bool = field(default=False, metadata=_flag(
         "a token's logits do not depend on what else is batched, preemption or a restart, so seeded requests "
-        "and resumed or re-batched runs draw exactly the same tokens (slower; see README Guarantees)"))
+        "and resumed or re-batched runs draw exactly the same tokens (slower; see docs/guarantees.md)"))
     record_steps: bool = False
     seed: int = field(default=0, metadata=_flag(
         "engine seed for requests without one (default 0)", type=seed_int))

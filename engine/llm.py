@@ -34,6 +34,8 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import CascadePolicy, Scheduler, StepPlan
 from engine.sequence import Partial, Request, RequestMetrics, RequestOutput
 from engine.spec import SpeculativeConfig, Speculator, accepted_runs
+from engine.spec.self_window import self_draft
+from engine.spec.verify import rejection_runs
 from engine.stopping import StopChecker
 from engine.tp_workers import start_ranks
 
@@ -82,6 +84,7 @@ class LLM:
         self.tokenizer = None if opts.skip_tokenizer_init else _load_tokenizer(opts.tokenizer or path)
         self.max_model_len = opts.max_model_len or cfg.max_position_embeddings
         self.block_size = opts.block_size
+        spec = SpeculativeConfig.from_dict(opts.speculative_config)
         cascade = CascadePolicy(False if opts.batch_invariant else opts.cascade_attention, opts.cascade_min_group,
                                 opts.cascade_min_prefix, opts.cascade_min_shared_tokens,
                                 opts.cascade_min_saved_fraction)
@@ -89,7 +92,9 @@ class LLM:
             cfg=cfg, dtype=self.dtype, block_size=opts.block_size, max_num_seqs=opts.max_num_seqs,
             max_model_len=self.max_model_len, backend=opts.attention_backend or default_backend(self.device),
             cascade=cascade.enabled is not False, batch_invariant=opts.batch_invariant,
-            kv_cache_dtype=opts.kv_cache_dtype, logprobs_mode=opts.logprobs_mode)
+            kv_cache_dtype=opts.kv_cache_dtype, logprobs_mode=opts.logprobs_mode,
+            verify_queries=spec.num_speculative_tokens + 1 if spec else 1,
+            draft_steps=spec is not None and spec.method == "self_window")
         if opts.device_model:
             from engine.rehearsal.device_model import DeviceParams
             from engine.rehearsal.runner import RehearsalRunner
@@ -108,11 +113,9 @@ class LLM:
             self.shutdown()
             raise
         self.kv_cache_dtype = kv_dtype_name(self.runner.kv_dtype)
-        log.info("KV cache: %d blocks x %d tokens = %d tokens, %s, %d bytes per token", num_blocks, opts.block_size,
-                 num_blocks * opts.block_size, self.kv_cache_dtype, self.kv_bytes_per_block // opts.block_size)
         self.block_manager = BlockManager(num_blocks, opts.block_size, opts.enable_prefix_caching)
+        log.info("%s", self.describe())
         self.stop_checker = StopChecker(self.tokenizer, cfg.eos_token_ids, self.max_model_len)
-        spec = SpeculativeConfig.from_dict(opts.speculative_config)
         self.speculator = Speculator(spec, self.block_manager, self.max_model_len) if spec else None
         self.scheduler = Scheduler(self.block_manager, self.stop_checker, opts.max_num_seqs,
                                    opts.max_num_batched_tokens, cascade, enable_fork=opts.enable_fork,
@@ -277,11 +280,17 @@ class LLM:
         hooks.planned(plan)
         try:
             with hooks.phase("engine.model"):
+                drafted = None  # self-drafting: the uniforms its drafts were coupled to, or their q
+                if plan.drafts and self.speculator.self_drafting:
+                    drafted = self_draft(plan, self.speculator.config, self.runner, self.sampler)
                 logits, scored = self.runner.run(plan)
                 hooks.model_done()
             with hooks.phase("engine.sample"):
-                tokens = self.sampler(logits, plan.sample_seqs, plan.sample_offsets) if plan.sample_seqs else []
-                runs = accepted_runs(plan, tokens)  # per sequence, its tokens (several for a verified row)
+                if isinstance(drafted, dict):
+                    runs = rejection_runs(plan, logits, drafted, self.sampler)
+                else:
+                    tokens = self.sampler(logits, plan.sample_seqs, plan.sample_offsets, drafted) if plan.sample_seqs else []
+                    runs = accepted_runs(plan, tokens)  # per sequence, its tokens (several for a verified row)
                 finished = self.scheduler.postprocess(plan, runs)  # cuts each run at its stop
                 record_logprobs(plan, logits, runs, scored, self.processed_logprobs)
         except Exception as e:
@@ -376,6 +385,20 @@ class LLM:
         """Restart stats()'s KV peaks (kv_blocks_peak, kv_blocks_peak_saved) from the present, e.g.
         to measure one round's peak."""
         self.block_manager.reset_peak()
+
+    def describe(self) -> str:
+        """One line for a person starting the engine: the model, dtype, KV cache (format, tokens that
+        fit, bytes per token), context length and devices. The pacore commands print it at start-up."""
+        blocks = self.block_manager.num_blocks
+        tp = self.options.tensor_parallel_size
+        devices = f"{self.device}" + (f" x {tp} (tensor parallel)" if tp > 1 else "")
+        if self.options.device_model:
+            devices += f", rehearsing a modelled {self.options.device_model}"
+        dtype = str(self.dtype).removeprefix("torch.")
+        return (f"engine: {self.config.path.name} ({self.config.architecture}), {dtype}, "
+                f"KV cache {self.kv_cache_dtype}: {blocks * self.block_size:,} tokens ({blocks:,} blocks of "
+                f"{self.block_size}), {self.kv_bytes_per_block // self.block_size:,} bytes per token, "
+                f"context {self.max_model_len:,} tokens, device {devices}")
 
     def stats(self) -> dict:
         """Counters since start (tokens computed, prefix-cache hits, KV block peaks, preemptions) and

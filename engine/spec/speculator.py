@@ -1,5 +1,7 @@
 """The scheduler's one seam for speculative decoding: draft tokens for a step's decode rows (with room
-for them in the cache), and the counters of what verification accepted.
+for them in the cache), and the counters of what verification accepted. N-gram drafts are chosen here,
+while the step is planned; self-drafted ones (engine/spec/self_window.py) are placeholders the model
+fills before the verify forward.
 
 A row with d drafts runs d + 1 queries in one step (its last token, then the drafts) and writes their
 K/V into its own slots; verification (engine/spec/verify.py) keeps the drafts the target's own draws
@@ -18,7 +20,7 @@ if TYPE_CHECKING:
     from engine.scheduler import StepPlan
     from engine.sequence import Sequence
 
-CORPORA = ("prompt", "own", "sibling")
+CORPORA = ("prompt", "own", "sibling", "model")
 
 
 @dataclass(slots=True)
@@ -50,6 +52,7 @@ class Speculator:
         self.bm = block_manager
         self.max_model_len = max_model_len
         self.drafter = NgramDrafter(config.prompt_lookup_min, config.prompt_lookup_max, config.lookup_siblings)
+        self.self_drafting = config.method == "self_window"
         self.stats = SpecStats(accepted_per_pos=[0] * config.num_speculative_tokens)
         self._corpus: dict[int, str] = {}  # seq id -> where this step's draft came from
 
@@ -66,7 +69,10 @@ class Speculator:
                        (len(seq.block_table) + bm.num_free) * bs - seq.num_computed - 1)
             if room <= 0:
                 continue
-            draft, corpus = self.drafter.propose(seq, room)
+            if self.self_drafting:
+                draft, corpus = [0] * room, "model"  # filled by the draft steps, before the verify forward
+            else:
+                draft, corpus = self.drafter.propose(seq, room)
             if not draft:
                 continue
             bm.allocate(seq, seq.num_computed + 1 + len(draft))
