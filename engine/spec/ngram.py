@@ -13,10 +13,8 @@ rejects (speed, never correctness); candidates are compared token by token anywa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the package stays torch-free: EngineConfig checks speculative_config with it
-    from engine.sequence import Request, Sequence
+from engine.sequence import Request, Sequence
 
 PROMPT = -1  # the source id of the request's prompt; a child's is its index
 _RECENT = 4  # places kept per n-gram: enough to prefer a longer match, bounded memory per token

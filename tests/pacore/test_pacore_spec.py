@@ -22,8 +22,9 @@ def _problems(path, n):
                                 "ground_truth": {"answer": str(2 * i)}}) + "\n")
 
 
-def _engine_options(monkeypatch, argv) -> dict:
-    """The keyword arguments the command builds its engine with (the engine itself is not built)."""
+def _capture_llm(monkeypatch) -> dict:
+    """engine.LLM replaced: the keyword arguments it is called with land in the dict returned, and the
+    command stops there (SystemExit 3), no engine built."""
     import engine
 
     seen = {}
@@ -32,6 +33,12 @@ def _engine_options(monkeypatch, argv) -> dict:
         seen.update(kw)
         raise SystemExit(3)
     monkeypatch.setattr(engine, "LLM", fake)
+    return seen
+
+
+def _engine_options(monkeypatch, argv) -> dict:
+    """The keyword arguments the command builds its engine with."""
+    seen = _capture_llm(monkeypatch)
     with pytest.raises(SystemExit):
         main(argv)
     return seen
@@ -50,7 +57,6 @@ def test_the_flag_reaches_the_engine(tmp_path, monkeypatch, command):
 
 def test_replicas_build_their_engines_with_it(tmp_path, monkeypatch):
     # --data-parallel processes and Ray actors each call build_llm(cfg) on the RunConfig the driver made
-    import engine
     from pacore.cli import build_llm, build_parser
     from pacore.cli.run import _config
 
@@ -59,9 +65,9 @@ def test_replicas_build_their_engines_with_it(tmp_path, monkeypatch):
                                       "--data-parallel", "2", "--speculative-config", json.dumps(SPEC)])
     cfg = _config(args, args.data, args.out, False)
     assert cfg.engine.speculative_config == SPEC
-    seen = {}
-    monkeypatch.setattr(engine, "LLM", lambda **kw: seen.update(kw))
-    build_llm(cfg)
+    seen = _capture_llm(monkeypatch)
+    with pytest.raises(SystemExit):
+        build_llm(cfg)
     assert seen["speculative_config"] == SPEC
 
 
@@ -69,7 +75,7 @@ def test_replicas_build_their_engines_with_it(tmp_path, monkeypatch):
 @pytest.mark.parametrize("value,said", [
     ("{bad", "not valid JSON"), ('{"draft_model": "x"}', "unknown key(s) ['draft_model']"),
     ('{"num_speculative_tokens": 0}', "num_speculative_tokens must be an integer >= 1"),
-    ('{"method": "eagle"}', "method must be one of ['ngram']"), ("[]", "non-empty JSON object"),
+    ('{"method": "eagle"}', "method must be one of ['ngram', "), ("[]", "non-empty JSON object"),
 ])
 def test_a_bad_value_exits_2_naming_the_key(tmp_path, capsys, command, value, said):
     paths = {"run": ["--data", "x", "--out", str(tmp_path / "o")], "demo": [], "serve": []}[command]
