@@ -441,7 +441,9 @@ class LLM:
         kv_blocks_peak_saved is the engine-wide peak of blocks that sharing saved at one time (the
         per-request figure is RequestOutput.metrics.kv_blocks_saved_by_sharing). kv_cache_dtype,
         kv_bytes_per_token and kv_cache_tokens describe the cache: its format, what one token costs
-        (all layers, K and V, every rank) and how many tokens it holds."""
+        (all layers, K and V, every rank) and how many tokens it holds. With speculative_config, the
+        spec_decode_* counters too (engine/spec/speculator.py, SpecStats.as_dict; per request in
+        RequestOutput.metrics)."""
         bm, sch = self.block_manager, self.scheduler
         return dict(
             prefill_tokens=sch.prefill_tokens,

@@ -41,6 +41,7 @@ class SpecStats:
         return dict(spec_decode_num_drafts=self.num_drafts, spec_decode_num_draft_tokens=self.num_draft_tokens,
                     spec_decode_num_accepted_tokens=self.num_accepted_tokens,
                     spec_decode_acceptance_rate=self.num_accepted_tokens / max(1, self.num_draft_tokens),
+                    spec_decode_num_emitted_tokens=self.num_emitted_tokens,
                     spec_decode_mean_tokens_per_verify=self.num_emitted_tokens / max(1, self.num_drafts),
                     spec_decode_num_accepted_tokens_per_pos=list(self.accepted_per_pos))
 
@@ -91,6 +92,11 @@ class Speculator:
         st.num_emitted_tokens += kept
         for j in range(accepted):
             st.accepted_per_pos[j] += 1
+        m = seq.request.metrics  # per request too: pacore run's per-round table
+        m.spec_decode_num_drafts += 1
+        m.spec_decode_num_draft_tokens += len(draft)
+        m.spec_decode_num_accepted_tokens += accepted
+        m.spec_decode_num_emitted_tokens += kept
         c = st.by_corpus[self._corpus.get(seq.seq_id, "own")]
         c[0] += 1
         c[1] += len(draft)
