@@ -35,9 +35,9 @@ from engine.sampler import Sampler, record_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import CascadePolicy, Scheduler, StepPlan
 from engine.sequence import Partial, Request, RequestMetrics, RequestOutput
-from engine.spec import SpeculativeConfig, Speculator, accepted_runs
-from engine.spec.self_window import self_draft
-from engine.spec.verify import rejection_runs
+from engine.spec.config import SpeculativeConfig
+from engine.spec.speculator import Speculator
+from engine.spec.verify import sample_runs
 from engine.stopping import StopChecker
 from engine.tp_workers import start_ranks
 
@@ -285,18 +285,13 @@ class LLM:
         hooks.planned(plan)
         try:
             with hooks.phase("engine.model"):
-                drafted = None  # self-drafting: the uniforms its drafts were coupled to, or their q
-                if plan.drafts and self.speculator.self_drafting:
-                    drafted = self_draft(plan, self.speculator.config, self.runner, self.sampler)
+                # self-drafting: the draft steps run first (what verification needs of them comes back)
+                drafted = self.speculator.draft_with_model(plan, self.runner, self.sampler) if self.speculator else None
                 logits, scored = self.runner.run(plan)
                 hooks.model_done()
             with hooks.phase("engine.sample"):
                 logits, failed = self._set_aside_non_finite(plan, logits, scored)
-                if isinstance(drafted, dict):
-                    runs = rejection_runs(plan, logits, drafted, self.sampler)
-                else:
-                    tokens = self.sampler(logits, plan.sample_seqs, plan.sample_offsets, drafted) if plan.sample_seqs else []
-                    runs = accepted_runs(plan, tokens)  # per sequence, its tokens (several for a verified row)
+                runs = sample_runs(plan, logits, self.sampler, drafted)  # per sequence: several for a verified row
                 finished = self.scheduler.postprocess(plan, runs)  # cuts each run at its stop
                 record_logprobs(plan, logits, runs, scored, self.processed_logprobs)
         except Exception as e:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from engine.spec.config import SpeculativeConfig
 from engine.spec.ngram import NgramDrafter
+from engine.spec.self_window import self_draft
 
 if TYPE_CHECKING:
     from engine.block_manager import BlockManager
@@ -80,6 +81,13 @@ class Speculator:
             self._corpus[seq.seq_id] = corpus
             budget -= len(draft)
         return budget
+
+    def draft_with_model(self, plan: StepPlan, runner, sampler):
+        """Self-drafting: run the step's draft steps, filling plan.drafts' placeholders; returns what
+        verification needs of them (engine/spec/self_window.py). None for n-gram drafts."""
+        if not (self.self_drafting and plan.drafts):
+            return None
+        return self_draft(plan, self.config, runner, sampler)
 
     def count(self, seq: Sequence, draft: list[int], matched: int, kept: int) -> None:
         """One verified row: ``matched`` leading drafts agreed with the target's draws, ``kept`` tokens

@@ -27,6 +27,15 @@ if TYPE_CHECKING:
     from engine.scheduler import StepPlan
 
 
+def sample_runs(plan: StepPlan, logits, sampler: Sampler, drafted=None) -> list[Run]:
+    """The step's tokens, a run per sampled sequence. ``drafted``: what self-drafting handed back (the
+    uniforms its drafts were coupled to, or per row the distributions q they were drawn from)."""
+    if isinstance(drafted, dict):
+        return rejection_runs(plan, logits, drafted, sampler)
+    tokens = sampler(logits, plan.sample_seqs, plan.sample_offsets, drafted) if plan.sample_seqs else []
+    return accepted_runs(plan, tokens)
+
+
 def accepted_runs(plan: StepPlan, tokens: list[int]) -> list[Run]:
     """One run per sampled sequence, from the tokens sampled at each of the plan's sample entries."""
     drafts = plan.drafts

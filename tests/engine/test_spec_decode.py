@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.spec import SpeculativeConfig, accepted_runs
+from engine.spec.config import SpeculativeConfig
+from engine.spec.verify import accepted_runs
 from engine.spec.ngram import NgramIndex
 from spec_samples import same_distribution, samples
 
