@@ -23,17 +23,21 @@ from tqdm.auto import tqdm
 
 from engine.attention import default_backend
 from engine.block_manager import BlockManager
-from engine.checks import check_fits, check_logprobs, check_resume, check_resume_logprobs, prompt_ids
+from engine.checks import (check_fits, check_logprobs, check_max_logprobs, check_resume, check_resume_logprobs,
+                           prompt_ids)
 from engine.config import EngineConfig, ModelConfig, resolve_dtype
 from engine.default_model import resolve_model
 from engine.kv_cache import kv_dtype_name
 from engine.logprobs import TokenLogprobs, prompt_logprobs_list
+from engine.non_finite import NonFiniteLogits, non_finite_requests
 from engine.observers import StepHooks, StepObserver, StepRecord
 from engine.sampler import Sampler, record_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import CascadePolicy, Scheduler, StepPlan
 from engine.sequence import Partial, Request, RequestMetrics, RequestOutput
-from engine.spec import SpeculativeConfig, Speculator, accepted_runs
+from engine.spec.config import SpeculativeConfig
+from engine.spec.speculator import Speculator
+from engine.spec.verify import sample_runs
 from engine.stopping import StopChecker
 from engine.tp_workers import start_ranks
 
@@ -76,12 +80,14 @@ class LLM:
         self.options = opts = EngineConfig(model=model, **options)
         path = resolve_model(model)
         self.config = cfg = ModelConfig.from_pretrained(path, rope_scaling=opts.rope_scaling)
+        check_max_logprobs(opts.max_logprobs, cfg.vocab_size)
         self.device = torch.device(opts.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         # A rehearsal models a GPU, so its dtype is a GPU's default.
         self.dtype = resolve_dtype(opts.dtype, torch.device("cuda") if opts.device_model else self.device)
         self.tokenizer = None if opts.skip_tokenizer_init else _load_tokenizer(opts.tokenizer or path)
         self.max_model_len = opts.max_model_len or cfg.max_position_embeddings
         self.block_size = opts.block_size
+        spec = SpeculativeConfig.from_dict(opts.speculative_config)
         cascade = CascadePolicy(False if opts.batch_invariant else opts.cascade_attention, opts.cascade_min_group,
                                 opts.cascade_min_prefix, opts.cascade_min_shared_tokens,
                                 opts.cascade_min_saved_fraction)
@@ -89,7 +95,9 @@ class LLM:
             cfg=cfg, dtype=self.dtype, block_size=opts.block_size, max_num_seqs=opts.max_num_seqs,
             max_model_len=self.max_model_len, backend=opts.attention_backend or default_backend(self.device),
             cascade=cascade.enabled is not False, batch_invariant=opts.batch_invariant,
-            kv_cache_dtype=opts.kv_cache_dtype, logprobs_mode=opts.logprobs_mode)
+            kv_cache_dtype=opts.kv_cache_dtype, logprobs_mode=opts.logprobs_mode,
+            verify_queries=spec.num_speculative_tokens + 1 if spec else 1,
+            draft_steps=spec is not None and spec.method == "self_window")
         if opts.device_model:
             from engine.rehearsal.device_model import DeviceParams
             from engine.rehearsal.runner import RehearsalRunner
@@ -108,11 +116,9 @@ class LLM:
             self.shutdown()
             raise
         self.kv_cache_dtype = kv_dtype_name(self.runner.kv_dtype)
-        log.info("KV cache: %d blocks x %d tokens = %d tokens, %s, %d bytes per token", num_blocks, opts.block_size,
-                 num_blocks * opts.block_size, self.kv_cache_dtype, self.kv_bytes_per_block // opts.block_size)
         self.block_manager = BlockManager(num_blocks, opts.block_size, opts.enable_prefix_caching)
+        log.info("%s", self.describe())
         self.stop_checker = StopChecker(self.tokenizer, cfg.eos_token_ids, self.max_model_len)
-        spec = SpeculativeConfig.from_dict(opts.speculative_config)
         self.speculator = Speculator(spec, self.block_manager, self.max_model_len) if spec else None
         self.scheduler = Scheduler(self.block_manager, self.stop_checker, opts.max_num_seqs,
                                    opts.max_num_batched_tokens, cascade, enable_fork=opts.enable_fork,
@@ -171,7 +177,8 @@ class LLM:
         self.runner.check_alive()  # a dead rank: say so now, not at the next step
         params = params or SamplingParams()
         params.validate()
-        check_logprobs(params, self.options.max_logprobs, rehearsal=bool(self.options.device_model))
+        check_logprobs(params, self.options.max_logprobs, self.config.vocab_size,
+                       rehearsal=bool(self.options.device_model))
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer: use stop_token_ids, or load one (tokenizer=...)")
         text, ids = prompt_ids(prompt, self.tokenizer, self.config.vocab_size)
@@ -242,8 +249,9 @@ class LLM:
         return self.stop_checker.final_text(seq)
 
     def has_unfinished(self) -> bool:
-        """Whether any request is in flight."""
-        return bool(self.requests)
+        """Whether any request is in flight, or finished and not yet returned by step() (a step that
+        raised StepError for others keeps them for the next)."""
+        return bool(self.requests or self._outbox)
 
     def abort_request(self, request_id: str) -> None:
         """Drop a request in flight and free its KV blocks (unknown ids are ignored)."""
@@ -277,17 +285,23 @@ class LLM:
         hooks.planned(plan)
         try:
             with hooks.phase("engine.model"):
+                # self-drafting: the draft steps run first (what verification needs of them comes back)
+                drafted = self.speculator.draft_with_model(plan, self.runner, self.sampler) if self.speculator else None
                 logits, scored = self.runner.run(plan)
                 hooks.model_done()
             with hooks.phase("engine.sample"):
-                tokens = self.sampler(logits, plan.sample_seqs, plan.sample_offsets) if plan.sample_seqs else []
-                runs = accepted_runs(plan, tokens)  # per sequence, its tokens (several for a verified row)
+                logits, failed = self._set_aside_non_finite(plan, logits, scored)
+                runs = sample_runs(plan, logits, self.sampler, drafted)  # per sequence: several for a verified row
                 finished = self.scheduler.postprocess(plan, runs)  # cuts each run at its stop
                 record_logprobs(plan, logits, runs, scored, self.processed_logprobs)
         except Exception as e:
             raise self._fail_step(plan, e) from e
+        if failed is not None:
+            finished = self._abort_set_aside(failed, finished)
         self._close_step(plan, finished)
         hooks.finished(self._steps - 1, plan, self.block_manager)
+        if failed is not None:
+            raise failed  # the step is done for the others: what finished in it comes with the next step()
         return self._take_outbox()
 
     def _idle(self) -> list[RequestOutput]:
@@ -322,6 +336,30 @@ class LLM:
                 logprobs[rid] = self.partial_logprobs(rid)
                 self.scheduler.abort(self.requests.pop(rid), keep_cached=False)
         return StepError(partial, error, logprobs)
+
+    def _set_aside_non_finite(self, plan: StepPlan, logits, scored) -> tuple:
+        """Before sampling: the requests whose logits are NaN or inf (engine/non_finite.py) get a
+        StepError holding their tokens and logprobs so far (all from finite logits), and their rows
+        become zeros, so that the step runs as planned for every row; they are aborted once it is
+        done (_abort_set_aside). Returns the logits and the StepError (None: every row is finite)."""
+        ids = non_finite_requests(plan, logits, scored)
+        if not ids:
+            return logits, None
+        failed = StepError({rid: self.partial_outputs(rid) for rid in ids}, NonFiniteLogits(ids),
+                           {rid: self.partial_logprobs(rid) for rid in ids})
+        if logits is not None:
+            logits = logits.clone()
+            logits[[i for i, seq in enumerate(plan.sample_seqs) if seq.request.request_id in failed.partial]] = 0.0
+        return logits, failed
+
+    def _abort_set_aside(self, failed: StepError, finished: list[Request]) -> list[Request]:
+        """Abort the requests set aside in this step (their blocks leave the prefix cache), one that
+        finished in it too; returns the other requests that finished."""
+        for rid in failed.partial:
+            req = self.requests.pop(rid, None)
+            if req is not None:
+                self.scheduler.abort(req, keep_cached=False)
+        return [req for req in finished if req.request_id not in failed.partial]
 
     def _finish_request(self, req: Request, now: float) -> RequestOutput:
         del self.requests[req.request_id]
@@ -377,6 +415,20 @@ class LLM:
         to measure one round's peak."""
         self.block_manager.reset_peak()
 
+    def describe(self) -> str:
+        """One line for a person starting the engine: the model, dtype, KV cache (format, tokens that
+        fit, bytes per token), context length and devices. The pacore commands print it at start-up."""
+        blocks = self.block_manager.num_blocks
+        tp = self.options.tensor_parallel_size
+        devices = f"{self.device}" + (f" x {tp} (tensor parallel)" if tp > 1 else "")
+        if self.options.device_model:
+            devices += f", rehearsing a modelled {self.options.device_model}"
+        dtype = str(self.dtype).removeprefix("torch.")
+        return (f"engine: {self.config.path.name} ({self.config.architecture}), {dtype}, "
+                f"KV cache {self.kv_cache_dtype}: {blocks * self.block_size:,} tokens ({blocks:,} blocks of "
+                f"{self.block_size}), {self.kv_bytes_per_block // self.block_size:,} bytes per token, "
+                f"context {self.max_model_len:,} tokens, device {devices}")
+
     def stats(self) -> dict:
         """Counters since start (tokens computed, prefix-cache hits, KV block peaks, preemptions) and
         the present (KV blocks used and shared by more than one sequence, sequences waiting and running).
@@ -384,7 +436,9 @@ class LLM:
         kv_blocks_peak_saved is the engine-wide peak of blocks that sharing saved at one time (the
         per-request figure is RequestOutput.metrics.kv_blocks_saved_by_sharing). kv_cache_dtype,
         kv_bytes_per_token and kv_cache_tokens describe the cache: its format, what one token costs
-        (all layers, K and V, every rank) and how many tokens it holds."""
+        (all layers, K and V, every rank) and how many tokens it holds. With speculative_config, the
+        spec_decode_* counters too (engine/spec/speculator.py, SpecStats.as_dict; per request in
+        RequestOutput.metrics)."""
         bm, sch = self.block_manager, self.scheduler
         return dict(
             prefill_tokens=sch.prefill_tokens,

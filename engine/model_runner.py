@@ -63,6 +63,7 @@ class StepInputs:
     scored_targets: torch.Tensor | None = None
     scored_top: int = 0
     scored_params: list | None = None
+    draft: bool = False  # a self-drafting step: windowed attention, never the batch-invariant ops
 
 
 class ModelRunner:
@@ -73,13 +74,12 @@ class ModelRunner:
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, block_size: int,
                  max_num_seqs: int, max_model_len: int, backend: str, cascade: bool = True,
                  batch_invariant: bool = False, shard: Shard | None = None, tp: TPGroup | None = None,
-                 workers=None, kv_cache_dtype: str = "auto", logprobs_mode: str = "raw_logprobs"):
+                 workers=None, kv_cache_dtype: str = "auto", logprobs_mode: str = "raw_logprobs",
+                 verify_queries: int = 1, draft_steps: bool = False):
         self.cfg, self.dtype, self.device, self.block_size = cfg, dtype, device, block_size
         self.kv_dtype = resolve_kv_dtype(kv_cache_dtype, dtype)
-        self.model = load_model(cfg, dtype, device, shard, tp)
-        if not is_fp8(self.kv_dtype):  # a checkpoint's KV scales quantize an FP8 cache only (as vLLM)
-            for layer in self.model.layers:
-                layer.self_attn.k_scale = layer.self_attn.v_scale = 1.0
+        # A checkpoint's KV scales quantize an FP8 cache only (as vLLM): else neither read nor checked.
+        self.model = load_model(cfg, dtype, device, shard, tp, kv_scales=is_fp8(self.kv_dtype))
         # Two roles, two names: rank 0 of a group holds its TPWorkers (engine/tp_workers.py, which
         # imports this module; None on one rank and on a worker); a worker (rank >= 1) mirrors the
         # block-table writes rank 0 sends it.
@@ -94,6 +94,7 @@ class ModelRunner:
             self.ops = batch_invariant_backend()
             tile_linears(self.model)
         self._plain_ops = self.ops  # what mark_ranges(False) restores
+        self.window_ops = get_backend(backend)  # self-drafting steps' (a sink + window, engine/spec/)
         self.max_blocks = -(-max_model_len // block_size)
         self.tables = torch.zeros(max_num_seqs, self.max_blocks, dtype=torch.int32)
         self.synced = [0] * max_num_seqs  # entries of each row already written
@@ -102,6 +103,8 @@ class ModelRunner:
         self.max_num_seqs = max_num_seqs
         self.tp_size = tp.size if tp is not None else 1
         self.graphs: DecodeGraphs | None = None
+        self.verify_queries = verify_queries  # query slots per row of verify-step graphs (speculation)
+        self.draft_steps = draft_steps  # self-drafting: capture its draft steps' graphs too
         self.processed_logprobs = logprobs_mode == "processed_logprobs"  # for a resumed trajectory's scored rows
 
     @property
@@ -178,7 +181,8 @@ class ModelRunner:
         emulate=True drives the graphs' static buffers eagerly (for CPU tests)."""
         if self.workers is not None:
             self.workers.call("capture_decode_graphs", max_batch, emulate, wait=False)
-        self.graphs = DecodeGraphs(self, max_batch, cascade=self.cascade, emulate=emulate)
+        self.graphs = DecodeGraphs(self, max_batch, cascade=self.cascade, emulate=emulate,
+                                   verify_queries=self.verify_queries, draft_steps=self.draft_steps)
 
     # -- rows of the persistent block-table buffer -------------------------------------------
     def release(self, seq: Sequence) -> None:
@@ -277,8 +281,8 @@ class ModelRunner:
             sample_idx.extend(range(first, first + len(dpos)))
         meta.slot_mapping = torch.cat(slots)
         writes, self.writes = self.writes, []
-        graph = (self.graphs is not None and not chunks and not plan.drafts
-                 and self.graphs.can_run(len(plan.decodes)))
+        graph = (self.graphs is not None and not chunks
+                 and self.graphs.can_run(len(plan.decodes), meta.decode_max_query_len))
         inputs = StepInputs(torch.tensor(ids), torch.cat(pos), meta, torch.tensor(sample_idx, dtype=torch.long),
                             plan.copies, graph, tables, writes)
         if plan.scored:
@@ -305,18 +309,43 @@ class ModelRunner:
     def run(self, plan: StepPlan) -> tuple[torch.Tensor | None, LogprobRows | None]:
         """Forward one plan, then make its block copies; returns fp32 logits, one row per
         ``plan.sample_seqs`` entry, and the logprobs of ``plan.scored``'s positions (None without)."""
-        inputs = self.prepare(plan)
-        if self.workers is None:
-            logits, scored = self.execute(inputs)
-        else:
-            self.workers.call("execute", inputs, wait=False)
-            try:
-                logits, scored = self.execute(inputs)
-            except Exception as e:
-                raise self.workers.explain(e) from e
+        logits, scored = self._execute_all(self.prepare(plan))
         if logits is not None and len(plan.sample_rows) != logits.shape[0]:  # a forked prompt's row, per trajectory
             logits = logits[torch.tensor(plan.sample_rows, device=logits.device)]
         return logits, scored
+
+    @torch.inference_mode()
+    def run_draft(self, seqs: list[Sequence], tokens: list[int], offset: int, window: int, sink: int) -> torch.Tensor:
+        """One self-drafting step (engine/spec/self_window.py): row i's query ``tokens[i]`` at position
+        ``num_computed + offset`` attends to its first ``sink`` tokens and its last ``window`` (itself
+        included); its K/V go into the row's own slot, which the verify pass overwrites. fp32 logits
+        [rows, V]. Batch-invariant engines draft with the plain ops: a draft only decides which
+        positions are verified, never which token is emitted."""
+        bs = self.block_size
+        pos = [s.num_computed + offset for s in seqs]
+        lens = [p + 1 for p in pos]
+        i32 = torch.int32
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor([s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, pos)]),
+            num_prefill_tokens=0, decode_seq_lens=torch.tensor(lens, dtype=i32),
+            decode_start_lens=torch.tensor([max(0, n - window) for n in lens], dtype=i32),
+            decode_sink_lens=torch.full((len(seqs),), sink, dtype=i32))
+        tables = {"decode": self._table_rows(seqs, lens)}
+        writes, self.writes = self.writes, []
+        graph = self.graphs is not None and self.graphs.can_run(len(seqs), draft=True)
+        inputs = StepInputs(torch.tensor(tokens), torch.tensor(pos), meta, torch.arange(len(seqs)), [], graph,
+                            tables, writes, draft=True)
+        return self._execute_all(inputs)[0]
+
+    def _execute_all(self, inputs: StepInputs) -> tuple[torch.Tensor | None, LogprobRows | None]:
+        """execute() on every rank (the workers first, then this one), a worker's death explained."""
+        if self.workers is None:
+            return self.execute(inputs)
+        self.workers.call("execute", inputs, wait=False)
+        try:
+            return self.execute(inputs)
+        except Exception as e:
+            raise self.workers.explain(e) from e
 
     @torch.inference_mode()
     def execute(self, inputs: StepInputs) -> tuple[torch.Tensor | None, LogprobRows | None]:
@@ -338,7 +367,8 @@ class ModelRunner:
                     v = getattr(meta, f)
                     if isinstance(v, torch.Tensor):
                         setattr(meta, f, v.to(self.device, non_blocking=True))
-            out = self.model(ids, positions, meta, self.kv_cache, self.ops, self.cos_sin)
+            ops = self.window_ops if inputs.draft else self.ops
+            out = self.model(ids, positions, meta, self.kv_cache, ops, self.cos_sin)
             hidden = out[sample_idx]
         self.copy_blocks(inputs.copies)  # a fork's partial prompt block, now that the forward wrote it
         scored = self._score(out, inputs) if inputs.scored_idx is not None else None

@@ -23,9 +23,11 @@ from typing import Callable
 
 from engine.block_manager import BlockManager, NoFreeBlocks
 from engine.sequence import Partial, Request, Sequence, Status
-from engine.spec import Speculator
-from engine.spec.verify import Run
 from engine.stopping import StopChecker
+
+# One sampled sequence's share of a step, what postprocess appends: (the sequence, the tokens it emits,
+# several for a verified row (engine/spec/verify.py), its first entry in StepPlan.sample_seqs).
+Run = tuple[Sequence, list[int], int]
 
 
 @dataclass(slots=True)
@@ -132,8 +134,9 @@ class StepPlan:
 class Scheduler:
     def __init__(self, block_manager: BlockManager, stop_checker: StopChecker, max_num_seqs: int,
                  max_num_batched_tokens: int, cascade: CascadePolicy, enable_fork: bool = True,
-                 on_release: Callable[[Sequence], None] = lambda seq: None, speculator: Speculator | None = None,
+                 on_release: Callable[[Sequence], None] = lambda seq: None, speculator=None,
                  on_trim: Callable[[Sequence], None] = lambda seq: None):
+        # speculator: engine/spec's Speculator (drafts and their slots, acceptance counters), or None
         self.bm = block_manager
         self.speculator = speculator
         self.on_trim = on_trim  # the model runner forgets the block-table entries a trim dropped
@@ -243,13 +246,11 @@ class Scheduler:
                 bm.trim(seq, seq.num_computed)
                 self.on_trim(seq)
                 self.speculator.count(seq, draft, _matched(draft, seq.token_ids, n), n)
-        finished = []
         for seq, reason in stopped:
             seq.finish_reason = reason
             self.finish(seq)
-            if seq.request.is_finished:
-                finished.append(seq.request)
-        return finished
+        # Once per request, not per finished sequence: checking each of n siblings would cost n^2.
+        return [req for req in dict.fromkeys(seq.request for seq, _ in stopped) if req.is_finished]
 
     def _schedule_running(self, plan: StepPlan, budget: int) -> int:
         scheduled: set[int] = set()

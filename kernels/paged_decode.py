@@ -39,6 +39,7 @@ def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     else:
         qlens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(device=dev, dtype=torch.int64)
     Qm = int(qlens.max().item()) if B > 0 else 0
+    n_q = int(qlens.sum().item())  # q may have padding rows after them (a graph's bucket): output 0
     lse = torch.full((T, Hq), float("-inf"), dtype=torch.float32, device=dev)
     out = torch.zeros_like(q)
     sink_blk = (sink + bs - 1) // bs
@@ -73,15 +74,15 @@ def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         qp = q[:, None]
     else:
         qp = torch.zeros(B, Qm, Hq, D, dtype=q.dtype, device=dev)
-        qp[q_ok] = q
+        qp[q_ok] = q[:n_q]
     qf = qp.float().reshape(B, Qm, Hkv, G, D).permute(2, 0, 1, 3, 4).reshape(Hkv, B, Qm * G, D)
     scores = torch.matmul(qf, k.transpose(-1, -2)) * sm_scale                   # [Hkv, B, Qm*G, L]
     mask = keep_q[:, :, None, :].expand(B, Qm, G, L).reshape(1, B, Qm * G, L)
     o, l = masked_softmax_attend(scores, mask, v)
     o = o.reshape(Hkv, B, Qm, G, D).permute(1, 2, 0, 3, 4).reshape(B, Qm, Hq, D)
     l = l.reshape(Hkv, B, Qm, G).permute(1, 2, 0, 3).reshape(B, Qm, Hq)
-    out = o[q_ok].to(q.dtype)
-    lse = l[q_ok]
+    out[:n_q] = o[q_ok].to(q.dtype)
+    lse[:n_q] = l[q_ok]
     return (out, lse) if return_lse else out
 
 

@@ -243,8 +243,10 @@ class ScriptedSampler:
             return self.end_think[g - think_end]
         return self.filler
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence], offsets: list[int] | None = None) -> list[int]:
-        """As Sampler: entry i is seqs[i]'s token ``offsets[i]`` positions after its next one."""
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence], offsets: list[int] | None = None,
+                 u=None) -> list[int]:
+        """As Sampler: entry i is seqs[i]'s token ``offsets[i]`` positions after its next one (``u``, the
+        draws, unused: the script decides)."""
         if not offsets:
             return [self.token(s, s.num_generated) for s in seqs]
         return [self.token(s, s.num_generated + o) for s, o in zip(seqs, offsets)]

@@ -1,5 +1,7 @@
 """The scheduler's one seam for speculative decoding: draft tokens for a step's decode rows (with room
-for them in the cache), and the counters of what verification accepted.
+for them in the cache), and the counters of what verification accepted. N-gram drafts are chosen here,
+while the step is planned; self-drafted ones (engine/spec/self_window.py) are placeholders the model
+fills before the verify forward.
 
 A row with d drafts runs d + 1 queries in one step (its last token, then the drafts) and writes their
 K/V into its own slots; verification (engine/spec/verify.py) keeps the drafts the target's own draws
@@ -12,13 +14,14 @@ from typing import TYPE_CHECKING
 
 from engine.spec.config import SpeculativeConfig
 from engine.spec.ngram import NgramDrafter
+from engine.spec.self_window import self_draft
 
 if TYPE_CHECKING:
     from engine.block_manager import BlockManager
     from engine.scheduler import StepPlan
     from engine.sequence import Sequence
 
-CORPORA = ("prompt", "own", "sibling")
+CORPORA = ("prompt", "own", "sibling", "model")
 
 
 @dataclass(slots=True)
@@ -39,6 +42,7 @@ class SpecStats:
         return dict(spec_decode_num_drafts=self.num_drafts, spec_decode_num_draft_tokens=self.num_draft_tokens,
                     spec_decode_num_accepted_tokens=self.num_accepted_tokens,
                     spec_decode_acceptance_rate=self.num_accepted_tokens / max(1, self.num_draft_tokens),
+                    spec_decode_num_emitted_tokens=self.num_emitted_tokens,
                     spec_decode_mean_tokens_per_verify=self.num_emitted_tokens / max(1, self.num_drafts),
                     spec_decode_num_accepted_tokens_per_pos=list(self.accepted_per_pos))
 
@@ -49,6 +53,7 @@ class Speculator:
         self.bm = block_manager
         self.max_model_len = max_model_len
         self.drafter = NgramDrafter(config.prompt_lookup_min, config.prompt_lookup_max, config.lookup_siblings)
+        self.self_drafting = config.method == "self_window"
         self.stats = SpecStats(accepted_per_pos=[0] * config.num_speculative_tokens)
         self._corpus: dict[int, str] = {}  # seq id -> where this step's draft came from
 
@@ -65,7 +70,10 @@ class Speculator:
                        (len(seq.block_table) + bm.num_free) * bs - seq.num_computed - 1)
             if room <= 0:
                 continue
-            draft, corpus = self.drafter.propose(seq, room)
+            if self.self_drafting:
+                draft, corpus = [0] * room, "model"  # filled by the draft steps, before the verify forward
+            else:
+                draft, corpus = self.drafter.propose(seq, room)
             if not draft:
                 continue
             need = seq.num_computed + 1 + len(draft)
@@ -75,6 +83,13 @@ class Speculator:
             self._corpus[seq.seq_id] = corpus
             budget -= len(draft)
         return budget
+
+    def draft_with_model(self, plan: StepPlan, runner, sampler):
+        """Self-drafting: run the step's draft steps, filling plan.drafts' placeholders; returns what
+        verification needs of them (engine/spec/self_window.py). None for n-gram drafts."""
+        if not (self.self_drafting and plan.drafts):
+            return None
+        return self_draft(plan, self.config, runner, sampler)
 
     def count(self, seq: Sequence, draft: list[int], matched: int, kept: int) -> None:
         """One verified row: ``matched`` leading drafts agreed with the target's draws, ``kept`` tokens
@@ -87,6 +102,11 @@ class Speculator:
         st.num_emitted_tokens += kept
         for j in range(accepted):
             st.accepted_per_pos[j] += 1
+        m = seq.request.metrics  # per request too: pacore run's per-round table
+        m.spec_decode_num_drafts += 1
+        m.spec_decode_num_draft_tokens += len(draft)
+        m.spec_decode_num_accepted_tokens += accepted
+        m.spec_decode_num_emitted_tokens += kept
         c = st.by_corpus[self._corpus.get(seq.seq_id, "own")]
         c[0] += 1
         c[1] += len(draft)

@@ -8,17 +8,32 @@ next position's token is emitted too. Every emitted token is therefore the token
 draw at that position given the same prefix: the output is the trajectory without speculation (token
 for token for greedy and seeded requests, in distribution for unseeded ones), and a draft is accepted
 with exactly its probability under the target.
+
+``rejection_runs`` is textbook speculative sampling for drafts drawn from a full distribution q (a
+self-drafting step's): a draft d is kept with probability min(1, p(d) / q(d)), a rejected one replaced
+by a draw from norm(max(0, p - q)), and a bonus drawn from p when all are kept. The output has the
+target's distribution exactly, with different tokens than plain decoding would draw.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from engine.scheduler import StepPlan
-    from engine.sequence import Sequence
+import torch
 
-# (sequence, the tokens it emits this step, its first entry in plan.sample_seqs)
-Run = tuple["Sequence", list[int], int]
+from engine.scheduler import Run
+
+if TYPE_CHECKING:
+    from engine.sampler import Sampler
+    from engine.scheduler import StepPlan
+
+
+def sample_runs(plan: StepPlan, logits, sampler: Sampler, drafted=None) -> list[Run]:
+    """The step's tokens, a run per sampled sequence. ``drafted``: what self-drafting handed back (the
+    uniforms its drafts were coupled to, or per row the distributions q they were drawn from)."""
+    if isinstance(drafted, dict):
+        return rejection_runs(plan, logits, drafted, sampler)
+    tokens = sampler(logits, plan.sample_seqs, plan.sample_offsets, drafted) if plan.sample_seqs else []
+    return accepted_runs(plan, tokens)
 
 
 def accepted_runs(plan: StepPlan, tokens: list[int]) -> list[Run]:
@@ -39,3 +54,68 @@ def accepted_runs(plan: StepPlan, tokens: list[int]) -> list[Run]:
         runs.append((seq, run, i))
         i += len(draft) + 1
     return runs
+
+
+def rejection_runs(plan: StepPlan, logits: torch.Tensor, q: dict[int, torch.Tensor], sampler: Sampler) -> list[Run]:
+    """Runs for drafts drawn from full distributions (q: seq id -> [n, V], the distribution each of its n
+    drafts was drawn from), all sampled rows at once. A greedy row keeps its drafts while the target's
+    argmax agrees, and a row without drafts samples as plain decoding does: accepted_runs' rule."""
+    entries, i, seqs = [], 0, plan.sample_seqs  # (seq, first entry, drafts) per sampled sequence
+    while i < len(seqs):
+        draft = plan.drafts.get(seqs[i].seq_id, []) if plan.drafts else []
+        entries.append((seqs[i], i, draft))
+        i += len(draft) + 1
+    spec = [e for e in entries if e[2] and not e[0].params.greedy]
+    plain = [e for e in entries if not e[2] or e[0].params.greedy]
+    out: dict[int, list[int]] = {}  # first entry -> run
+    if plain:  # greedy rows and rows without drafts: the coupled rule is theirs
+        idx = [k for seq, first, draft in plain for k in range(first, first + len(draft) + 1)]
+        sub = [(seq, off) for seq, _, draft in plain for off in range(len(draft) + 1)]
+        tokens = sampler(logits[torch.tensor(idx, device=logits.device)], [s for s, _ in sub], [o for _, o in sub])
+        at = 0
+        for seq, first, draft in plain:
+            run = [tokens[at]]
+            for j, d in enumerate(draft):
+                if run[-1] != d:
+                    break
+                run.append(tokens[at + j + 1])
+            out[first] = run
+            at += len(draft) + 1
+    if spec:
+        out |= _speculative_sampling(spec, logits, q, sampler)
+    return [(seq, out[first], first) for seq, first, _ in entries]
+
+
+def _speculative_sampling(rows, logits: torch.Tensor, q: dict[int, torch.Tensor], sampler: Sampler) -> dict[int, list[int]]:
+    """first entry -> run, for rows (seq, first entry, drafts) of sampled requests: draft j kept with
+    probability min(1, p_j(d_j) / q_j(d_j)) while the ones before it were; the first rejected one replaced
+    by a draw from norm(max(0, p_j - q_j)); a bonus drawn from p_n when all n are kept."""
+    dev, gen = logits.device, sampler.generator
+    R, N = len(rows), max(len(d) for _, _, d in rows)
+    n = torch.tensor([len(d) for _, _, d in rows], device=dev)
+    first = torch.tensor([f for _, f, _ in rows], device=dev)
+    j = torch.arange(N + 1, device=dev)
+    at = first[:, None] + torch.minimum(j[None, :], n[:, None])                 # [R, N + 1] entries
+    params = [seq.params for seq, _, _ in rows for _ in range(N + 1)]
+    p = sampler.normalised_probs(logits[at.reshape(-1)], params).reshape(R, N + 1, -1)
+    qs = torch.zeros(R, N, p.shape[-1], device=dev)
+    for r, (seq, _, d) in enumerate(rows):
+        qs[r, :len(d)] = q[seq.seq_id].to(dev)
+    drafts = torch.tensor([d + [0] * (N - len(d)) for _, _, d in rows], device=dev)
+    p_d = p[:, :N].gather(2, drafts[..., None])[..., 0]
+    q_d = qs.gather(2, drafts[..., None])[..., 0]
+    u = torch.rand(R, N, dtype=torch.float64, generator=gen, device=sampler.device).to(dev)
+    keep = (u * q_d < p_d) & (j[None, :N] < n[:, None])
+    m = keep.long().cumprod(1).sum(1)                                           # drafts kept
+    rows_ = torch.arange(R, device=dev)
+    last = p[rows_, m]                                                          # p at the first unkept position
+    rejected = m < n
+    residual = (last - qs[rows_, m.clamp(max=N - 1)]).clamp_min(0)
+    residual = torch.where((residual.sum(-1, keepdim=True) > 0), residual, last)
+    w = torch.where(rejected[:, None], residual, last).double().cumsum(-1)
+    v = torch.rand(R, dtype=torch.float64, generator=gen, device=sampler.device).to(dev)
+    final = torch.searchsorted(w, (v * w[:, -1])[:, None], right=True)[:, 0].clamp_(max=w.shape[1] - 1)
+    out = {}
+    for (seq, f, d), k, t in zip(rows, m.tolist(), final.tolist()):
+        out[f] = d[:k] + [t]
+    return out

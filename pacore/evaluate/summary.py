@@ -8,6 +8,7 @@ from ..results.files import read_results, summary_path, write_json
 from ..results.resume import latest_records
 from ..results.shapes import trajectory, usable_result
 from .confidence import MEASURES, confidence_vs_correctness
+from .stats import SPEC_DECODE_COUNTS, spec_decode_ratios
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -31,18 +32,24 @@ def _problem_of(rec: dict) -> tuple:
     return ("line", rec.get("line")) if rec.get("input_error") else ("id", str(rec.get("request_id")))
 
 
-def _round_confidence(records: list[dict], i: int) -> dict | None:
+def _round_confidence(records: list[dict], i: int) -> dict:
     """Round ``i``'s confidence against correctness over its graded trajectories that have the measures
-    (--record-confidence: rounds_stats' ``correct`` lines up with round_responses); None when none has."""
-    pairs = []
+    (--record-confidence: rounds_stats' ``correct`` lines up with round_responses), and ``measured`` of
+    its ``trajectories``: how many had the measures at all (fewer when sessions with and without
+    --record-confidence wrote the results)."""
+    pairs, total, measured = [], 0, 0
     for rec in records:
         responses, correct = rec.get("round_responses"), rec["rounds_stats"][i].get("correct")
-        if not (isinstance(responses, list) and len(responses) > i and isinstance(responses[i], list)
-                and isinstance(correct, list) and len(correct) == len(responses[i])):
+        if not (isinstance(responses, list) and len(responses) > i and isinstance(responses[i], list)):
+            continue
+        total += len(responses[i])
+        has = [isinstance(t, dict) and any(m in t for m in MEASURES) for t in responses[i]]
+        measured += sum(has)
+        if not (isinstance(correct, list) and len(correct) == len(responses[i])):
             continue
         pairs += [(t, ok) for j, (t, ok) in enumerate(zip(responses[i], correct))
-                  if ok is not None and trajectory(t, j) is not None and any(m in t for m in MEASURES)]
-    return confidence_vs_correctness(pairs) if pairs else None
+                  if ok is not None and has[j] and trajectory(t, j) is not None]
+    return {**confidence_vs_correctness(pairs), "measured": measured, "trajectories": total}
 
 
 def summarize(records: list[dict], schedule: list[int]) -> dict:
@@ -56,7 +63,7 @@ def summarize(records: list[dict], schedule: list[int]) -> dict:
     ok = [r for r in records if "error" not in r]
     errors = [r for r in records if "error" in r]
     graded = [r for r in ok if r.get("correct") is not None]
-    rounds = []
+    rounds, confidences = [], []
     for i, k in enumerate(schedule):
         has = [r for r in ok if len(r.get("rounds_stats", [])) > i]
         rs = [r["rounds_stats"][i] for r in has]
@@ -78,9 +85,10 @@ def summarize(records: list[dict], schedule: list[int]) -> dict:
             "truncated_messages": sum(s["truncated_messages"] for s in rs),
             "truncated_tokens": sum(s.get("truncated_tokens", 0) for s in rs),
         })
-        confidence = _round_confidence(has, i)
-        if confidence is not None:
-            rounds[-1]["confidence"] = confidence
+        confidences.append(_round_confidence(has, i))
+    if any(c["correct"] or c["incorrect"] for c in confidences):  # graded trajectories with the measures
+        for r, c in zip(rounds, confidences):
+            r["confidence"] = c
     accuracy, accuracy_std = _over_runs(graded, lambda r: r["correct"])
     sc, sc_std = _over_runs(ok, lambda r: (r.get("self_consistency") or {}).get("correct"))
     compute = [r["effective_compute_tokens"] for r in ok if "effective_compute_tokens" in r]
@@ -90,6 +98,9 @@ def summarize(records: list[dict], schedule: list[int]) -> dict:
     generated += sum(p["generated_tokens"] for p in pools.values())
     saved = sum(x["kv_blocks_saved_by_sharing"] for x in rounds)
     saved += sum(p["stats"]["kv_blocks_saved_by_sharing"] for p in pools.values())
+    for i, row in enumerate(rounds):  # a pool's verify work once, in round 1, as its tokens
+        row.update(_spec_decode([r["rounds_stats"][i] for r in ok if len(r.get("rounds_stats", [])) > i]
+                                + ([p["stats"] for p in pools.values()] if i == 0 else [])))
     return {
         "problems": len({_problem_of(r) for r in records}),
         "runs": max((r.get("run", 0) for r in ok), default=0) + 1,
@@ -111,6 +122,28 @@ def summarize(records: list[dict], schedule: list[int]) -> dict:
         "error_samples": [{"request_id": r.get("request_id"), "run": r.get("run"), "error": r["error"]}
                           for r in errors[:10]],
     }
+
+
+def _spec_decode(stats: list[dict]) -> dict:
+    """A round's speculative decoding counters summed over the RoundStats that have them (sessions run
+    with --speculative-config), with their ratios; {} when none has."""
+    with_spec = [s for s in stats if all(isinstance(s.get(name), int) for name in SPEC_DECODE_COUNTS)]
+    if not with_spec:
+        return {}
+    sums = {name: sum(s[name] for s in with_spec) for name in SPEC_DECODE_COUNTS}
+    return sums | spec_decode_ratios(sums)
+
+
+def _spec_cells(row: dict | None) -> str:
+    """The round table's speculation columns (drafted and accepted tokens, acceptance rate, tokens per
+    verify step); its header with ``row`` None."""
+    if row is None:
+        return f" {'drafted':>9} {'accepted':>9} {'acc rate':>8} {'tok/verify':>10}"
+    if "spec_decode_num_drafts" not in row:
+        return f" {'n/a':>9} {'n/a':>9} {'n/a':>8} {'n/a':>10}"
+    tpv = row["spec_decode_mean_tokens_per_verify"]
+    return (f" {row['spec_decode_num_draft_tokens']:>9} {row['spec_decode_num_accepted_tokens']:>9} "
+            f"{_fmt(row['spec_decode_acceptance_rate'], True):>8} {'n/a' if tpv is None else f'{tpv:.2f}':>10}")
 
 
 def _fmt(x: float | None, pct: bool = False) -> str:
@@ -139,12 +172,16 @@ def format_summary(summary: dict) -> str:
         f"  {'round':>5} {'K':>4} {'acc':>13} {'prompt tok':>11} {'gen tok':>9} {'tok/s':>8} "
         f"{'cache hit':>10} {'KV saved':>9} {'dropped':>8} {'cut (tokens)':>14}",
     ]
+    speculated = any("spec_decode_num_drafts" in r for r in summary["rounds"])  # --speculative-config
+    if speculated:
+        lines[-1] += _spec_cells(None)
     for r in summary["rounds"]:
         cut = f"{r['truncated_messages']} ({r['truncated_tokens']})"
         lines.append(
             f"  {r['round']:>5} {r['k']:>4} {_acc(r['accuracy'], r.get('accuracy_std')):>13} {r['prompt_tokens']:>11} "
             f"{r['generated_tokens']:>9} {_fmt(r['mean_tokens_per_s']):>8} {r['prefix_cache_hit_tokens']:>10} "
             f"{r['kv_blocks_saved_by_sharing']:>9} {r['dropped_messages']:>8} {cut:>14}"
+            + (_spec_cells(r) if speculated else "")
         )
     lines += _confidence_lines(summary["rounds"])
     lines.append(
@@ -181,8 +218,9 @@ def _confidence_lines(rounds: list[dict]) -> list[str]:
     if not rows:
         return []
     lines = ["  confidence of a trajectory vs its correctness (mean over right / wrong; AUROC 0.5 = no signal):",
-             f"  {'round':>5} {'right':>6} {'wrong':>6} {'mean logprob':>19} {'AUROC':>6} "
+             f"  {'round':>5} {'right':>6} {'wrong':>6} {'measured':>13} {'mean logprob':>19} {'AUROC':>6} "
              f"{'lowest group conf':>19} {'AUROC':>6}"]
+    partial = []
     for r in rows:
         c = r["confidence"]
         cells = []
@@ -190,7 +228,14 @@ def _confidence_lines(rounds: list[dict]) -> list[str]:
             m = c[name]
             cells.append(f"{_num(m['correct_mean'])} / {_num(m['incorrect_mean'])}".rjust(19)
                          + f" {_num(m['auroc'], 2):>6}")
-        lines.append(f"  {r['round']:>5} {c['correct']:>6} {c['incorrect']:>6} {cells[0]} {cells[1]}")
+        measured, total = c.get("measured"), c.get("trajectories")  # absent from summaries of before
+        coverage = "" if total is None else f"{measured} of {total}"
+        if total is not None and measured < total:
+            partial.append(f"round {r['round']}: {measured} of {total}")
+        lines.append(f"  {r['round']:>5} {c['correct']:>6} {c['incorrect']:>6} {coverage:>13} {cells[0]} {cells[1]}")
+    if partial:
+        lines.append(f"  only some trajectories have the measures ({'; '.join(partial)}): the others were run "
+                     f"without --record-confidence (a resume without it); the table is over those measured")
     return lines
 
 
@@ -238,8 +283,12 @@ def _sum_stats(sessions: list[dict]) -> dict:
         for key, value in s["engine_stats"].items():
             if isinstance(value, (int, float)) and key not in ("kv_bytes_per_block", "kv_bytes_per_token"):
                 total[key] = total.get(key, 0) + value
+            elif isinstance(value, list) and isinstance(total.get(key), list):  # per position: added up
+                total[key] = [a + b for a, b in zip(total[key], value)]
             else:
                 total.setdefault(key, value)
+    if all(name in total for name in SPEC_DECODE_COUNTS):  # the ratios of the sums, not sums of ratios
+        total.update(spec_decode_ratios(total))
     return total
 
 
