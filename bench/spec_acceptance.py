@@ -50,7 +50,7 @@ class Replay:
     def __init__(self, trajectories: list[list[int]], eos: int):
         self.trajectories, self.eos = trajectories, eos
 
-    def __call__(self, logits, seqs, offsets=None):
+    def __call__(self, logits, seqs, offsets=None, u=None):
         offsets = offsets or [0] * len(seqs)
         out = []
         for s, o in zip(seqs, offsets):
@@ -125,15 +125,15 @@ def generate(llm, prompt: list[int], params) -> dict:
     counters it added, with speculation on)."""
     before = llm.stats()
     first = len(llm.step_log)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = llm.generate([prompt], params, use_tqdm=False)[0]
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     log = llm.step_log[first:]
     after = llm.stats()
     trajectories = [o.token_ids for o in sorted(out.outputs, key=lambda o: o.index)]
     res = {"trajectories": trajectories, "texts": [o.text for o in sorted(out.outputs, key=lambda o: o.index)],
            "finish": [o.finish_reason for o in sorted(out.outputs, key=lambda o: o.index)],
-           "tokens": sum(map(len, trajectories)), "wall_s": wall, "steps": len(log),
+           "tokens": sum(map(len, trajectories)), "wall_s": wall, "cpu_s": cpu, "steps": len(log),
            "model_s": sum(r.model_s for r in log), "host_s": sum(r.schedule_s + r.sample_s for r in log)}
     if llm.speculator is not None:
         res["counters"] = {k: after[k] - before[k] for k in ("spec_decode_num_drafts", "spec_decode_num_draft_tokens",
@@ -228,13 +228,14 @@ def tables(results: dict) -> str:
                      f"{' / '.join(f'{a:.2f}' for a in r['accept'])} | {r['tokens_per_verify']:.2f} | "
                      f"{r['tokens_per_row_step']:.2f} | " + " | ".join(corpus) + " |")
     lines += ["", "| T | round | prompt tokens | tokens | same trajectories | steps off / on | wall s off / on "
-              "| model s off / on | host s off / on | replay = real counters |", "|" + "---|" * 10]
+              "| CPU s off / on | model s off / on | host s off / on | replay = real counters |", "|" + "---|" * 11]
     for key, r in results["real"].items():
         temp, kind = key.split("/")
         off, on = r["plain"], r["spec"]
         lines.append(f"| {temp} | {kind} | {r['prompt_tokens']} | {off['tokens']} / {on['tokens']} | "
                      f"{r['same']} of {len(off['trajectories'])} | {off['steps']} / {on['steps']} | "
-                     f"{off['wall_s']:.2f} / {on['wall_s']:.2f} | {off['model_s']:.2f} / {on['model_s']:.2f} | "
+                     f"{off['wall_s']:.2f} / {on['wall_s']:.2f} | {off['cpu_s']:.2f} / {on['cpu_s']:.2f} | "
+                     f"{off['model_s']:.2f} / {on['model_s']:.2f} | "
                      f"{off['host_s']:.2f} / {on['host_s']:.2f} | {r['replay_counters_equal']} |")
     return "\n".join(lines)
 

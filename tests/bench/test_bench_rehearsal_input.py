@@ -112,3 +112,26 @@ def test_a_rehearsal_whose_problems_fail_is_not_a_table(tmp_path, capsys):
     assert main([*BASE, "--kv-tokens", "20000", "--prompt-tokens", "8150", "--out", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err
     assert "problems failed in the rehearsal of engine" in err and not (tmp_path / "o" / "table.md").exists()
+
+
+@pytest.mark.parametrize("profile, words", [
+    (None, ["--spec-profile", "No such file"]),
+    ({"profiles": {"1.0": {"round1": {"2": {}}, "round2": {"2": {}}}}}, ["--spec-profile", "num_speculative_tokens=4"]),
+    ({}, ["--spec-profile", "no 'profiles'"]),
+])
+def test_a_speculative_config_without_its_acceptance_profile_is_refused_before_anything_runs(tmp_path, capsys,
+                                                                                             profile, words):
+    path = tmp_path / "profile.json"
+    if profile is not None:
+        path.write_text(json.dumps(profile))
+    _refused(capsys, [*BASE, "--kv-tokens", "20000", "--config", "engine", "--config", "spec-ngram",
+                      "--spec-profile", str(path), "--out", str(tmp_path / "o")], *words)
+    assert not (tmp_path / "o" / "engine").exists()  # refused before the first configuration ran
+
+
+@pytest.mark.parametrize("value", ["1.5", "-0.1", "often"])
+def test_a_flat_acceptance_outside_0_1_is_refused(tmp_path, capsys, value):
+    with pytest.raises(SystemExit) as e:
+        main([*BASE, "--kv-tokens", "20000", "--config", "spec-ngram", "--spec-acceptance", value,
+              "--out", str(tmp_path / "o")])
+    assert e.value.code == 2 and "--spec-acceptance" in capsys.readouterr().err
