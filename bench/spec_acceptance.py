@@ -41,7 +41,7 @@ CAVEAT = ("A 135M model sampled at temperature 1.0 is far less predictable than 
           "read these acceptances as a floor for PaCoRe-8B, not as its figures.")
 SUFFIX = " Think step by step, then give the final answer."
 DEFAULT_PROFILE = Path(__file__).parent / "rehearsal" / "spec_profile.json"
-CORPORA = ("prompt", "own", "sibling")
+CORPORA = ("prompt", "own", "sibling")  # the n-gram drafter's (SpecStats.by_corpus has "model" too)
 
 
 class Replay:
@@ -154,6 +154,8 @@ def round2_prompt(tokenizer, messages: list[dict], round1: dict, max_model_len: 
 
 
 def measure(args) -> dict:
+    """{"real": per "T/round", the runs without and with speculation; "replay": per
+    "T/round/nst/siblings", summarise()'s figures}."""
     from engine import LLM, SamplingParams
     from pacore.budget import fit_round_prompt
     from pacore.cli.demo import DEMO_PROBLEMS
