@@ -244,7 +244,7 @@ class ScriptedSampler:
         return self.filler
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence], offsets: list[int] | None = None,
-                 u=None) -> list[int]:
+                 u: torch.Tensor | None = None) -> list[int]:
         """As Sampler: entry i is seqs[i]'s token ``offsets[i]`` positions after its next one (``u``, the
         draws, unused: the script decides)."""
         if not offsets:
