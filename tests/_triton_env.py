@@ -3,8 +3,10 @@
 - PACORE_TEST_DEVICE=cuda|cpu picks the device (default: cuda when available). On cpu the Triton
   interpreter runs the kernels (TRITON_INTERPRET must be set before the kernels are created, hence
   this module).
-- PACORE_TEST_DTYPES="bfloat16,float16" restricts the dtypes (default: fp32+fp16 on CPU — the
-  interpreter's bf16 tl.dot is wrong — and fp32+fp16+bf16 on CUDA).
+- PACORE_TEST_DTYPES="bfloat16,float16" restricts the dtypes (default: fp32+fp16+bf16). On CPU the
+  bf16 kernels run with bf16 storage (q, K/V cache, outputs, p rounded to bf16) while the attention
+  dots take fp32 operands (kernels/_utils.py attn_dot: the interpreter's bf16 tl.dot is wrong), so
+  only the bf16 MMA itself is left to a GPU.
 Also holds the shared builders for paged caches whose unused slots and padding block are NaN, so any
 unmasked read poisons the output.
 """
@@ -25,7 +27,31 @@ if DEVICE == "cpu":
     for _name in [m for m in sys.modules if m == "kernels" or m.startswith("kernels.")]:
         del sys.modules[_name]
 
-_default = "float32,float16" if DEVICE == "cpu" else "float32,float16,bfloat16"
+
+def _round_bf16_like_a_gpu() -> None:
+    """The interpreter converts fp32 -> bf16 by dropping mantissa bits; a GPU rounds to nearest even
+    (cvt.rn.bf16.f32), as torch does. Its cast is replaced by torch's, so bf16 kernels round where and as
+    they will on a GPU and their tests can demand it (an interpreter without this cast is left alone)."""
+    try:
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+        real = InterpreterBuilder.cast_impl
+    except (ImportError, AttributeError):
+        return
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            rounded = torch.tensor(np.asarray(src.data, dtype=np.float32)).to(torch.bfloat16)
+            return TensorHandle(rounded.view(torch.int16).numpy().view(np.uint16), tl.bfloat16)
+        return real(self, src, dst_type)
+    InterpreterBuilder.cast_impl = cast_impl
+
+
+if DEVICE == "cpu":
+    _round_bf16_like_a_gpu()
+
+_default = "float32,float16,bfloat16"
 DTYPES = [getattr(torch, n.strip()) for n in os.environ.get("PACORE_TEST_DTYPES", _default).split(",") if n.strip()]
 # fp32 paths are always checked (tight tolerance); the env var only adds/removes the low-precision ones.
 LOW_DTYPES = [d for d in DTYPES if d != torch.float32]
