@@ -8,6 +8,8 @@ are dropped. On CPU the same buffers drive an eager call ("emulate"), so tests c
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from engine.attention import AttentionMetadata
@@ -31,7 +33,9 @@ def bucket_sizes(max_batch: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, runner, max_batch: int, cascade: bool, emulate: bool = False):
-        self.runner = runner
+        # The runner owns its graphs: a strong reference back would make a cycle that only a gc pass
+        # breaks, keeping the KV cache and the weights alive after the last LLM reference goes.
+        self.runner = weakref.proxy(runner)
         self.sizes = bucket_sizes(max_batch)
         self.emulate = emulate
         dev, i32 = runner.device, torch.int32

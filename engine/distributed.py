@@ -68,6 +68,12 @@ def connect(port: int, rank: int, size: int, device: torch.device) -> TPGroup:
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = _TIMEOUT
         pg = dist.ProcessGroupNCCL(store, rank, size, options)
+        # Bind the communicator to this rank's device now (init_process_group(device_id=...) does the
+        # same), not lazily inside the first collective: a failing NCCL setup shows here, at LLM(), and
+        # the communicator exists before any CUDA graph captures an all-reduce (ncclCommInitRank
+        # cannot run under capture). PyTorch >= 2.4; before, the graphs' warm-up creates it.
+        if hasattr(pg, "eager_connect_single_device"):
+            pg.eager_connect_single_device(device)
     else:
         pg = dist.ProcessGroupGloo(store, rank, size, _TIMEOUT)
     return TPGroup(rank, size, pg)

@@ -112,9 +112,12 @@ class ModelRunner:
                                self.kv_dtype)
 
     def free_kv_bytes(self, gpu_memory_utilization: float) -> int:
-        """Bytes this rank's GPU can give the cache, its weights loaded."""
+        """Bytes this rank's GPU can give the cache, its weights loaded. Memory torch's allocator keeps
+        cached but unused (an earlier engine's, freed) counts as free: the allocator hands it back to
+        the driver when an allocation needs it."""
         free, total = torch.cuda.mem_get_info(self.device)
-        return int(free - total * (1 - gpu_memory_utilization))
+        cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        return int(free + cached - total * (1 - gpu_memory_utilization))
 
     def min_free_kv_bytes(self, gpu_memory_utilization: float) -> int:
         """Bytes every rank's GPU can give the cache: the smallest rank's room decides."""
@@ -140,15 +143,29 @@ class ModelRunner:
         return blocks
 
     # -- the group of ranks ------------------------------------------------------------------
+    closed = False  # set by shutdown (a class default: RehearsalRunner skips __init__)
+
     def shutdown(self) -> None:
-        """Stop the tensor-parallel worker ranks (idempotent; nothing to do on one rank)."""
+        """Stop the tensor-parallel worker ranks and release this rank's decode graphs, KV cache and
+        weights at once (idempotent). On CUDA the freed memory goes back to the device, so a next
+        LLM in this process sizes its cache from it."""
         if self.workers is not None:
             self.workers.shutdown()
+        self.closed = True
+        self.graphs = self.kv_cache = self.model = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def check_alive(self) -> None:
-        """Raise WorkerDied (engine/tp_workers.py) if a worker rank is gone."""
+        """Raise WorkerDied (engine/tp_workers.py) if a worker rank is gone, RuntimeError after shutdown."""
+        self._check_open()
         if self.workers is not None:
             self.workers.check()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("this LLM was shut down (shutdown() or the end of its `with` block) and holds no "
+                               "model or KV cache any more; create a new one")
 
     @property
     def dead(self) -> bool:
@@ -275,6 +292,7 @@ class ModelRunner:
     def run(self, plan: StepPlan) -> tuple[torch.Tensor | None, LogprobRows | None]:
         """Forward one plan, then make its block copies; returns fp32 logits, one row per
         ``plan.sample_seqs`` entry, and the logprobs of ``plan.scored``'s positions (None without)."""
+        self._check_open()
         if self.batch_invariant and plan.decodes:
             # a decode is a one-token chunk that completes what its sequence has
             plan = dataclasses.replace(plan, prefills=[*plan.prefills, *((s, 1) for s in plan.decodes)],

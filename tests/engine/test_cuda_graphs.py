@@ -1,4 +1,7 @@
 """The CUDA-graph decode path's static buffers and padding, emulated on CPU (same inputs, eager call)."""
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -34,3 +37,38 @@ def test_graph_buffers_give_eager_tokens(tiny_model_dir, cascade, tp):
     assert calls and max(calls) <= 5          # 6 trajectories: the 6-row steps ran eagerly
     assert any(b not in (1, 2, 4, 5) for b in calls)  # some batches were padded up to a bucket
     llm.shutdown()
+
+
+def _with_graphs(model: str):
+    llm = LLM(model, num_kv_blocks=64, cascade_attention=True, cascade_min_prefix=16)
+    llm.runner.capture_decode_graphs(4, emulate=True)
+    llm.generate([list(range(3, 40))], SamplingParams(n=3, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    return llm
+
+
+def test_dropping_an_llm_with_graphs_frees_its_runner_at_once(tiny_model_dir):
+    # Without a gc pass: a notebook's `del llm; llm = LLM(...)` must not keep the old KV cache and weights.
+    llm = _with_graphs(str(tiny_model_dir("qwen3")))
+    runner, cache = weakref.ref(llm.runner), weakref.ref(llm.runner.kv_cache)
+    gc.collect()
+    gc.disable()
+    try:
+        del llm
+        assert runner() is None and cache() is None
+    finally:
+        gc.enable()
+
+
+def test_shutdown_releases_the_cache_graphs_and_weights(tiny_model_dir):
+    with _with_graphs(str(tiny_model_dir("qwen3"))) as llm:
+        cache, weight = weakref.ref(llm.runner.kv_cache), weakref.ref(llm.runner.model.embed_tokens.weight)
+        graphs = weakref.ref(llm.runner.graphs)
+    gc.disable()  # released by shutdown itself, while `llm` is still held
+    try:
+        assert cache() is None and weight() is None and graphs() is None
+    finally:
+        gc.enable()
+    assert llm.stats()["kv_blocks_total"] == 64  # the bookkeeping stays readable
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2), use_tqdm=False)
+    llm.shutdown()  # idempotent

@@ -236,3 +236,27 @@ def test_tp2_logprobs_equal_tp1(tmp_path):
     assert two.prompt_logprobs[0] is None and len(two.prompt_logprobs) == len(PROMPTS[2])
     for a, b in zip(one.prompt_logprobs[1:], two.prompt_logprobs[1:]):
         assert a.keys() == b.keys() and all(abs(a[t].logprob - b[t].logprob) < 1e-5 for t in a)
+
+
+def test_an_nccl_group_binds_its_device_at_init(monkeypatch):
+    """The NCCL communicator is created when the group is, on the rank's device, not lazily by the first
+    collective (which could otherwise fall inside a CUDA-graph capture). Faked: no GPU, no NCCL here."""
+    import engine.distributed as d
+    made = []
+
+    class FakeNCCL:
+        class Options:
+            _timeout = None
+
+        def __init__(self, store, rank, size, options):
+            self.connected = []
+            made.append(self)
+
+        def eager_connect_single_device(self, device):
+            self.connected.append(device)
+
+    monkeypatch.setattr(d.dist, "ProcessGroupNCCL", FakeNCCL, raising=False)
+    monkeypatch.setattr(d.dist, "TCPStore", lambda *a, **k: object())
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    tp = d.connect(1234, 1, 2, torch.device("cuda", 1))
+    assert tp.pg is made[0] and made[0].connected == [torch.device("cuda", 1)]
