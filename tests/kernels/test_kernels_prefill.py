@@ -66,14 +66,33 @@ def _whole_prompts(lens, Hkv, D, qpk, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_whole_prompts_through_sdpa_match_the_reference(dtype, monkeypatch):
+    """Whole prompts go to SDPA where it can run them: on CPU any dtype (flash or math), on CUDA flash
+    only, which has no fp32 kernel: an fp32 chunk there runs the Triton kernel, and the step's other
+    layers skip SDPA (plans["prefill_whole"] None)."""
     args, k, v = _whole_prompts([37, 100, 5], 2, 64, 4, dtype)
     ref = prefill_attention_ref(*args, 0.125)
     launches = []
-    monkeypatch.setattr(pa, "_prefill_kernel", type("K", (), {"__getitem__": lambda s, g: launches.append(g)})())
+    real = pa._prefill_kernel
+    monkeypatch.setattr(pa, "_prefill_kernel", type("K", (), {"__getitem__": lambda s, g: launches.append(g)
+                                                                  or real[g]})())
     plans = {}
     out = prefill_attention_triton(*args, 0.125, work_plans=plans, k=k, v=v, sdpa=True)
-    assert not launches and plans["prefill_whole"] == args[4].tolist()  # SDPA ran, not the Triton kernel
+    if DEV == "cpu" or dtype != torch.float32:  # SDPA ran, not the Triton kernel
+        assert not launches and plans["prefill_whole"] == args[4].tolist()
+    else:
+        assert launches and plans["prefill_whole"] is None
+        assert pa.prefill_sdpa(args[0], k, v, args[4].tolist(), 0.125) is None
     assert env.rel_err(out, ref) < env.TOL[dtype]
+
+
+@pytest.mark.parametrize("tile", sorted(pa.PREFILL_TILES))
+def test_every_prefill_tile_matches_the_reference(tile, monkeypatch):
+    """The bf16 tiles the GPU plan times against each other (PREFILL_TILES) give the same attention."""
+    monkeypatch.setattr(pa, "PREFILL_TILE", tile)
+    assert pa.prefill_blocks(torch.bfloat16, 4, 128) == pa.PREFILL_TILES[tile]
+    args = _batch([(40, 40), (200, 70), (97, 1)], 16, 2, 128, 4, torch.bfloat16)
+    out = prefill_attention_triton(*args, 0.088)
+    assert env.rel_err(out, prefill_attention_ref(*args, 0.088)) < env.TOL[torch.bfloat16]
 
 
 def test_chunk_after_a_cached_prefix_never_takes_sdpa():
