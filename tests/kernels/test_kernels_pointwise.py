@@ -10,7 +10,7 @@ from kernels.rmsnorm import rmsnorm_ref, rmsnorm_triton  # noqa: E402
 from kernels.rope import rope_ref, rope_triton  # noqa: E402
 
 DEV = env.DEVICE
-DTYPES = [torch.float32] + env.LOW_DTYPES
+DTYPES = env.DTYPES
 _poison = env.poison_fixture()  # autouse: torch.empty/empty_like return NaN-filled tensors
 
 
