@@ -11,6 +11,7 @@ process can hold several engines (tests do) and a user's own torch.distributed s
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 from dataclasses import dataclass
 
@@ -77,6 +78,15 @@ def connect(port: int, rank: int, size: int, device: torch.device) -> TPGroup:
     else:
         pg = dist.ProcessGroupGloo(store, rank, size, _TIMEOUT)
     return TPGroup(rank, size, pg)
+
+
+def check_graph_capture_env() -> None:
+    """Refuse to capture all-reduces into CUDA graphs under NCCL blocking waits: ranks are reported to
+    hang for good before the capture starts (waiting for pending NCCL work, with no timeout)."""
+    for name in ("TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT"):
+        if os.environ.get(name, "0").strip().lower() not in ("", "0", "false"):
+            raise RuntimeError(f"{name}={os.environ[name]} makes capturing the tensor-parallel decode graphs hang; "
+                               f"unset it, or run without CUDA graphs: LLM(..., enforce_eager=True), --enforce-eager")
 
 
 @dataclass(slots=True, frozen=True)

@@ -26,7 +26,7 @@ import torch
 from engine.attention import AttentionMetadata, batch_invariant_backend, get_backend, with_ranges
 from engine.config import ModelConfig
 from engine.cuda_graphs import DecodeGraphs
-from engine.distributed import Shard, TPGroup
+from engine.distributed import Shard, TPGroup, check_graph_capture_env
 from engine.kv_cache import allocate_kv_cache, bytes_per_block, copy_blocks, resolve_kv_dtype
 from engine.loader import load_model
 from engine.logprobs import LogprobRows, compute_logprobs
@@ -193,6 +193,8 @@ class ModelRunner:
     def capture_decode_graphs(self, max_batch: int, emulate: bool = False) -> None:
         """Capture decode graphs on every rank, in the same order: their all-reduces pair up at replay.
         emulate=True drives the graphs' static buffers eagerly (for CPU tests)."""
+        if self.tp_size > 1 and not emulate:
+            check_graph_capture_env()
         if self.workers is not None:
             self.workers.call("capture_decode_graphs", max_batch, emulate, wait=False)
         self.graphs = DecodeGraphs(self, max_batch, cascade=self.cascade, emulate=emulate)

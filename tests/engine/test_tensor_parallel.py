@@ -260,3 +260,14 @@ def test_an_nccl_group_binds_its_device_at_init(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     tp = d.connect(1234, 1, 2, torch.device("cuda", 1))
     assert tp.pg is made[0] and made[0].connected == [torch.device("cuda", 1)]
+
+
+@pytest.mark.parametrize("value, refused", [("1", True), ("true", True), ("0", False), ("", False)])
+def test_graph_capture_refuses_nccl_blocking_wait(monkeypatch, value, refused):
+    from engine.distributed import check_graph_capture_env
+    monkeypatch.setenv("TORCH_NCCL_BLOCKING_WAIT", value)
+    if refused:
+        with pytest.raises(RuntimeError, match="enforce_eager=True"):
+            check_graph_capture_env()
+    else:
+        check_graph_capture_env()
