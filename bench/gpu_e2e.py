@@ -360,7 +360,8 @@ def section_fp8(run: Run) -> None:
                     r["decode_vs_auto"] = r["decode_tok_s"] / auto[r["case"]]["decode_tok_s"]
                 rows.append(r)
                 run.save("fp8", rows)
-                write_device_params(run.args.out, engine={f"decode_tok_s_{fmt}": {f"{r['case']}_cascade": r["decode_tok_s"]}})
+                write_device_params(run.args.out,
+                                    engine={f"decode_tok_s_{fmt}": {f"{r['case']}_cascade": r["decode_tok_s"]}})
         del llm
         run.free()
 

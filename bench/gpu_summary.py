@@ -50,14 +50,15 @@ def table(folder: Path) -> str:
     e2e = _load(folder / "gpu_e2e.json") or {}
     if "load" in e2e:
         ld = e2e["load"]
-        lines.append(f"engine load {ld['load_s']:.1f} s, weights {ld['weights_GB']:.1f} GB, KV {ld['kv_tokens']} tokens "
-                     f"({ld['kv_GB']:.1f} GB)")
+        lines.append(f"engine load {ld['load_s']:.1f} s, weights {ld['weights_GB']:.1f} GB, "
+                     f"KV {ld['kv_tokens']} tokens ({ld['kv_GB']:.1f} GB)")
     for name, r in (e2e.get("logits") or {}).items():
         lines.append(f"logits vs transformers, {name}: top-1 agree {r['top1_agree']:.3f}, max |diff| "
                      f"{r['max_abs_err']:.3g} of |logit| <= {r['max_abs_logit']:.3g}")
     for r in e2e.get("throughput", []) + e2e.get("fp8", []):
-        lines.append(f"{r['case']:9s} cascade={r['cascade']!s:5s} {r['kv_dtype']:9s} decode {r['decode_tok_s']:9.0f} tok/s "
-                     f"(end to end {r['e2e_tok_s']:.0f}), {r['decode_ms_per_step']:.1f} ms/step")
+        lines.append(f"{r['case']:9s} cascade={r['cascade']!s:5s} {r['kv_dtype']:9s} "
+                     f"decode {r['decode_tok_s']:9.0f} tok/s (end to end {r['e2e_tok_s']:.0f}), "
+                     f"{r['decode_ms_per_step']:.1f} ms/step")
     if "past_64k_logits" in e2e:
         r = e2e["past_64k_logits"]
         lines.append(f"past 64k (positions {r['first_position']}..{r['last_position']}) vs transformers: top-1 "

@@ -19,7 +19,8 @@ def _run(tmp_path, with_pytest: bool, *args: str, out: Path | None = None):
     shadow.mkdir()
     (shadow / "pytest.py").write_text("raise ImportError('no pytest here')\n")
     path = str(ROOT) if with_pytest else f"{shadow}{os.pathsep}{ROOT}"  # the shadow before site-packages
-    (bin_dir / "python3").write_text(f"#!/bin/sh\nPYTHONPATH={path}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} \"$@\"\n")
+    shim = f"#!/bin/sh\nPYTHONPATH={path}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} \"$@\"\n"
+    (bin_dir / "python3").write_text(shim)
     for f in ("python", "python3"):
         (bin_dir / f).chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "OUT", "TRITON_CACHE_DIR", "PYTHONPATH")}
