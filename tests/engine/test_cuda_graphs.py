@@ -72,3 +72,17 @@ def test_shutdown_releases_the_cache_graphs_and_weights(tiny_model_dir):
     with pytest.raises(RuntimeError, match="shut down"):
         llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2), use_tqdm=False)
     llm.shutdown()  # idempotent
+
+
+def test_kv_sizing_counts_memory_torch_keeps_cached_as_free(monkeypatch):
+    """An earlier engine's memory, freed but still cached by torch's allocator, is room for the next
+    cache (the allocator returns it to the device when an allocation needs it). Faked: no GPU here."""
+    from types import SimpleNamespace
+
+    from engine.model_runner import ModelRunner
+    gb = 1 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10 * gb, 100 * gb))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 50 * gb)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 20 * gb)
+    runner = SimpleNamespace(device=torch.device("cuda", 0))
+    assert ModelRunner.free_kv_bytes(runner, 0.9) == (10 + 30 - 10) * gb
