@@ -10,7 +10,7 @@ For each model and FP8 format, against kv_cache_dtype="auto":
   distributions (mean and max over all positions) and top-1 agreement there.
 
 Models: SmolLM2-135M-Instruct (the embedded default) and tiny random Qwen3 / Llama checkpoints
-(tests/tiny_models.py). The table goes in the README.
+(tests/tiny_models.py). The table is in docs/gpu.md.
 
     python -m bench.fp8_accuracy [--tokens 256] [--models smollm2,qwen3,llama] [--out DIR]
 """
@@ -44,11 +44,11 @@ def run(llm, prompts, tokens: int, forced: list[list[int]] | None = None):
     logits: dict[int, list] = {}
     greedy = llm.sampler
 
-    def sampler(rows, seqs):
+    def sampler(rows, seqs, offsets=None):  # the engine's sampler signature; no speculation here
         for row, seq in zip(rows, seqs):
             logits.setdefault(int(seq.request.request_id), []).append(row.float().clone())
         if forced is None:
-            return greedy(rows, seqs)
+            return greedy(rows, seqs, offsets)
         return [forced[int(s.request.request_id)][s.num_generated] for s in seqs]
     llm.sampler = sampler
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)

@@ -8,7 +8,7 @@ then the same plus what a row that asks for logprobs adds, as ``engine.sampler.r
 noise hits both alike; each figure is the median of ``--repeats`` steps. Modelled on an H200: the
 bytes of fp32 logits that pass adds (log-softmax reads and writes them, topk and the rank count read
 them once each) at the 4.0 TB/s copy bandwidth the rehearsal uses, against a ~30 ms decode step of
-PaCoRe-8B at a long context (README, "Rehearse at scale").
+PaCoRe-8B at a long context (docs/rehearsal.md).
 
     python -m bench.logprobs_cost [--rows 32,256] [--vocab 151936] [--top 20] [--repeats 20] [--threads 1]
 """
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from bench.profile_run import apply_threads
 
 H200_BYTES_PER_S = 4.0e12  # engine/rehearsal/device_model.py's copy bandwidth
-DECODE_STEP_S = 30e-3  # a PaCoRe-8B decode step on an H200 at a long context (README's rehearsal)
+DECODE_STEP_S = 30e-3  # a PaCoRe-8B decode step on an H200 at a long context (docs/rehearsal.md)
 PASSES = 4  # log-softmax reads and writes the row, topk reads it, the rank count reads it
 
 

@@ -21,6 +21,10 @@ class AttentionMetadata:
     prefill_block_tables: torch.Tensor | None = None
     decode_seq_lens: torch.Tensor | None = None
     decode_block_tables: torch.Tensor | None = None
+    decode_cu_seqlens_q: torch.Tensor | None = None  # set: verify rows, several queries each (engine/kv_cache.py)
+    decode_max_query_len: int = 1                    # host-side bound on a row's queries
+    decode_start_lens: torch.Tensor | None = None    # set: a self-drafting step's window starts (int32 [B])
+    decode_sink_lens: torch.Tensor | None = None     # and its sink [0, sink) before the window
     group_starts: torch.Tensor | None = None   # set: decode rows use cascade (prefix-shared) attention
     group_prefix_lens: torch.Tensor | None = None
     max_group_size: int | None = None          # host-side bound, so kernels need no device read
@@ -57,6 +61,11 @@ class Backend:
                                              work_plans=meta.work_plans, k=k[:num_p], v=v[:num_p], **kv_scales)
         if num_p < q.shape[0]:
             qd = q[num_p:]
+            if meta.decode_cu_seqlens_q is not None:  # each KV block read once for all of a row's queries
+                kv_scales = kv_scales | dict(cu_seqlens_q=meta.decode_cu_seqlens_q,
+                                             max_query_len=meta.decode_max_query_len)
+            if meta.decode_start_lens is not None:  # a draft step: the sink and the recent window only
+                kv_scales = kv_scales | dict(start_lens=meta.decode_start_lens, sink_lens=meta.decode_sink_lens)
             if meta.group_starts is not None:
                 decode = self.cascade_decode(qd, k_cache, v_cache, meta.decode_block_tables,
                                              meta.decode_seq_lens, meta.group_starts,

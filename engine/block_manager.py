@@ -187,6 +187,17 @@ class BlockManager:
         self._track_peak()
         return copy
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Release seq's blocks past its first ``num_tokens`` tokens: those only a verify step's
+        rejected drafts wrote (never hashed: publish stops at the tokens kept)."""
+        keep = -(-num_tokens // self.block_size)
+        extra = len(seq.block_table) - keep
+        if extra > 0:
+            for block in reversed(seq.block_table[keep:]):
+                self._release(block)
+            del seq.block_table[keep:]
+            self.num_logical -= extra
+
     def free_seq(self, seq: Sequence, keep_cached: bool = True) -> None:
         """Release seq's blocks; keep_cached=False forgets the content of those no one else holds."""
         # Release tail first so a sequence's blocks age like its prefix: prefix blocks are

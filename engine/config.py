@@ -231,6 +231,9 @@ class EngineConfig:
     prompt_logprobs (vLLM's, default 20). logprobs_mode: 'raw_logprobs' (the model's distribution,
     vLLM's default) or 'processed_logprobs' (the one sampled from, after temperature and filters);
     engine/logprobs.py.
+    speculative_config: speculative decoding, exact (engine/spec/config.py: method "ngram",
+    num_speculative_tokens, prompt_lookup_min/max, lookup_siblings); None (default) decodes one token
+    per row per step.
     device_model: rehearse on a modelled device ('h200', or a parameters JSON a GPU run of bench/
     wrote): no weights or KV tensors are allocated, each step advances a virtual clock by its
     modelled cost, and tokens follow ``llm.sampler.workload`` (engine/rehearsal/).
@@ -273,7 +276,7 @@ class EngineConfig:
         "capturing fails)"))
     batch_invariant: bool = field(default=False, metadata=_flag(
         "a token's logits do not depend on what else is batched, preemption or a restart, so seeded requests "
-        "and resumed or re-batched runs draw exactly the same tokens (slower; see README Guarantees)"))
+        "and resumed or re-batched runs draw exactly the same tokens (slower; see docs/guarantees.md)"))
     record_steps: bool = False
     seed: int = field(default=0, metadata=_flag(
         "engine seed for requests without one (default 0)", type=seed_int))
@@ -287,6 +290,10 @@ class EngineConfig:
         "which distribution logprobs come from: raw_logprobs (the model's, before temperature and top-k/top-p; "
         "vLLM's default) or processed_logprobs (the one sampled from); prompt logprobs are always raw",
         choices=LOGPROBS_MODES))
+    speculative_config: dict | None = field(default=None, metadata=_flag(
+        "speculative decoding, exact (vLLM's flag): e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+        "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 5}' drafts from the prompt, the trajectory and its "
+        "siblings; the tokens are those decoding without it draws (default: off)", type=json_object, metavar="JSON"))
     device_model: str | None = None
 
     def __post_init__(self) -> None:
@@ -303,6 +310,8 @@ class EngineConfig:
             raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {list(LOGPROBS_MODES)}, got {self.logprobs_mode!r}")
+        from engine.spec.config import SpeculativeConfig
+        SpeculativeConfig.from_dict(self.speculative_config)  # refused here, naming the key
         if self.attention_backend not in (None, "torch", "triton"):
             raise ValueError(f"attention_backend must be 'torch', 'triton' or None, got {self.attention_backend!r}")
 
@@ -310,7 +319,8 @@ class EngineConfig:
 # The flags of `pacore run`, `demo` and `serve`, in their --help order; `serve` adds the engine's "seed"
 # (`pacore run --seed` is the run's seed, which also seeds its engine).
 ENGINE_FLAGS = ("dtype", "kv_cache_dtype", "max_model_len", "rope_scaling", "max_num_seqs", "num_kv_blocks",
-                "tensor_parallel_size", "batch_invariant", "enforce_eager", "max_logprobs", "logprobs_mode")
+                "tensor_parallel_size", "batch_invariant", "enforce_eager", "max_logprobs", "logprobs_mode",
+                "speculative_config")
 _FIELDS = {f.name: f for f in dataclasses.fields(EngineConfig)}
 
 

@@ -33,6 +33,14 @@ Decode (one query token per sequence)
 ``q [B, Hq, D]``; ``seq_lens int32 [B]`` counts every token of the sequence *including* the one
 being decoded, whose K/V has already been stored. Query head h reads KV head ``h // (Hq // Hkv)``.
 
+Several queries per row (speculative verification) and a sink + window (self-drafting)
+--------------------------------------------------------------------------------------
+``cu_seqlens_q int32 [B + 1]`` packs the queries: ``q [T, Hq, D]``, row b owning queries
+``cu_seqlens_q[b]:cu_seqlens_q[b+1]``. Query i of row b sits at position ``seq_lens[b] - q_len_b + i``
+and sees the keys up to it: causal among the row's new tokens, whose K/V are all stored before
+attention. ``start_lens [B]`` starts a row's keys later (a window); ``sink_lens [B]`` adds the keys
+``[0, sink)`` before that window. Outputs and lse are per query, ``[T, Hq, ...]``.
+
 Cascade (prefix-shared) decode
 ------------------------------
 Rows are ordered so that each group (the sequences forked from one prompt) is contiguous:
@@ -45,7 +53,8 @@ Rows are ordered so that each group (the sequences forked from one prompt) is co
 
 Row b's attention = softmax over [shared prefix of its group] ++ [its own suffix
 ``[prefix_len, seq_lens[b])``], computed as two partial states (unnormalised output, log-sum-exp)
-merged exactly. An empty part has lse = -inf and contributes nothing.
+merged exactly. An empty part has lse = -inf and contributes nothing. With several queries per row,
+every query of a group sits at or past the group's prefix (it sees all of it).
 
 Prefill / chunked prefill
 -------------------------

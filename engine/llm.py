@@ -33,6 +33,9 @@ from engine.sampler import Sampler, record_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import CascadePolicy, Scheduler, StepPlan
 from engine.sequence import Partial, Request, RequestMetrics, RequestOutput
+from engine.spec import SpeculativeConfig, Speculator, accepted_runs
+from engine.spec.self_window import self_draft
+from engine.spec.verify import rejection_runs
 from engine.stopping import StopChecker
 from engine.tp_workers import start_ranks
 
@@ -81,6 +84,7 @@ class LLM:
         self.tokenizer = None if opts.skip_tokenizer_init else _load_tokenizer(opts.tokenizer or path)
         self.max_model_len = opts.max_model_len or cfg.max_position_embeddings
         self.block_size = opts.block_size
+        spec = SpeculativeConfig.from_dict(opts.speculative_config)
         cascade = CascadePolicy(False if opts.batch_invariant else opts.cascade_attention, opts.cascade_min_group,
                                 opts.cascade_min_prefix, opts.cascade_min_shared_tokens,
                                 opts.cascade_min_saved_fraction)
@@ -88,7 +92,9 @@ class LLM:
             cfg=cfg, dtype=self.dtype, block_size=opts.block_size, max_num_seqs=opts.max_num_seqs,
             max_model_len=self.max_model_len, backend=opts.attention_backend or default_backend(self.device),
             cascade=cascade.enabled is not False, batch_invariant=opts.batch_invariant,
-            kv_cache_dtype=opts.kv_cache_dtype, logprobs_mode=opts.logprobs_mode)
+            kv_cache_dtype=opts.kv_cache_dtype, logprobs_mode=opts.logprobs_mode,
+            verify_queries=spec.num_speculative_tokens + 1 if spec else 1,
+            draft_steps=spec is not None and spec.method == "self_window")
         if opts.device_model:
             from engine.rehearsal.device_model import DeviceParams
             from engine.rehearsal.runner import RehearsalRunner
@@ -107,13 +113,14 @@ class LLM:
             self.shutdown()
             raise
         self.kv_cache_dtype = kv_dtype_name(self.runner.kv_dtype)
-        log.info("KV cache: %d blocks x %d tokens = %d tokens, %s, %d bytes per token", num_blocks, opts.block_size,
-                 num_blocks * opts.block_size, self.kv_cache_dtype, self.kv_bytes_per_block // opts.block_size)
         self.block_manager = BlockManager(num_blocks, opts.block_size, opts.enable_prefix_caching)
+        log.info("%s", self.describe())
         self.stop_checker = StopChecker(self.tokenizer, cfg.eos_token_ids, self.max_model_len)
+        self.speculator = Speculator(spec, self.block_manager, self.max_model_len) if spec else None
         self.scheduler = Scheduler(self.block_manager, self.stop_checker, opts.max_num_seqs,
                                    opts.max_num_batched_tokens, cascade, enable_fork=opts.enable_fork,
-                                   on_release=self.runner.release)
+                                   on_release=self.runner.release, speculator=self.speculator,
+                                   on_trim=self.runner.trimmed)
         if opts.device_model:
             from engine.rehearsal.runner import ScriptedSampler
             self.sampler = ScriptedSampler(self.tokenizer, cfg.eos_token_ids[0] if cfg.eos_token_ids else 0)
@@ -274,12 +281,19 @@ class LLM:
         hooks.planned(plan)
         try:
             with hooks.phase("engine.model"):
+                drafted = None  # self-drafting: the uniforms its drafts were coupled to, or their q
+                if plan.drafts and self.speculator.self_drafting:
+                    drafted = self_draft(plan, self.speculator.config, self.runner, self.sampler)
                 logits, scored = self.runner.run(plan)
                 hooks.model_done()
             with hooks.phase("engine.sample"):
-                tokens = self.sampler(logits, plan.sample_seqs) if plan.sample_seqs else []
-                record_logprobs(plan, logits, tokens, scored, self.processed_logprobs)
-                finished = self.scheduler.postprocess(plan, tokens)
+                if isinstance(drafted, dict):
+                    runs = rejection_runs(plan, logits, drafted, self.sampler)
+                else:
+                    tokens = self.sampler(logits, plan.sample_seqs, plan.sample_offsets, drafted) if plan.sample_seqs else []
+                    runs = accepted_runs(plan, tokens)  # per sequence, its tokens (several for a verified row)
+                finished = self.scheduler.postprocess(plan, runs)  # cuts each run at its stop
+                record_logprobs(plan, logits, runs, scored, self.processed_logprobs)
         except Exception as e:
             raise self._fail_step(plan, e) from e
         self._close_step(plan, finished)
@@ -373,6 +387,20 @@ class LLM:
         to measure one round's peak."""
         self.block_manager.reset_peak()
 
+    def describe(self) -> str:
+        """One line for a person starting the engine: the model, dtype, KV cache (format, tokens that
+        fit, bytes per token), context length and devices. The pacore commands print it at start-up."""
+        blocks = self.block_manager.num_blocks
+        tp = self.options.tensor_parallel_size
+        devices = f"{self.device}" + (f" x {tp} (tensor parallel)" if tp > 1 else "")
+        if self.options.device_model:
+            devices += f", rehearsing a modelled {self.options.device_model}"
+        dtype = str(self.dtype).removeprefix("torch.")
+        return (f"engine: {self.config.path.name} ({self.config.architecture}), {dtype}, "
+                f"KV cache {self.kv_cache_dtype}: {blocks * self.block_size:,} tokens ({blocks:,} blocks of "
+                f"{self.block_size}), {self.kv_bytes_per_block // self.block_size:,} bytes per token, "
+                f"context {self.max_model_len:,} tokens, device {devices}")
+
     def stats(self) -> dict:
         """Counters since start (tokens computed, prefix-cache hits, KV block peaks, preemptions) and
         the present (KV blocks used and shared by more than one sequence, sequences waiting and running).
@@ -400,7 +428,7 @@ class LLM:
             cascade_decode_steps=self._cascade_steps,
             num_waiting=len(sch.waiting),
             num_running=len(sch.running),
-        )
+        ) | (self.speculator.stats.as_dict() if self.speculator is not None else {})
 
 
 def _load_tokenizer(path):

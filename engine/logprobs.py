@@ -7,7 +7,7 @@ temperature and filters; ``processed_logprobs`` is the distribution a token was 
 sampling happens at a prompt position.
 
 At PaCoRe's shape a trajectory has 50k+ positions; a Python dict of Logprob objects per position costs
-~2.3 KB at top 20 (tracemalloc; README), against 172 bytes here, so positions live in flat arrays
+~2.3 KB at top 20 (tracemalloc; docs/engine-api.md), against 172 bytes here, so positions live in flat arrays
 (4-byte values) and a position's dict is built when it is read.
 """
 from __future__ import annotations

@@ -63,6 +63,7 @@ class StepInputs:
     scored_targets: torch.Tensor | None = None
     scored_top: int = 0
     scored_params: list | None = None
+    draft: bool = False  # a self-drafting step: windowed attention, never the batch-invariant ops
 
 
 class ModelRunner:
@@ -73,7 +74,8 @@ class ModelRunner:
     def __init__(self, cfg: ModelConfig, dtype: torch.dtype, device: torch.device, block_size: int,
                  max_num_seqs: int, max_model_len: int, backend: str, cascade: bool = True,
                  batch_invariant: bool = False, shard: Shard | None = None, tp: TPGroup | None = None,
-                 workers=None, kv_cache_dtype: str = "auto", logprobs_mode: str = "raw_logprobs"):
+                 workers=None, kv_cache_dtype: str = "auto", logprobs_mode: str = "raw_logprobs",
+                 verify_queries: int = 1, draft_steps: bool = False):
         self.cfg, self.dtype, self.device, self.block_size = cfg, dtype, device, block_size
         self.kv_dtype = resolve_kv_dtype(kv_cache_dtype, dtype)
         self.model = load_model(cfg, dtype, device, shard, tp)
@@ -94,6 +96,7 @@ class ModelRunner:
             self.ops = batch_invariant_backend()
             tile_linears(self.model)
         self._plain_ops = self.ops  # what mark_ranges(False) restores
+        self.window_ops = get_backend(backend)  # self-drafting steps' (a sink + window, engine/spec/)
         self.max_blocks = -(-max_model_len // block_size)
         self.tables = torch.zeros(max_num_seqs, self.max_blocks, dtype=torch.int32)
         self.synced = [0] * max_num_seqs  # entries of each row already written
@@ -102,6 +105,8 @@ class ModelRunner:
         self.max_num_seqs = max_num_seqs
         self.tp_size = tp.size if tp is not None else 1
         self.graphs: DecodeGraphs | None = None
+        self.verify_queries = verify_queries  # query slots per row of verify-step graphs (speculation)
+        self.draft_steps = draft_steps  # self-drafting: capture its draft steps' graphs too
         self.processed_logprobs = logprobs_mode == "processed_logprobs"  # for a resumed trajectory's scored rows
 
     @property
@@ -197,13 +202,20 @@ class ModelRunner:
             check_graph_capture_env()
         if self.workers is not None:
             self.workers.call("capture_decode_graphs", max_batch, emulate, wait=False)
-        self.graphs = DecodeGraphs(self, max_batch, cascade=self.cascade, emulate=emulate)
+        self.graphs = DecodeGraphs(self, max_batch, cascade=self.cascade, emulate=emulate,
+                                   verify_queries=self.verify_queries, draft_steps=self.draft_steps)
 
     # -- rows of the persistent block-table buffer -------------------------------------------
     def release(self, seq: Sequence) -> None:
         if seq.row >= 0:
             self.free_rows.append(seq.row)
             seq.row = -1
+
+    def trimmed(self, seq: Sequence) -> None:
+        """seq's block table lost its tail (a verify step's rejected drafts): the row's entries past it
+        are rewritten when it grows again."""
+        if seq.row >= 0:
+            self.synced[seq.row] = min(self.synced[seq.row], len(seq.block_table))
 
     def _sync_rows(self, seqs: list[Sequence]) -> torch.Tensor:
         for seq in seqs:
@@ -231,43 +243,67 @@ class ModelRunner:
         tables: dict[str, tuple[torch.Tensor, int]] = {}
         meta = AttentionMetadata(slot_mapping=None, num_prefill_tokens=0)
         chunk_at: dict[int, int] = {}  # seq id -> its chunk's first hidden row
-        if plan.prefills:
+        # (sequence, the tokens it runs from num_computed on, whether its last row is sampled)
+        chunks = [(seq, seq.token_ids[seq.num_computed:seq.num_computed + n], completes)
+                  for (seq, n), completes in zip(plan.prefills, plan.completes)]
+        # A decode row's queries: its last token, then its drafts (a verify step).
+        decodes = [(s, [s.token_ids[-1], *plan.drafts[s.seq_id]] if s.seq_id in plan.drafts else [s.token_ids[-1]])
+                   for s in plan.decodes]
+        if self.batch_invariant:  # a decode row is a chunk of its queries, every one sampled
+            chunks += [(seq, tokens, None) for seq, tokens in decodes]
+            decodes = []
+        if chunks:
             cu, lens = [0], []
-            for (seq, chunk), completes in zip(plan.prefills, plan.completes):
+            for seq, tokens, completes in chunks:
                 chunk_at[seq.seq_id] = cu[-1]
-                start, end = seq.num_computed, seq.num_computed + chunk
-                ids.extend(seq.token_ids[start:end])
+                start, end = seq.num_computed, seq.num_computed + len(tokens)
+                ids.extend(tokens)
                 p = torch.arange(start, end)
                 first = start // bs
                 table = torch.tensor(seq.block_table[first:(end - 1) // bs + 1], dtype=torch.long)
                 slots.append(table[p // bs - first] * bs + p % bs)
                 pos.append(p)
-                cu.append(cu[-1] + chunk)
+                cu.append(cu[-1] + len(tokens))
                 lens.append(end)
-                if completes:
+                if completes is None:
+                    sample_idx.extend(range(cu[-2], cu[-1]))
+                elif completes:
                     sample_idx.append(cu[-1] - 1)
             meta.num_prefill_tokens = cu[-1]
             meta.prefill_cu_seqlens_q = torch.tensor(cu, dtype=torch.int32)
             meta.prefill_seq_lens = torch.tensor(lens, dtype=torch.int32)
-            tables["prefill"] = self._table_rows([s for s, _ in plan.prefills], lens)
-        if plan.decodes:
-            dpos = [s.num_computed for s in plan.decodes]
-            ids.extend(s.token_ids[-1] for s in plan.decodes)
+            tables["prefill"] = self._table_rows([s for s, _, _ in chunks], lens)
+        if decodes:
+            dpos: list[int] = []
+            dslots: list[int] = []
+            lens = []
+            for seq, tokens in decodes:
+                ids.extend(tokens)
+                table, p0 = seq.block_table, seq.num_computed
+                for p in range(p0, p0 + len(tokens)):
+                    dpos.append(p)
+                    dslots.append(table[p // bs] * bs + p % bs)
+                lens.append(p0 + len(tokens))
             pos.append(torch.tensor(dpos))
-            slots.append(torch.tensor([s.block_table[p // bs] * bs + p % bs
-                                       for s, p in zip(plan.decodes, dpos)]))
-            lens = [p + 1 for p in dpos]
+            slots.append(torch.tensor(dslots))
             meta.decode_seq_lens = torch.tensor(lens, dtype=torch.int32)
+            if len(dpos) > len(decodes):  # verify rows: queries packed per row
+                cu = [0]
+                for _, tokens in decodes:
+                    cu.append(cu[-1] + len(tokens))
+                meta.decode_cu_seqlens_q = torch.tensor(cu, dtype=torch.int32)
+                meta.decode_max_query_len = max(len(t) for _, t in decodes)
             tables["decode"] = self._table_rows(plan.decodes, lens)
             if plan.cascade:
                 meta.group_starts = torch.tensor(plan.group_starts, dtype=torch.int32)
                 meta.group_prefix_lens = torch.tensor(plan.group_prefix_lens, dtype=torch.int32)
                 meta.max_group_size = plan.max_group_size
             first = meta.num_prefill_tokens
-            sample_idx.extend(range(first, first + len(plan.decodes)))
+            sample_idx.extend(range(first, first + len(dpos)))
         meta.slot_mapping = torch.cat(slots)
         writes, self.writes = self.writes, []
-        graph = self.graphs is not None and not plan.prefills and self.graphs.can_run(len(plan.decodes))
+        graph = (self.graphs is not None and not chunks
+                 and self.graphs.can_run(len(plan.decodes), meta.decode_max_query_len))
         inputs = StepInputs(torch.tensor(ids), torch.cat(pos), meta, torch.tensor(sample_idx, dtype=torch.long),
                             plan.copies, graph, tables, writes)
         if plan.scored:
@@ -294,23 +330,44 @@ class ModelRunner:
     def run(self, plan: StepPlan) -> tuple[torch.Tensor | None, LogprobRows | None]:
         """Forward one plan, then make its block copies; returns fp32 logits, one row per
         ``plan.sample_seqs`` entry, and the logprobs of ``plan.scored``'s positions (None without)."""
-        self._check_open()
-        if self.batch_invariant and plan.decodes:
-            # a decode is a one-token chunk that completes what its sequence has
-            plan = dataclasses.replace(plan, prefills=[*plan.prefills, *((s, 1) for s in plan.decodes)],
-                                       completes=[*plan.completes, *[True] * len(plan.decodes)], decodes=[])
-        inputs = self.prepare(plan)
-        if self.workers is None:
-            logits, scored = self.execute(inputs)
-        else:
-            self.workers.call("execute", inputs, wait=False)
-            try:
-                logits, scored = self.execute(inputs)
-            except Exception as e:
-                raise self.workers.explain(e) from e
+        logits, scored = self._execute_all(self.prepare(plan))
         if logits is not None and len(plan.sample_rows) != logits.shape[0]:  # a forked prompt's row, per trajectory
             logits = logits[torch.tensor(plan.sample_rows, device=logits.device)]
         return logits, scored
+
+    @torch.inference_mode()
+    def run_draft(self, seqs: list[Sequence], tokens: list[int], offset: int, window: int, sink: int) -> torch.Tensor:
+        """One self-drafting step (engine/spec/self_window.py): row i's query ``tokens[i]`` at position
+        ``num_computed + offset`` attends to its first ``sink`` tokens and its last ``window`` (itself
+        included); its K/V go into the row's own slot, which the verify pass overwrites. fp32 logits
+        [rows, V]. Batch-invariant engines draft with the plain ops: a draft only decides which
+        positions are verified, never which token is emitted."""
+        bs = self.block_size
+        pos = [s.num_computed + offset for s in seqs]
+        lens = [p + 1 for p in pos]
+        i32 = torch.int32
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor([s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, pos)]),
+            num_prefill_tokens=0, decode_seq_lens=torch.tensor(lens, dtype=i32),
+            decode_start_lens=torch.tensor([max(0, n - window) for n in lens], dtype=i32),
+            decode_sink_lens=torch.full((len(seqs),), sink, dtype=i32))
+        tables = {"decode": self._table_rows(seqs, lens)}
+        writes, self.writes = self.writes, []
+        graph = self.graphs is not None and self.graphs.can_run(len(seqs), draft=True)
+        inputs = StepInputs(torch.tensor(tokens), torch.tensor(pos), meta, torch.arange(len(seqs)), [], graph,
+                            tables, writes, draft=True)
+        return self._execute_all(inputs)[0]
+
+    def _execute_all(self, inputs: StepInputs) -> tuple[torch.Tensor | None, LogprobRows | None]:
+        """execute() on every rank (the workers first, then this one), a worker's death explained."""
+        self._check_open()
+        if self.workers is None:
+            return self.execute(inputs)
+        self.workers.call("execute", inputs, wait=False)
+        try:
+            return self.execute(inputs)
+        except Exception as e:
+            raise self.workers.explain(e) from e
 
     @torch.inference_mode()
     def execute(self, inputs: StepInputs) -> tuple[torch.Tensor | None, LogprobRows | None]:
@@ -332,7 +389,8 @@ class ModelRunner:
                     v = getattr(meta, f)
                     if isinstance(v, torch.Tensor):
                         setattr(meta, f, v.to(self.device, non_blocking=True))
-            out = self.model(ids, positions, meta, self.kv_cache, self.ops, self.cos_sin)
+            ops = self.window_ops if inputs.draft else self.ops
+            out = self.model(ids, positions, meta, self.kv_cache, ops, self.cos_sin)
             hidden = out[sample_idx]
         self.copy_blocks(inputs.copies)  # a fork's partial prompt block, now that the forward wrote it
         scored = self._score(out, inputs) if inputs.scored_idx is not None else None

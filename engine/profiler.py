@@ -15,7 +15,7 @@ On exit DIR holds:
   op (attention.paged_decode, attention.cascade_decode, ...), which the engine marks while a
   ranges-wanting observer is attached;
 - kv_blocks.png: physical KV blocks held per step (shared ones apart) next to what the same sequences
-  would hold without sharing (kv_blocks_logical); needs matplotlib (the dev extra);
+  would hold without sharing (kv_blocks_logical); needs matplotlib (a base dependency);
 - profile_summary.json: where the time went, per label.
 """
 from __future__ import annotations
@@ -134,7 +134,7 @@ class ProfileSession(StepObserver):
         if self.plot and self.records:
             try:
                 plot_kv_timeline(self.records, meta["kv_bytes_per_block"], self.out_dir / "kv_blocks.png")
-            except ImportError as e:  # matplotlib is a dev extra; the timeline has the same numbers
+            except ImportError as e:  # matplotlib missing (a base dependency); the timeline has the same numbers
                 print(f"profile: no kv_blocks.png ({e}); pip install matplotlib", file=sys.stderr)
         return summary
 

@@ -12,6 +12,7 @@ from engine.rng import stream_uniform
 if TYPE_CHECKING:
     from engine.scheduler import StepPlan
     from engine.sequence import Sequence
+    from engine.scheduler import Run
 
 class Sampler:
     def __init__(self, device: torch.device, seed: int = 0):
@@ -20,25 +21,38 @@ class Sampler:
         self.generator.manual_seed(seed)
 
     @torch.no_grad()
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        """logits fp32 [N, V], one row per sequence to sample."""
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence], offsets: list[int] | None = None,
+                 u: torch.Tensor | None = None) -> list[int]:
+        """logits fp32 [N, V], one row per entry to sample: entry i draws sequence seqs[i]'s token at
+        ``offsets[i]`` positions after its next one (a verified row's later queries; default 0), with the
+        uniform ``u[i]`` (default: ``uniforms(seqs, offsets)``). A seeded draw is the one plain decoding
+        makes at that position."""
         params = [s.params for s in seqs]
         if all(p.greedy for p in params):
             return logits.argmax(dim=-1).tolist()
-        dev = logits.device
+        if u is None:
+            u = self.uniforms(seqs, offsets)
         # Inverse CDF: one uniform per row instead of one per vocabulary entry.
         cdf = self.cdf(logits, params)
-        u = torch.rand(len(seqs), dtype=torch.float64, device=dev, generator=self.generator)
-        seeded = [(i, stream_uniform(s.stream, s.num_generated)) for i, s in enumerate(seqs) if s.stream is not None]
-        if seeded:
-            rows, draws = zip(*seeded)
-            u[list(rows)] = torch.tensor(draws, dtype=torch.float64, device=dev)
-        sampled = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+        sampled = torch.searchsorted(cdf, (u.to(logits.device) * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
         sampled = sampled.clamp_(max=cdf.shape[1] - 1)
-        greedy = torch.tensor([p.greedy for p in params], device=dev)
+        greedy = torch.tensor([p.greedy for p in params], device=logits.device)
         if greedy.any():
             sampled = torch.where(greedy, logits.argmax(dim=-1), sampled)
         return sampled.tolist()
+
+    def uniforms(self, seqs: list[Sequence], offsets: list[int] | None = None) -> torch.Tensor:
+        """float64 [N]: each entry's draw in [0, 1): a seeded sequence's from its stream at its position
+        (engine/rng.py), the others' from the engine's generator. Drawn ahead, they let a self-drafting
+        step draw its draft with the noise the target's own draw will use (engine/spec/self_window.py)."""
+        u = torch.rand(len(seqs), dtype=torch.float64, device=self.device, generator=self.generator)
+        offsets = offsets or [0] * len(seqs)
+        seeded = [(i, stream_uniform(s.stream, s.num_generated + off))
+                  for i, (s, off) in enumerate(zip(seqs, offsets)) if s.stream is not None]
+        if seeded:
+            rows, draws = zip(*seeded)
+            u[list(rows)] = torch.tensor(draws, dtype=torch.float64, device=self.device)
+        return u
 
     @classmethod
     def cdf(cls, logits: torch.Tensor, params: list) -> torch.Tensor:
@@ -46,6 +60,13 @@ class Sampler:
         depend on its own logits and params only (every op is per row), not on the other rows."""
         # float64, so that no token's share is absorbed into the running total.
         return cls.probs(logits, params).to(torch.float64).cumsum_(dim=-1)
+
+    @classmethod
+    def normalised_probs(cls, logits: torch.Tensor, params: list) -> torch.Tensor:
+        """fp32 [N, V]: the distribution each row is sampled from (temperature and filters, renormalised;
+        a greedy row's at temperature 1)."""
+        p = cls.probs(logits, params)
+        return p / p.sum(dim=-1, keepdim=True)
 
     @classmethod
     def processed_logprobs(cls, logits: torch.Tensor, params: list) -> torch.Tensor:
@@ -104,11 +125,12 @@ def distribution(logits: torch.Tensor, params: list | None = None) -> torch.Tens
     return lp
 
 
-def record_logprobs(plan: StepPlan, logits: torch.Tensor | None, tokens: list[int], scored: LogprobRows | None,
-                processed: bool) -> None:
+def record_logprobs(plan: StepPlan, logits: torch.Tensor | None, runs: list[Run], scored: LogprobRows | None,
+                    processed: bool) -> None:
     """Append one step's logprobs where they belong: the scored positions first (the request's prompt
-    logprobs, or a resumed trajectory's own), in position order, then each sampled token's, computed
-    for the rows that asked only. ``processed``: logprobs_mode is processed_logprobs."""
+    logprobs, or a resumed trajectory's own), in position order, then each appended token's (the runs,
+    already cut at a stop: engine/spec/verify.py), computed for the rows that asked only, each from the
+    distribution at its own position. ``processed``: logprobs_mode is processed_logprobs."""
     if scored is not None:
         at = 0
         for span in plan.scored:
@@ -117,12 +139,12 @@ def record_logprobs(plan: StepPlan, logits: torch.Tensor | None, tokens: list[in
             for i in range(at, at + span.count):
                 store.append_row(scored, i)
             at += span.count
-    asking = [i for i, seq in enumerate(plan.sample_seqs) if seq.logprobs is not None]
+    asking = [(seq, first + j, t) for seq, run, first in runs if seq.logprobs is not None for j, t in enumerate(run)]
     if not asking:
         return  # the common step: no log-softmax, no transfer
-    seqs = [plan.sample_seqs[i] for i in asking]
-    rows = logits[torch.tensor(asking, device=logits.device)] if len(asking) < len(tokens) else logits
+    seqs, entries, tokens = zip(*asking)
+    rows = logits[torch.tensor(entries, device=logits.device)] if len(entries) < logits.shape[0] else logits
     lp = distribution(rows, [s.params for s in seqs] if processed else None)
-    computed = compute_logprobs(lp, torch.tensor([tokens[i] for i in asking]), max(s.params.logprobs for s in seqs))
+    computed = compute_logprobs(lp, torch.tensor(tokens), max(s.params.logprobs for s in seqs))
     for j, seq in enumerate(seqs):
         seq.logprobs.append_row(computed, j)

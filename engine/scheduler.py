@@ -10,8 +10,10 @@ newest running sequences are preempted: their blocks are freed and they are reco
 A request with n > 1 is forked when the plan completes its prompt: the children share the prompt's
 full blocks and get a copy of its partial last block (copied after the forward writes it), and
 every sequence that can run samples from the parent's logits row. Decode rows are grouped by
-request, with the prefix each group shares, for cascade attention. ``postprocess(plan, tokens)``
-then advances the sequences, appends the sampled tokens, and finishes those that stop.
+request, with the prefix each group shares, for cascade attention. With speculative decoding a
+Speculator (engine/spec/) gives decode rows draft tokens to verify in the same step.
+``postprocess(plan, runs)`` then advances the sequences, appends each one's tokens (several for a
+verified row) up to a stop, and finishes those that stop.
 """
 from __future__ import annotations
 
@@ -22,6 +24,10 @@ from typing import Callable
 from engine.block_manager import BlockManager, NoFreeBlocks
 from engine.sequence import Partial, Request, Sequence, Status
 from engine.stopping import StopChecker
+
+# One sampled sequence's share of a step, what postprocess appends: (the sequence, the tokens it emits,
+# several for a verified row (engine/spec/verify.py), its first entry in StepPlan.sample_seqs).
+Run = tuple[Sequence, list[int], int]
 
 
 @dataclass(slots=True)
@@ -100,14 +106,18 @@ class StepPlan:
     max_group_size: int = 0
     copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) blocks, after the forward
     # Per sequence to sample, the row of the runner's logits (completed prefills, then decodes) it
-    # samples from: a forked prompt's row serves the parent and its children.
+    # samples from: a forked prompt's row serves the parent and its children. A decode row with drafts
+    # has one entry per query (its sequence repeated), ``sample_offsets`` its positions after the
+    # sequence's next one (empty when no row has drafts: all 0).
     sample_seqs: list[Sequence] = field(default_factory=list)
     sample_rows: list[int] = field(default_factory=list)
+    sample_offsets: list[int] = field(default_factory=list)
     scored: list[ScoredSpan] = field(default_factory=list)  # prompt positions that get logits too
+    drafts: dict[int, list[int]] = field(default_factory=dict)  # seq id -> its draft tokens (decode rows)
 
     @property
     def num_tokens(self) -> int:
-        return sum(n for _, n in self.prefills) + len(self.decodes)
+        return sum(n for _, n in self.prefills) + len(self.decodes) + sum(map(len, self.drafts.values()))
 
     @property
     def cascade(self) -> bool:
@@ -124,8 +134,12 @@ class StepPlan:
 class Scheduler:
     def __init__(self, block_manager: BlockManager, stop_checker: StopChecker, max_num_seqs: int,
                  max_num_batched_tokens: int, cascade: CascadePolicy, enable_fork: bool = True,
-                 on_release: Callable[[Sequence], None] = lambda seq: None):
+                 on_release: Callable[[Sequence], None] = lambda seq: None, speculator=None,
+                 on_trim: Callable[[Sequence], None] = lambda seq: None):
+        # speculator: engine/spec's Speculator (drafts and their slots, acceptance counters), or None
         self.bm = block_manager
+        self.speculator = speculator
+        self.on_trim = on_trim  # the model runner forgets the block-table entries a trim dropped
         self.stop_checker = stop_checker
         self.cascade = cascade
         self.enable_fork = enable_fork
@@ -190,32 +204,54 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         plan = StepPlan()
         budget = self._schedule_running(plan, self.max_num_batched_tokens)
+        if self.speculator is not None and plan.decodes:
+            budget = self.speculator.draft(plan, budget)  # running rows' drafts before new prompts
         self._admit(plan, budget)
         self._group_decodes(plan)
         self._plan_samples(plan)
         return plan
 
-    def postprocess(self, plan: StepPlan, tokens: list[int]) -> list[Request]:
-        """Advance what the forward computed, append the sampled tokens; returns the requests that
-        finished in this step."""
+    def postprocess(self, plan: StepPlan, runs: list[Run]) -> list[Request]:
+        """Advance what the forward computed and append each run's tokens (engine/spec/verify.py: one
+        per sampled sequence, several for a verified row), each checked for a stop: a run is cut in
+        place after the token that stops it, so nothing past a stop is appended, counted or recorded.
+        A decode row's computed tokens then advance by what it kept, and the blocks only its rejected
+        drafts used go back. Returns the requests that finished in this step."""
         for seq, chunk in plan.prefills:
             seq.num_computed += chunk
             self.prefill_tokens += chunk
-        bs = self.bm.block_size
+        stopped: list[tuple[Sequence, str]] = []
+        kept: dict[int, int] = {}
+        check = self.stop_checker.check
+        for seq, run, _ in runs:
+            n = 0
+            for token in run:
+                seq.token_ids.append(token)
+                n += 1
+                reason = check(seq)
+                if reason is not None:
+                    stopped.append((seq, reason))
+                    break
+            if n < len(run):
+                del run[n:]
+            kept[seq.seq_id] = n
+        bm, drafts = self.bm, plan.drafts
         for seq in plan.decodes:
-            seq.num_computed += 1
-            if seq.num_computed % bs == 0:  # a block just filled (usually published when planned)
-                self.bm.publish(seq, seq.num_computed)
-        self.decode_tokens += len(plan.decodes)
+            n = kept[seq.seq_id]
+            seq.num_computed += n  # its last token and the drafts it kept: their K/V are written
+            self.decode_tokens += n
+            bm.publish(seq, seq.num_computed)  # blocks those tokens filled
+            draft = drafts.get(seq.seq_id) if drafts else None
+            if draft:
+                bm.trim(seq, seq.num_computed)
+                self.on_trim(seq)
+                self.speculator.count(seq, draft, _matched(draft, seq.token_ids, n), n)
         finished = []
-        for seq, token in zip(plan.sample_seqs, tokens):
-            seq.token_ids.append(token)
-            reason = self.stop_checker.check(seq)
-            if reason is not None:
-                seq.finish_reason = reason
-                self.finish(seq)
-                if seq.request.is_finished:
-                    finished.append(seq.request)
+        for seq, reason in stopped:
+            seq.finish_reason = reason
+            self.finish(seq)
+            if seq.request.is_finished:
+                finished.append(seq.request)
         return finished
 
     def _schedule_running(self, plan: StepPlan, budget: int) -> int:
@@ -317,8 +353,17 @@ class Scheduler:
                 plan.sample_seqs.extend(group)
                 plan.sample_rows.extend([row] * len(group))
                 row += 1
-        plan.sample_seqs.extend(plan.decodes)
-        plan.sample_rows.extend(range(row, row + len(plan.decodes)))
+        if not plan.drafts:
+            plan.sample_seqs.extend(plan.decodes)
+            plan.sample_rows.extend(range(row, row + len(plan.decodes)))
+        else:  # a verified row samples each of its queries' positions
+            plan.sample_offsets = [0] * len(plan.sample_seqs)
+            for seq in plan.decodes:
+                q = 1 + len(plan.drafts.get(seq.seq_id, ()))
+                plan.sample_seqs.extend([seq] * q)
+                plan.sample_rows.extend(range(row, row + q))
+                plan.sample_offsets.extend(range(q))
+                row += q
         self._plan_scored(plan)
 
     @staticmethod
@@ -408,3 +453,12 @@ class Scheduler:
                     n = k
             self._shared_blocks[req.request_id] = n
         return n
+
+
+def _matched(draft: list[int], token_ids: list[int], kept: int) -> int:
+    """Leading drafts equal to the tokens a verified row appended (its last ``kept`` tokens)."""
+    new = token_ids[len(token_ids) - kept:]
+    m = 0
+    while m < min(len(draft), len(new)) and draft[m] == new[m]:
+        m += 1
+    return m

@@ -96,6 +96,7 @@ class Request:
     metrics: RequestMetrics = field(default_factory=lambda: RequestMetrics(time.perf_counter()))
     # tokens 1.. of the prompt, when params.prompt_logprobs is set: computed once, by one sequence
     prompt_logprobs: TokenLogprobs | None = None
+    draft_index: object = None  # speculative decoding's per-request corpus (engine/spec/ngram.py), when on
 
     def __post_init__(self) -> None:
         if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:

@@ -10,7 +10,13 @@ Triton kernel notes:
   caches must be contiguous; block_tables rows contiguous (int32 or int64).
 - paged_decode_triton / prefill_attention_triton never sync with the host. cascade_decode_triton reads
   the largest group size from group_starts (a sync, per call) unless given max_group_size=<int>, as
-  the engine always does.
+  the engine always does. With several queries per row (cu_seqlens_q), both decode kernels read the
+  largest q_len from the device unless given max_query_len=<int> (a bound: a row with more queries is
+  still exact, in more passes over its keys).
+- Several queries per row (speculative verification): a decode program's M dim packs the row's queries
+  x the kv head's q heads, so each K/V tile is read once per (row, kv head, split) for all of them;
+  only the tiles on the causal diagonal are masked. Cascade's prefix stage packs the query rows of a
+  group. sink_lens (paged decode): the keys [0, sink) ++ [start, seq) are split as one logical range.
   Optional num_splits (paged) / suffix_splits (cascade) override the split-KV heuristics. Cascade's
   prefix splits are planned on the device from the real groups (cascade_prefix_plan), once per step
   when the caller passes a work_plans dict (AttentionMetadata.work_plans), so a CUDA graph captured

@@ -142,16 +142,18 @@ def online_softmax_tile(q, k, v, keep, qk_scale, m_i, l_i, acc, DOT_PREC: tl.con
     kept, no mask is applied), then the running max m_i, the running sum l_i of exp2 and the
     unnormalised output acc are rescaled and updated. Returns them.
 
-    The caller guarantees every row's new max is finite (a kept key in this or an earlier tile): with
-    m_i = m_new = -inf, exp2(m_i - m_new) would be NaN."""
+    A row that has kept no key yet (max still -inf, possible only with a mask) stays at l_i = 0, acc = 0."""
     # An FP8 tile is upcast here, in registers, to q's dtype (exact: every FP8 value is a bf16/fp16
     # value); its K scale is folded into qk_scale and its V scale applied to the output by the caller.
     s = attn_dot(q, tl.trans(k.to(q.dtype)), DOT_PREC) * qk_scale
     if keep is not None:
         s = tl.where(keep, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    m_sub = m_new
+    if keep is not None:  # exp2(-inf - -inf) is NaN: such a row subtracts 0, so alpha = p = 0 (finite rows unchanged)
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_sub)
+    p = tl.exp2(s - m_sub[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + attn_dot(p.to(q.dtype), v.to(q.dtype), DOT_PREC)
     return m_new, l_i, acc
@@ -179,7 +181,6 @@ def attend_key_range(q, kc_ptr, vc_ptr, bt_row, t0, t1, h, d, stride_tok, qk_sca
         pos = n0 + tl.arange(0, BLOCK_N)
         ok = pos < t1
         k, v = load_kv_tile(kc_ptr, vc_ptr, bt_row, pos, ok, h, d, stride_tok, BS, D)
-        # The new max is finite: every tile has >= 1 valid key (n0 < t1).
         m_i, l_i, acc = online_softmax_tile(q, k, v, ok[None, :], qk_scale, m_i, l_i, acc, DOT_PREC)
     return online_softmax_finish(m_i, l_i, acc)
 

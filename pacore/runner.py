@@ -31,6 +31,7 @@ from .results.preflight import INTERRUPTED, Pending, preflight
 from .results.problems import BadLine, Problem
 from .results.resume import PriorWork, runs_left
 from .results.sink import FileSink
+from .results.snapshots import finished_without_logprobs
 from .unit import InFlight, Pool, Unit
 
 
@@ -266,18 +267,27 @@ class PaCoReRunner:
         """Add the round's request, continuing its snapshot if there is one; returns the tokens resumed.
 
         With --record-confidence the snapshot's logprobs continue too; a snapshot taken without them
-        leaves the engine to recompute them from the tokens (which it refuses for a finished child, so
-        that round starts over)."""
+        leaves the engine to recompute them from the tokens, which it cannot for a finished trajectory:
+        that round starts over, said in the command line's terms."""
         r, prompt = job.round_idx, job.current.prompt
         snapshot = self._journal.resume_tokens(job.key, r + 1, params.n, prompt, params.logprobs)
+        where = f"pacore: problem {job.problem.id!r} round {r + 1}"
         if snapshot is not None:
             resume, logprobs = snapshot
+            lacking = finished_without_logprobs(resume, logprobs) if params.logprobs is not None else None
+            if lacking is not None:
+                print(f"{where}: its snapshot cannot be continued with --record-confidence: trajectory {lacking} "
+                      f"had finished, and its logprobs were not saved with it (the snapshot was taken without "
+                      f"--record-confidence, or they could not be read back), so its confidence cannot be "
+                      f"measured; starting the round over", file=sys.stderr)
+                snapshot = None
+        if snapshot is not None:
             try:
                 self.llm.add_request(prompt, params, request_id=rid, resume=resume, resume_logprobs=logprobs)
                 return sum(len(tokens) for tokens, _ in resume)
-            except ValueError as e:
-                print(f"pacore: problem {job.problem.id!r} round {r + 1}: snapshot not usable ({e}); "
-                      f"starting the round over", file=sys.stderr)
+            except ValueError as e:  # tokens the engine refuses (beyond max_tokens, the vocabulary, ...)
+                print(f"{where}: its snapshot does not fit this round (the engine refused it: {e}); starting the "
+                      f"round over", file=sys.stderr)
         self.llm.add_request(prompt, params, request_id=rid)
         return 0
 

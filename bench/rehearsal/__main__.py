@@ -20,7 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from engine.config import positive_int, seed_int
+from engine.rehearsal.device_model import DeviceParams
+
 from bench.rehearsal import report
+from bench.rehearsal.checks import (BLOCK_SIZE, MAX_KV_TOKENS, Refused, check_args, check_cache, positive_number,
+                                    replayed_problems)
 from bench.rehearsal.shapes import SHAPES, model_folder
 from bench.rehearsal.workload import CONTEXT, PaperLengths, ReplayLengths, mean_trajectory_tokens
 
@@ -36,19 +41,24 @@ CONFIGS = {
 }
 
 
-def problems_file(folder: Path, n: int, prompt_tokens: int) -> Path:
-    """n problems whose prompts are about ``prompt_tokens`` tokens (round 1's shared prompt)."""
+def problems_file(folder: Path, ids: list[str], prompt_tokens: int) -> Path:
+    """A problem per id whose prompt is about ``prompt_tokens`` tokens (round 1's shared prompt)."""
     words = ("the sum of two primes is even when both are odd so consider each case in turn and "
              "count the ways a number can be written as such a sum").split()
     path = folder / "problems.jsonl"
     with open(path, "w") as f:
-        for i in range(n):
+        for i, pid in enumerate(ids):
             body = " ".join(words[(i + j) % len(words)] for j in range(int(prompt_tokens * 0.9)))
-            f.write(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"Problem {i}. {body}"}]}) + "\n")
+            f.write(json.dumps({"id": pid, "messages": [{"role": "user", "content": f"Problem {i}. {body}"}]}) + "\n")
     return path
 
 
-def rehearse(args, name: str, options: dict, out: Path) -> dict:
+class Failed(RuntimeError):
+    """Problems failed in a rehearsal (exit 1): its figures would leave their work out."""
+
+
+def rehearse(args, name: str, options: dict, out: Path, device: DeviceParams) -> dict:
+    """Run PaCoRe on the rehearsed engine with ``options``; its report (Refused, Failed: no report)."""
     from engine import LLM
     from pacore.config import RunConfig
     from pacore.runner import run_pacore
@@ -57,20 +67,26 @@ def rehearse(args, name: str, options: dict, out: Path) -> dict:
     engine_options = dict(tokenizer=str(folder / "tokenizer"), device_model=args.device,
                           max_num_seqs=args.max_num_seqs, record_steps=True) | options
     if args.kv_tokens:
-        engine_options["num_kv_blocks"] = args.kv_tokens // 16
+        engine_options["num_kv_blocks"] = args.kv_tokens // BLOCK_SIZE
     if args.max_model_len:
         engine_options["max_model_len"] = args.max_model_len
+    check_cache(args, SHAPES, folder, engine_options, device)
     llm = LLM(str(folder), **engine_options)
     llm.runner.account_by = round_of
     rounds = PRESETS[args.preset]
     if args.replay:
-        llm.sampler.workload = ReplayLengths(args.replay, llm.tokenizer, replay_key)
+        try:
+            llm.sampler.workload = ReplayLengths(args.replay, llm.tokenizer, replay_key)
+        except ValueError as e:
+            raise Refused(str(e)) from None
+        problem_ids = replayed_problems(llm.sampler.workload, args.problems, args.preset, rounds, args.replay)
     else:
+        problem_ids = [f"p{i}" for i in range(args.problems or 8)]
         mean = args.mean_tokens or mean_trajectory_tokens(args.preset, rounds)
         llm.sampler.workload = PaperLengths(mean, seed=args.seed, conclusion_median=args.conclusion_tokens,
                                             context=llm.max_model_len)
     out.mkdir(parents=True, exist_ok=True)
-    data = problems_file(out, args.problems, args.prompt_tokens)
+    data = problems_file(out, problem_ids, args.prompt_tokens)
     results = out / "results.jsonl"
     for stale in out.glob("results.jsonl*"):
         if stale.is_file():
@@ -78,8 +94,12 @@ def rehearse(args, name: str, options: dict, out: Path) -> dict:
     cfg = RunConfig(data_path=str(data), out_path=str(results), rounds=rounds, max_tokens="auto", grade=False,
                     show_progress=not args.quiet, max_problems_in_flight=args.problems_in_flight, seed=args.seed)
     t0 = time.perf_counter()
-    run_pacore(llm, cfg, print_summary=False)
+    summary = run_pacore(llm, cfg, print_summary=False)
     wall = time.perf_counter() - t0
+    if summary["errors"]:  # a table of what did not happen would read as a result
+        first = summary["error_samples"][0]
+        raise Failed(f"{summary['errors']} of {summary['problems']} problems failed in the rehearsal of {name} "
+                     f"(first: {first['request_id']}: {first['error']}); its table would be of work never done")
     runner, ledger = llm.runner, llm.runner.ledger
     log = llm.step_log
     steps = len(ledger.steps)
@@ -125,28 +145,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
     p.add_argument("--device", default="h200", help="'h200' or a parameters JSON a GPU run of bench/ wrote")
     p.add_argument("--preset", choices=sorted(PRESETS), default="high")
-    p.add_argument("--problems", type=int, default=8)
-    p.add_argument("--problems-in-flight", type=int, default=64)
-    p.add_argument("--prompt-tokens", type=int, default=512)
-    p.add_argument("--replay", metavar="RESULTS", help="lengths from a results file of pacore run")
-    p.add_argument("--mean-tokens", type=float, help="mean trajectory length (default: the paper's per preset)")
-    p.add_argument("--conclusion-tokens", type=float, default=1500, help="median conclusion length (default 1500)")
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--kv-tokens", type=int, help="cache size in tokens (default: what the device's memory holds)")
-    p.add_argument("--max-model-len", type=int, help="context (default: the shape's, 131,072 for qwen3-8b)")
+    p.add_argument("--problems", type=positive_int, default=None,
+                   help="problems to rehearse (default 8; with --replay, every problem the file recorded)")
+    p.add_argument("--problems-in-flight", type=positive_int, default=64)
+    p.add_argument("--prompt-tokens", type=positive_int, default=512)
+    p.add_argument("--replay", metavar="RESULTS", help="lengths from a results file of pacore run: its problems "
+                   "(run 0, in its order), each trajectory as long as it was recorded; --preset must be the one it ran")
+    p.add_argument("--mean-tokens", type=positive_number, help="mean trajectory length (default: the paper's per preset)")
+    p.add_argument("--conclusion-tokens", type=positive_number, default=1500,
+                   help="median conclusion length (default 1500)")
+    p.add_argument("--max-num-seqs", type=positive_int, default=256)
+    p.add_argument("--kv-tokens", type=positive_int, help="cache size in tokens (default: what the device's memory holds)")
+    p.add_argument("--max-kv-tokens", type=positive_int, default=MAX_KV_TOKENS,
+                   help=f"refuse to model a cache larger than this many tokens: its bookkeeping lives in this CPU's "
+                        f"memory (default {MAX_KV_TOKENS:,})")
+    p.add_argument("--max-model-len", type=positive_int, help="context (default: the shape's, 131,072 for qwen3-8b)")
     p.add_argument("--config", action="append", choices=sorted(CONFIGS),
                    help="configurations to run (default: engine; --compare: all)")
     p.add_argument("--compare", action="store_true", help="run every configuration in CONFIGS")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--out", default="runs/rehearsal")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
     names = list(CONFIGS) if args.compare else (args.config or ["engine"])
     out = Path(args.out)
     results = {}
-    for name in names:
-        print(f"rehearsing {name} ...", file=sys.stderr)
-        results[name] = rehearse(args, name, CONFIGS[name], out / name)
+    try:
+        device = check_args(args, SHAPES, args.mean_tokens or mean_trajectory_tokens(args.preset, PRESETS[args.preset]))
+        for name in names:
+            print(f"rehearsing {name} ...", file=sys.stderr)
+            results[name] = rehearse(args, name, CONFIGS[name], out / name, device)
+    except (Refused, Failed) as e:
+        print(f"{p.prog}: {e}", file=sys.stderr)
+        return 2 if isinstance(e, Refused) else 1
     table = report.markdown_table(results)
     host = "\n".join(f"{n}: host {r['host_ms_per_step']:.2f} ms/step (engine), loop {r['loop_ms_per_step']:.2f} "
                      f"ms/step (PaCoRe + rehearsal), modelled device {r['device_ms_per_step']:.2f} ms/step, "

@@ -63,29 +63,68 @@ class PaperLengths:
 
 class ReplayLengths:
     """Lengths from a results file: ``key(request_id, index)`` names the (problem, run, round, index)
-    whose recorded trajectory a rehearsal request stands for."""
+    whose recorded trajectory a rehearsal request stands for. Every entry is checked as it is read:
+    ValueError names the line, the round, the trajectory and what is wrong with it. ``problems``: each
+    problem whose run 0 the file recorded in full (no error), in file order, with the K of its rounds."""
 
     def __init__(self, results: str | Path, tokenizer, key: Callable[[str, int], tuple]):
         self.key = key
         self.table: dict[tuple, tuple[int, int]] = {}
-        for line in Path(results).read_text().splitlines():
+        self.problems: dict[str, tuple[int, ...]] = {}
+        try:
+            lines = Path(results).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"--replay {results}: cannot be read ({e})") from None
+        for n, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            where = f"--replay {results} line {n}"
             try:
                 rec = json.loads(line)
-            except ValueError:
-                continue
+            except (ValueError, RecursionError):
+                raise ValueError(f"{where}: not a JSON record (a torn or corrupted line); remove it") from None
             if not isinstance(rec, dict) or "round_responses" not in rec:
-                continue  # error records
-            for r, rnd in enumerate(rec["round_responses"], start=1):
-                for t in rnd:
-                    text = t.get("content", "")
-                    message = text.rsplit(END_THINK, 1)[-1]
-                    conclusion = len(tokenizer.encode(message, add_special_tokens=False)) if message else 0
-                    # a trajectory cut at its length limit ran on: give it one token more than it had
-                    total = int(t["tokens"]) + (t.get("finish_reason") == "length")
-                    self.table[(str(rec["request_id"]), rec.get("run", 0), r, t["index"])] = (total, conclusion)
+                continue  # input error records
+            for (pid, run, r, index), t in _entries(rec, where):
+                message = t.get("content", "").rsplit(END_THINK, 1)[-1]
+                conclusion = len(tokenizer.encode(message, add_special_tokens=False)) if message else 0
+                # a trajectory cut at its length limit ran on: give it one token more than it had
+                self.table[(pid, run, r, index)] = (t["tokens"] + (t.get("finish_reason") == "length"), conclusion)
+            if rec.get("run", 0) == 0 and "error" not in rec:
+                self.problems[str(rec["request_id"])] = tuple(len(rnd) for rnd in rec["round_responses"])
 
     def lengths(self, request_id: str, index: int, prompt_tokens: int, max_tokens: int) -> tuple[int, int]:
         k = self.key(request_id, index)
         if k not in self.table:
             raise KeyError(f"the results file has no trajectory for {k}: replay the problems it recorded")
         return self.table[k]
+
+
+def _entries(rec: dict, where: str):
+    """((problem, run, round, index), trajectory) of a results record, each checked."""
+    pid, run, rounds = rec.get("request_id"), rec.get("run", 0), rec["round_responses"]
+    if not isinstance(pid, (str, int)) or isinstance(pid, bool):
+        raise ValueError(f"{where}: request_id must be a string or an integer, got {pid!r}")
+    if not _count(run):
+        raise ValueError(f"{where}: run must be an integer >= 0, got {run!r}")
+    if not isinstance(rounds, list) or not all(isinstance(rnd, list) for rnd in rounds):
+        raise ValueError(f"{where}: round_responses must be a list of rounds, each a list of trajectories")
+    for r, rnd in enumerate(rounds, start=1):
+        seen = set()
+        for j, t in enumerate(rnd):
+            at = f"{where}: round {r} trajectory {j}"
+            if not isinstance(t, dict):
+                raise ValueError(f"{at}: expected an object, got {t!r:.40}")
+            for name in ("tokens", "index"):
+                if not _count(t.get(name)):
+                    raise ValueError(f"{at}: {name!r} must be an integer >= 0, got {t.get(name)!r:.40}")
+            if not isinstance(t.get("content", ""), str) or not isinstance(t.get("finish_reason"), (str, type(None))):
+                raise ValueError(f"{at}: 'content' must be a string and 'finish_reason' a string or null")
+            if t["index"] in seen:
+                raise ValueError(f"{at}: index {t['index']} twice in the round")
+            seen.add(t["index"])
+            yield (str(pid), run, r, t["index"]), t
+
+
+def _count(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0

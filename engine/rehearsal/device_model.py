@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,30 +48,58 @@ class DeviceParams:
     activation_reserve_bytes: float = 2e9  # activations, graphs and workspace kept out of the KV cache
     source: str = "assumed"                # "assumed" or the file the figures were read from
 
+    def __post_init__(self):
+        """Every figure a finite number in its range: a NaN, zero, negative or string one would make every
+        modelled time nan, infinite or negative. ValueError names the figure and its range."""
+        if not isinstance(self.name, str):
+            raise ValueError(f"device parameter name must be a string, got {self.name!r}")
+        for f in dataclasses.fields(self):
+            if f.name in ("name", "source"):
+                continue
+            value, (low, high, closed) = getattr(self, f.name), _RANGES.get(f.name, (0.0, math.inf, False))
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not (number and math.isfinite(value) and (low <= value if closed else low < value) and value <= high):
+                span = f"{'[' if closed else '('}{low:g}, {high:g}{']' if high < math.inf else ')'}"
+                raise ValueError(f"device parameter {f.name} must be a finite number in {span}, got {value!r}")
+        if self.activation_reserve_bytes >= self.memory_bytes:
+            raise ValueError(f"device parameter activation_reserve_bytes ({self.activation_reserve_bytes:g}) must be "
+                             f"below memory_bytes ({self.memory_bytes:g})")
+
     @classmethod
     def from_file(cls, path: str | Path) -> "DeviceParams":
         """Read the figures a GPU run measured: the ``device_params.json`` that bench/gpu_kernels.py
         writes (copy bandwidth, matmul TFLOP/s, paged decode's fraction of the copy at >= 16k, prefill
         TFLOP/s), or a JSON of this class's fields (any subset). What is not given keeps its default;
-        unknown keys of the second form are refused, naming the known ones."""
-        raw = json.loads(Path(path).read_text())
-        if "copy_bw_GBps" in raw:
-            raw = cls._from_gpu_run(raw)
-        known = {f.name for f in dataclasses.fields(cls)} - {"source"}
-        unknown = sorted(set(raw) - known - {"measured", "commit", "command"})
-        if unknown:
-            raise ValueError(f"{path}: unknown device parameter(s) {unknown}; known: {sorted(known)}")
-        return cls(**{k: v for k, v in raw.items() if k in known}, source=str(path))
+        unknown keys of the second form are refused, naming the known ones; every ValueError names the file."""
+        try:
+            raw = json.loads(Path(path).read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise ValueError(f"{path}: cannot be read as JSON ({e})") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: expected a JSON object of device parameters, got a {type(raw).__name__}")
+        try:
+            if "copy_bw_GBps" in raw:
+                raw = cls._from_gpu_run(raw)
+            known = {f.name for f in dataclasses.fields(cls)} - {"source"}
+            unknown = sorted(set(raw) - known - {"measured", "commit", "command"})
+            if unknown:
+                raise ValueError(f"unknown device parameter(s) {unknown}; known: {sorted(known)}")
+            return cls(**{k: v for k, v in raw.items() if k in known}, source=str(path))
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
 
     @classmethod
     def _from_gpu_run(cls, run: dict) -> dict:
         peak = cls().peak_flops
-        out = {"name": str(run.get("device") or "gpu"), "hbm_bytes_per_s": float(run["copy_bw_GBps"]) * 1e9}
+        out = {"name": str(run.get("device") or "gpu"), "hbm_bytes_per_s": _figure(run, "copy_bw_GBps") * 1e9}
         if run.get("matmul_tflops"):
-            out["matmul_eff"] = min(1.0, run["matmul_tflops"] * 1e12 / peak)
+            out["matmul_eff"] = min(1.0, _figure(run, "matmul_tflops") * 1e12 / peak)
         if run.get("paged_decode_bw_frac_min_16k"):
-            out["attention_bw_eff"] = float(run["paged_decode_bw_frac_min_16k"])
-        prefill = [v for k, v in (run.get("prefill_tflops") or {}).items() if v and not k.startswith("sdpa")]
+            out["attention_bw_eff"] = min(1.0, _figure(run, "paged_decode_bw_frac_min_16k"))
+        prefill = run.get("prefill_tflops") or {}
+        if not isinstance(prefill, dict):
+            raise ValueError(f"prefill_tflops must be an object of TFLOP/s per case, got {prefill!r}")
+        prefill = [_figure(prefill, k) for k, v in prefill.items() if v and not k.startswith("sdpa")]
         if prefill:
             out["prefill_attention_eff"] = min(1.0, max(prefill) * 1e12 / peak)
         return out
@@ -84,6 +113,20 @@ class DeviceParams:
             return cls.from_file(name)
         raise ValueError(f"unknown device {name!r}: use 'h200' or the path of a parameters JSON file "
                          "(bench/gpu_kernels.py writes one on a GPU)")
+
+
+# figure -> (lowest, highest, lowest allowed); an efficiency is a fraction of a peak (or of the copy
+# bandwidth, the floor's), in (0, 1]; any other figure is > 0
+_RANGES = {name: (0.0, 1.0, False) for name in ("matmul_eff", "linear_bw_eff", "attention_bw_eff",
+                                                "prefill_attention_eff")}
+_RANGES |= {"step_overhead_s": (0.0, math.inf, True), "activation_reserve_bytes": (0.0, math.inf, True)}
+
+
+def _figure(run: dict, key: str) -> float:
+    value = run[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{key} must be a number, got {value!r}")
+    return float(value)
 
 
 def attention_flops(shape: ModelShape, start: int, length: int) -> float:

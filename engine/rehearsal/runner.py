@@ -228,7 +228,8 @@ class ScriptedSampler:
             return self.end_think[g - think_end]
         return self.filler
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence], offsets: list[int] | None = None) -> list[int]:
+        # The engine's sampler signature; a rehearsal never speculates, so every offset is 0.
         return [self.token(s) for s in seqs]
 
 

@@ -47,10 +47,11 @@ class _ClientGone(Exception):
 class _Server:
     """What the routes share: the engine thread, the metrics and the limits."""
 
-    def __init__(self, llm, model_name: str, max_queue: int):
+    def __init__(self, llm, model_name: str, max_queue: int, aliases: tuple[str, ...] = ()):
         self.engine = EngineLoop(llm)
         self.metrics = ServerMetrics(self.engine)
         self.model_name, self.max_queue = model_name, max_queue
+        self.answers_to = {model_name, *aliases}  # the names a request's "model" may hold
         self.max_model_len = llm.max_model_len
         self.max_logprobs = llm.options.max_logprobs
         self.tokenizer = llm.tokenizer
@@ -85,7 +86,7 @@ class _Server:
             self._close(job, endpoint, outcome)
 
     async def _submit(self, body: api._Generate, endpoint: str, prompts: list) -> Job:
-        if body.model != self.model_name:
+        if body.model not in self.answers_to:
             raise APIError(404, f"The model `{body.model}` does not exist; this server serves "
                                 f"`{self.model_name}`.", param="model")
         if not prompts:
@@ -273,13 +274,14 @@ async def _unless_disconnected(request: Request, work):
 
 
 def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int = 1024,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, aliases: tuple[str, ...] = ()) -> FastAPI:
     """An OpenAI-compatible app serving ``llm`` as ``model_name``; the engine thread runs while the
     app does (its lifespan). ``api_key``: /v1 routes need ``Authorization: Bearer KEY`` (an empty
     key is refused). ``max_queue``: generation requests held at once; more get 429.
-    ``max_body_bytes``: a longer request body gets 413, unread."""
+    ``max_body_bytes``: a longer request body gets 413, unread. ``aliases``: other names a request's
+    ``model`` may hold (replies and /v1/models carry ``model_name``)."""
     check_api_key(api_key)
-    server = _Server(llm, model_name, max_queue)
+    server = _Server(llm, model_name, max_queue, aliases)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -77,9 +77,12 @@ def main(args) -> int:
     except (FileNotFoundError, ValueError) as e:  # a bad path or option, said before anything listens
         print(f"pacore: {e}", file=sys.stderr)
         return 2
+    name = args.served_model_name or served_name(args.model)
+    alias = args.model or "default"  # what it was started with: `--model default` answers "default" too
+    print(f"{llm.describe()}; served as {name}" + (f" (or {alias})" if alias != name else ""), file=sys.stderr,
+          flush=True)
     with llm:  # stops tensor-parallel workers when the server exits
-        app = create_app(llm, args.served_model_name or served_name(args.model), args.api_key, args.max_queue,
-                         args.max_body_bytes)
+        app = create_app(llm, name, args.api_key, args.max_queue, args.max_body_bytes, aliases=(alias,))
         # uvicorn drains on SIGTERM (timeout_graceful_shutdown: then it cancels what still runs, and
         # the engine aborts those requests), then raises the signal again for the handler it found:
         # with a no-op one the process leaves through `with llm` and exits 0.

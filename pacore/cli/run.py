@@ -10,7 +10,7 @@ from engine.config import engine_kwargs
 
 from ..config import PRESETS, RunConfig
 from ..evaluate.runs import validate_runs
-from ..results.files import same_file
+from ..results.files import WriteFailed, same_file
 from ..results.lock import OutputUnusable, ResultsLocked
 from ..results.preflight import Pending, SettingsRefused, preflight
 from ..results.resume import OutputExistsError
@@ -52,7 +52,9 @@ def build_llm(cfg: RunConfig):
     """The engine for ``cfg`` (imported here so ``pacore --help`` never loads torch)."""
     from engine import LLM
 
-    return LLM(seed=cfg.seed, **cfg.engine_options)
+    llm = LLM(seed=cfg.seed, **cfg.engine_options)
+    print(llm.describe(), file=sys.stderr, flush=True)  # the one start-up line: model, KV cache, context
+    return llm
 
 
 def refused_paths(args) -> str | None:
@@ -97,6 +99,10 @@ def run(args, cfg: RunConfig) -> int:
             return _run_one(cfg, pending)
     except (SettingsRefused, SettingsChanged, OutputExistsError, ResultsLocked, OutputUnusable) as e:
         print(f"pacore: {e}", file=sys.stderr)
+        return 2
+    except WriteFailed as e:  # a full disk: what was written before stays whole
+        print(f"pacore: {e}. What finished before is saved in {cfg.out_path}; free space on its disk, then run "
+              f"again with --resume to complete the rest", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -31,18 +31,24 @@ def _problem_of(rec: dict) -> tuple:
     return ("line", rec.get("line")) if rec.get("input_error") else ("id", str(rec.get("request_id")))
 
 
-def _round_confidence(records: list[dict], i: int) -> dict | None:
+def _round_confidence(records: list[dict], i: int) -> dict:
     """Round ``i``'s confidence against correctness over its graded trajectories that have the measures
-    (--record-confidence: rounds_stats' ``correct`` lines up with round_responses); None when none has."""
-    pairs = []
+    (--record-confidence: rounds_stats' ``correct`` lines up with round_responses), and ``measured`` of
+    its ``trajectories``: how many had the measures at all (fewer when sessions with and without
+    --record-confidence wrote the results)."""
+    pairs, total, measured = [], 0, 0
     for rec in records:
         responses, correct = rec.get("round_responses"), rec["rounds_stats"][i].get("correct")
-        if not (isinstance(responses, list) and len(responses) > i and isinstance(responses[i], list)
-                and isinstance(correct, list) and len(correct) == len(responses[i])):
+        if not (isinstance(responses, list) and len(responses) > i and isinstance(responses[i], list)):
+            continue
+        total += len(responses[i])
+        has = [isinstance(t, dict) and any(m in t for m in MEASURES) for t in responses[i]]
+        measured += sum(has)
+        if not (isinstance(correct, list) and len(correct) == len(responses[i])):
             continue
         pairs += [(t, ok) for j, (t, ok) in enumerate(zip(responses[i], correct))
-                  if ok is not None and trajectory(t, j) is not None and any(m in t for m in MEASURES)]
-    return confidence_vs_correctness(pairs) if pairs else None
+                  if ok is not None and has[j] and trajectory(t, j) is not None]
+    return {**confidence_vs_correctness(pairs), "measured": measured, "trajectories": total}
 
 
 def summarize(records: list[dict], schedule: list[int]) -> dict:
@@ -56,7 +62,7 @@ def summarize(records: list[dict], schedule: list[int]) -> dict:
     ok = [r for r in records if "error" not in r]
     errors = [r for r in records if "error" in r]
     graded = [r for r in ok if r.get("correct") is not None]
-    rounds = []
+    rounds, confidences = [], []
     for i, k in enumerate(schedule):
         has = [r for r in ok if len(r.get("rounds_stats", [])) > i]
         rs = [r["rounds_stats"][i] for r in has]
@@ -78,9 +84,10 @@ def summarize(records: list[dict], schedule: list[int]) -> dict:
             "truncated_messages": sum(s["truncated_messages"] for s in rs),
             "truncated_tokens": sum(s.get("truncated_tokens", 0) for s in rs),
         })
-        confidence = _round_confidence(has, i)
-        if confidence is not None:
-            rounds[-1]["confidence"] = confidence
+        confidences.append(_round_confidence(has, i))
+    if any(c["correct"] or c["incorrect"] for c in confidences):  # graded trajectories with the measures
+        for r, c in zip(rounds, confidences):
+            r["confidence"] = c
     accuracy, accuracy_std = _over_runs(graded, lambda r: r["correct"])
     sc, sc_std = _over_runs(ok, lambda r: (r.get("self_consistency") or {}).get("correct"))
     compute = [r["effective_compute_tokens"] for r in ok if "effective_compute_tokens" in r]
@@ -181,8 +188,9 @@ def _confidence_lines(rounds: list[dict]) -> list[str]:
     if not rows:
         return []
     lines = ["  confidence of a trajectory vs its correctness (mean over right / wrong; AUROC 0.5 = no signal):",
-             f"  {'round':>5} {'right':>6} {'wrong':>6} {'mean logprob':>19} {'AUROC':>6} "
+             f"  {'round':>5} {'right':>6} {'wrong':>6} {'measured':>13} {'mean logprob':>19} {'AUROC':>6} "
              f"{'lowest group conf':>19} {'AUROC':>6}"]
+    partial = []
     for r in rows:
         c = r["confidence"]
         cells = []
@@ -190,7 +198,14 @@ def _confidence_lines(rounds: list[dict]) -> list[str]:
             m = c[name]
             cells.append(f"{_num(m['correct_mean'])} / {_num(m['incorrect_mean'])}".rjust(19)
                          + f" {_num(m['auroc'], 2):>6}")
-        lines.append(f"  {r['round']:>5} {c['correct']:>6} {c['incorrect']:>6} {cells[0]} {cells[1]}")
+        measured, total = c.get("measured"), c.get("trajectories")  # absent from summaries of before
+        coverage = "" if total is None else f"{measured} of {total}"
+        if total is not None and measured < total:
+            partial.append(f"round {r['round']}: {measured} of {total}")
+        lines.append(f"  {r['round']:>5} {c['correct']:>6} {c['incorrect']:>6} {coverage:>13} {cells[0]} {cells[1]}")
+    if partial:
+        lines.append(f"  only some trajectories have the measures ({'; '.join(partial)}): the others were run "
+                     f"without --record-confidence (a resume without it); the table is over those measured")
     return lines
 
 

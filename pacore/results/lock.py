@@ -42,8 +42,10 @@ def lock_path(out_path: str) -> str:
 @contextmanager
 def results_lock(out_path: str) -> Iterator[None]:
     """Hold the exclusive lock of ``out_path`` for the duration; raise ResultsLocked if another run has
-    it, OutputUnusable if the file or its lock file cannot be used."""
-    fd = _open_results(out_path)
+    it, OutputUnusable if the file or its lock file cannot be used (a full disk included). A results
+    file this call created is removed again if the run stops before anything is written to it: at
+    start-up, or by an error writing (OSError) such as a full disk."""
+    fd, created = _open_results(out_path)
     st = os.fstat(fd)
     identity = (st.st_dev, st.st_ino)
     if identity in _held:
@@ -58,14 +60,21 @@ def results_lock(out_path: str) -> Iterator[None]:
         who = f"pid {holder}" if holder else "another process"
         raise ResultsLocked(f"{out_path} is in use by another pacore run ({who}); wait for it to finish, "
                             f"or choose another --out") from None
+    if not _at_its_path(out_path, st):  # a run that failed to start removed it while this one opened it
+        os.close(fd)
+        raise ResultsLocked(f"{out_path} was removed or replaced while this run started; run again")
     try:
         pid_fd = _claim_pid_file(lock_path(out_path), out_path)
     except BaseException:
+        _remove_if_empty(out_path, fd, created)
         os.close(fd)
         raise
     _held[identity] = fd
     try:
         yield
+    except OSError:
+        _remove_if_empty(out_path, fd, created)
+        raise
     finally:
         del _held[identity]
         try:
@@ -75,21 +84,46 @@ def results_lock(out_path: str) -> Iterator[None]:
             os.close(fd)
 
 
-def _open_results(out_path: str) -> int:
+def _open_results(out_path: str) -> tuple[int, bool]:
+    """The results file's descriptor, and whether this call created it."""
     real = os.path.realpath(out_path)
     try:
         os.makedirs(os.path.dirname(real), exist_ok=True)
     except OSError as e:
         raise OutputUnusable(f"cannot create the folder of --out {out_path}: {e.strerror} "
                              f"({os.path.dirname(real)}); choose another --out") from None
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
     try:
-        fd = os.open(real, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fd, created = os.open(real, flags | os.O_EXCL, 0o644), True
+        except FileExistsError:
+            fd, created = os.open(real, flags, 0o644), False
     except OSError as e:
         raise OutputUnusable(f"cannot write --out {out_path}: {e.strerror}; choose a writable --out") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise OutputUnusable(f"--out {out_path} is not a regular file; choose a file path for the results")
-    return fd
+    return fd, created
+
+
+def _at_its_path(out_path: str, st: os.stat_result) -> bool:
+    try:
+        now = os.stat(out_path)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
+
+
+def _remove_if_empty(out_path: str, fd: int, created: bool) -> None:
+    """Remove the results file this run created if it is still empty and still at its path (locked: no
+    other run writes it)."""
+    real = os.path.realpath(out_path)
+    try:
+        st, mine = os.lstat(real), os.fstat(fd)
+        if created and mine.st_size == 0 and (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
+            os.unlink(real)
+    except OSError:
+        pass
 
 
 def _claim_pid_file(path: str, out_path: str) -> int:
@@ -126,8 +160,14 @@ def _claim_pid_file(path: str, out_path: str) -> int:
         else:  # a clean exit removes the file, so a pid left in it is a run that was killed
             print(f"pacore: {path} was left by pid {stale}, which is no longer running; taking it over",
                   file=sys.stderr)
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as e:  # a full disk: no empty lock file left behind
+        _remove_if_ours(path, fd)
+        os.close(fd)
+        raise OutputUnusable(f"cannot write the lock file {path}: {e.strerror}; free space on its disk, or "
+                             f"choose another --out") from None
     return fd
 
 

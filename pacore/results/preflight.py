@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from ..budget import check_max_tokens
 from ..config import RunConfig
 from ..evaluate.runs import validate_runs
+from .files import check_side_files
 from .lock import results_lock
 from .problems import BadLine, Problem, read_problems
-from .resume import PriorWork, prepare_output, read_prior_work, select_pending
-from .settings import check_settings_on_resume
+from .resume import PriorWork, confidence_note, prepare_output, read_prior_work, select_pending
+from .settings import check_settings_on_resume, settings_path
 
 INTERRUPTED = ("pacore: interrupted; finished problems are saved in {out}. "
                "Run again with --resume to complete the rest.")
@@ -45,17 +46,23 @@ def preflight(cfg: RunConfig, max_model_len: int | None) -> Iterator[Pending]:
 
     ``max_model_len``: the engine's context, when known before the run (None: the budget was checked
     where it is known). Raises SettingsRefused (a ValueError) for bad settings, ResultsLocked when another run holds the
-    results file, OutputExistsError for a non-empty output without --resume, SettingsChanged for a resume
-    with other settings than the results (settings.py); all before any work.
-    """
+    results file, OutputUnusable for a link (or not a file) where a side file goes (files.py),
+    OutputExistsError for a non-empty output without --resume, SettingsChanged for a resume with other
+    settings than the results (settings.py); all before any work. A resume that mixes --record-confidence
+    with sessions that ran otherwise is said (resume.confidence_note)."""
     try:
         check_settings(cfg, max_model_len)
     except ValueError as e:
         raise SettingsRefused(str(e)) from None
     with results_lock(cfg.out_path):
+        check_side_files(cfg.out_path, (settings_path(cfg.out_path),))
         prior = prepare_output(cfg.out_path, cfg.resume)
         check_settings_on_resume(cfg, prior.fresh)
         todo, note = select_pending(read_problems(cfg.data_path), prior, cfg.skip_failed, cfg.runs)
         if note:
             print(f"pacore: {note} ({cfg.out_path})", file=sys.stderr)
-        yield Pending(todo, read_prior_work(cfg, todo, prior))
+        work = read_prior_work(cfg, todo, prior)
+        mixed = confidence_note(cfg, prior, work)
+        if mixed:
+            print(f"pacore: {mixed}", file=sys.stderr)
+        yield Pending(todo, work)

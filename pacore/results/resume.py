@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ..config import RunConfig
+from ..evaluate.confidence import MEASURES
 from .files import cut_torn_line, rounds_path, snapshot_dir
 from .keys import POOL_RUN, problem_key, record_key, run_key
 from .problems import BadLine, Problem
@@ -30,6 +31,9 @@ class PriorResults:
     failed: set[str] = field(default_factory=set)  # run keys with error records only
     bad_lines: dict[int, str] = field(default_factory=dict)  # input line -> its latest recorded input error
     fresh: bool = True  # the output held nothing: no results, checkpoints or snapshots
+    # done runs whose trajectories carry --record-confidence's measures, and those whose do not
+    runs_measured: int = 0
+    runs_unmeasured: int = 0
 
 
 def latest_records(records: list[dict]) -> list[dict]:
@@ -85,6 +89,10 @@ def prepare_output(path: str, resume: bool) -> PriorResults:
             prior.failed.add(key)
         else:
             prior.done.add(key)
+            if _measured(rec.get("round_responses")):
+                prior.runs_measured += 1
+            else:
+                prior.runs_unmeasured += 1
     return prior
 
 
@@ -175,6 +183,36 @@ def read_prior_work(cfg: RunConfig, todo: list, prior: PriorResults) -> dict[str
         if work.runs_done or work.rounds or work.pool:
             out[key] = work
     return out
+
+
+def _measured(rounds: object) -> bool:
+    """Whether a record's trajectories (per round) carry --record-confidence's measures."""
+    return isinstance(rounds, list) and any(isinstance(t, dict) and any(m in t for m in MEASURES)
+                                            for rnd in rounds if isinstance(rnd, list) for t in rnd)
+
+
+def confidence_note(cfg: RunConfig, prior: PriorResults, work: dict[str, PriorWork]) -> str | None:
+    """What a resume says when the output's finished runs and checkpointed rounds were recorded with
+    --record-confidence and this session runs without it, or the other way round (None: neither): the
+    summary's confidence table then covers only the trajectories that have the measures."""
+    checkpoints = [rec for w in work.values() for rec in [*(r for recs in w.rounds.values() for r in recs),
+                                                          *([w.pool] if w.pool else [])]]
+    if cfg.record_confidence:  # what earlier sessions recorded without it
+        runs = prior.runs_unmeasured
+        rounds = sum(not _measured([rec.get("responses")]) for rec in checkpoints)
+    else:
+        runs = prior.runs_measured
+        rounds = sum(_measured([rec.get("responses")]) for rec in checkpoints)
+    if not (runs or rounds):
+        return None
+    held = " and ".join(x for x in (runs and _count(runs, "finished run"), rounds and _count(rounds, "checkpointed round"))
+                        if x)
+    if cfg.record_confidence:
+        return (f"{held} in {cfg.out_path} were recorded without --record-confidence: their trajectories have no "
+                f"confidence measures, and the summary's confidence table covers only those that have them")
+    return (f"{held} in {cfg.out_path} were recorded with --record-confidence, but this session runs without it: "
+            f"its trajectories get no confidence measures, and the summary's confidence table will cover only "
+            f"the others; pass --record-confidence to keep it whole")
 
 
 def runs_left(cfg: RunConfig, work: PriorWork | None) -> list[int]:

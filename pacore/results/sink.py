@@ -8,6 +8,8 @@ alone writes the files and a replica needs no shared filesystem.
 """
 from __future__ import annotations
 
+import os
+
 from .files import ResultsWriter, rounds_path
 from .snapshots import SnapshotStore
 
@@ -18,7 +20,7 @@ class FileSink:
     """The results file, its round checkpoints and its snapshot folder (files.py, snapshots.py)."""
 
     def __init__(self, out_path: str):
-        self._results = ResultsWriter(out_path)
+        self._results = ResultsWriter(os.path.realpath(out_path))  # --out may be a link; its side files not
         self._rounds = ResultsWriter(rounds_path(out_path))
         self._snapshots = SnapshotStore(out_path)
 
@@ -43,6 +45,7 @@ class FileSink:
     def close(self) -> None:
         self._results.close()
         self._rounds.close()
+        self._snapshots.close()
 
 
 class EventSink:

@@ -1,16 +1,21 @@
 """Snapshots of the rounds in flight, so that a kill costs minutes of decoding, not whole rounds.
 
 One file per (problem, round) in ``OUT.partial/``: each trajectory's tokens so far and whether it
-finished, and with ``--record-confidence`` its logprobs so far (``TokenLogprobs``: 172 bytes a position at
-top 20, against 4 for its token), so that a resumed trajectory's earlier logprobs are the ones it had. It is rewritten atomically at every snapshot and deleted when the round ends; on
-``--resume`` the round's request is re-added with it (``LLM.add_request(resume=...)``) and every
-trajectory continues where it stopped, drawing the same tokens as if it never had. A replica of a
-data-parallel run never writes these files: it sends the snapshot record to the driver
-(results/sink.py), which writes it here and ships it back with the problem when the problem moves.
+finished, and with ``--record-confidence`` its logprobs so far (``TokenLogprobs``: 172 bytes a position
+at top 20, against 4 for its token), so that a resumed trajectory's earlier logprobs are the ones it
+had. It is rewritten atomically at every snapshot and deleted when the round ends (the folder too, once
+empty, when the run ends); on ``--resume`` the round's request is re-added with it
+(``LLM.add_request(resume=...)``) and every trajectory continues where it stopped, drawing the same
+tokens as if it never had. What is read back is checked first: its shape, and logprobs that are
+log-probabilities. A replica of a data-parallel run never writes these files: it sends the snapshot
+record to the driver (results/sink.py), which writes it here and ships it back with the problem when
+the problem moves.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
+import io
 import os
 import sys
 from array import array
@@ -21,7 +26,7 @@ import torch
 
 from engine.logprobs import TokenLogprobs
 
-from .files import snapshot_dir
+from .files import WriteFailed, replace_atomically, snapshot_dir, write_all
 from .shapes import usable_snapshot_record
 
 if TYPE_CHECKING:
@@ -59,59 +64,105 @@ def snapshot_logprobs(rec: dict, num_top: int | None) -> list[TokenLogprobs | No
     saved = rec.get("logprobs")
     if num_top is None or saved is None:
         return None
-    fits = [lp if lp is not None and lp.num_top == num_top and len(lp) == len(tokens) else None
+    fits = [lp if lp is not None and lp.num_top == num_top and lp.token_ids == list(tokens) else None
             for lp, tokens in zip(saved, rec["tokens"])]
     return fits if any(lp is not None for lp in fits) else None
 
 
+def finished_without_logprobs(partial: list[Partial], logprobs: list[TokenLogprobs | None] | None) -> int | None:
+    """The first trajectory of a snapshot that had finished but has no logprobs to go with it (None: none).
+    A round that asks for logprobs cannot continue such a snapshot: the engine recomputes the logprobs
+    of a trajectory only as it runs on, and a finished one never does."""
+    for i, (tokens, reason) in enumerate(partial):
+        if reason is not None and tokens and (logprobs is None or logprobs[i] is None):
+            return i
+    return None
+
+
 class SnapshotStore:
-    """The snapshot files of a results file, one per (unit, round), in ``OUT.partial/``."""
+    """The snapshot files of a results file, one per (unit, round), in ``OUT.partial/``.
+
+    Every access goes through the folder opened without following a link (``O_NOFOLLOW``), and a file
+    in it is never read or written through a link: a snapshot is written to a new temporary file of an
+    unpredictable name (``O_EXCL``) and renamed over the last one.
+    """
 
     def __init__(self, out_path: str):
         self.dir = snapshot_dir(out_path)
 
+    def _name(self, key: str, round_no: int) -> str:
+        return f"{hashlib.sha1(key.encode()).hexdigest()[:24]}.r{round_no}.pt"
+
     def _path(self, key: str, round_no: int) -> str:
-        return os.path.join(self.dir, f"{hashlib.sha1(key.encode()).hexdigest()[:24]}.r{round_no}.pt")
+        return os.path.join(self.dir, self._name(key, round_no))
+
+    def _open_dir(self, create: bool) -> int | None:
+        """The folder's descriptor (None: there is none and ``create`` is False)."""
+        if create:
+            try:
+                os.mkdir(self.dir)
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise WriteFailed(self.dir, e) from None
+        try:
+            return os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno == errno.ENOENT and not create:
+                return None
+            why = "a symbolic link; pacore never writes through one" if os.path.islink(self.dir) else e.strerror
+            raise WriteFailed(self.dir, OSError(e.errno, why)) from None
 
     def save(self, key: str, round_no: int, k: int, seed: int, prompt: list[int], partial: list[Partial],
              logprobs: list[TokenLogprobs | None] | None = None) -> None:
         self.write(snapshot_record(key, round_no, k, seed, prompt, partial, logprobs))
 
     def write(self, record: dict) -> None:
-        os.makedirs(self.dir, exist_ok=True)
-        path = self._path(record["key"], record["round"])
+        """Save ``record`` atomically; WriteFailed (an OSError saying why in one sentence, never torch's
+        internals) when it cannot be, with no file left behind."""
         # on disk as int32 tensors, which torch.load(weights_only=True) reads back
         tensors = [torch.frombuffer(t, dtype=torch.int32).clone() if len(t) else torch.zeros(0, dtype=torch.int32)
                    for t in record["tokens"]]
         saved = {**record, "tokens": tensors}
         if "logprobs" in record:
             saved["logprobs"] = [None if lp is None else lp.to_tensors() for lp in record["logprobs"]]
+        name = self._name(record["key"], record["round"])
+        path = os.path.join(self.dir, name)
+        dir_fd = self._open_dir(create=True)
         try:
-            with open(path + ".tmp", "wb") as f:
-                torch.save(saved, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(path + ".tmp", path)
-        except BaseException:  # a full disk: leave no half-written file to fill it further
-            try:
-                os.remove(path + ".tmp")
-            except FileNotFoundError:
-                pass
-            raise
+            replace_atomically(name, lambda fd: _save(saved, fd, path), dir_fd=dir_fd, shown=path)
+        finally:
+            os.close(dir_fd)
 
     def read(self, key: str, round_no: int) -> dict | None:
         """The snapshot record of this round as saved, or None (none, or unreadable: the round starts over)."""
         path = self._path(key, round_no)
-        if not os.path.exists(path):
+        try:
+            dir_fd = self._open_dir(create=False)
+        except WriteFailed as e:  # the folder is a link (planted during the run): never read through it
+            print(f"pacore: the snapshot {path} cannot be used ({e.strerror}); its round starts over", file=sys.stderr)
+            return None
+        if dir_fd is None:
             return None
         try:
-            rec = torch.load(path, weights_only=True)
-            why = usable_snapshot_record(rec)
-            if why is None:
-                rec = {**rec, "tokens": [array("i", t.to(torch.int32).numpy().tobytes()) for t in rec["tokens"]]}
-                return _with_logprobs(rec, path)
-        except Exception as e:  # torn, garbage, or tokens that are no tensors
-            why = f"unreadable: {e}"
+            fd = os.open(self._name(key, round_no), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            why = "a symbolic link, never followed" if e.errno == errno.ELOOP else e.strerror
+            fd = None
+        finally:
+            os.close(dir_fd)
+        if fd is not None:
+            try:
+                with open(fd, "rb") as f:
+                    rec = torch.load(f, weights_only=True)
+                why = usable_snapshot_record(rec)
+                if why is None:
+                    rec = {**rec, "tokens": [array("i", t.to(torch.int32).numpy().tobytes()) for t in rec["tokens"]]}
+                    return _with_logprobs(rec, path)
+            except Exception:  # torn, garbage, or tokens that are no tensors; torch's own words help no one
+                why = "unreadable: torn, or not a snapshot file"
         print(f"pacore: the snapshot {path} cannot be used ({why}); its round starts over", file=sys.stderr)
         return None
 
@@ -121,22 +172,80 @@ class SnapshotStore:
 
     def drop(self, key: str, round_no: int) -> None:
         try:
-            os.remove(self._path(key, round_no))
+            dir_fd = self._open_dir(create=False)
+        except WriteFailed:  # a link at the folder: nothing of ours is behind it
+            return
+        if dir_fd is None:
+            return
+        try:
+            os.unlink(self._name(key, round_no), dir_fd=dir_fd)
         except FileNotFoundError:
             pass
+        finally:
+            os.close(dir_fd)
+
+    def close(self) -> None:
+        """Remove the folder if it is empty (every round in flight ended): a finished run leaves none."""
+        try:
+            os.rmdir(self.dir)
+        except OSError:  # holds snapshots, or is none, or a link (rmdir never follows one)
+            pass
+
+
+class _FdWriter(io.RawIOBase):
+    """What torch.save writes to: the bytes go to ``fd`` here, so that an error (a full disk) is an
+    OSError of ours instead of torch's ``PytorchStreamWriter failed writing file``."""
+
+    def __init__(self, fd: int, path: str):
+        self.fd, self.path, self.error = fd, path, None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        try:
+            write_all(self.fd, bytes(data), self.path)
+        except WriteFailed as e:
+            self.error = e
+            raise
+        return len(data)
+
+
+def _save(saved: dict, fd: int, path: str) -> None:
+    writer = _FdWriter(fd, path)
+    try:
+        torch.save(saved, writer)
+    except Exception:
+        if writer.error is not None:
+            raise writer.error from None
+        raise
 
 
 def _with_logprobs(rec: dict, path: str) -> dict:
     """``rec`` with its saved logprobs read back; logprobs that cannot be are dropped (the tokens still
-    resume, and the engine recomputes the logprobs from them)."""
+    resume; the engine recomputes the logprobs of unfinished trajectories, and a finished one's round
+    starts over)."""
     if "logprobs" not in rec:
         return rec
     try:
-        return {**rec, "logprobs": [None if d is None else TokenLogprobs.from_tensors(d) for d in rec["logprobs"]]}
+        logprobs = [None if d is None else _checked(TokenLogprobs.from_tensors(d), d) for d in rec["logprobs"]]
     except (ValueError, TypeError) as e:
         print(f"pacore: the logprobs in the snapshot {path} cannot be used ({e}); its trajectories resume "
-              f"from their tokens and the engine recomputes them", file=sys.stderr)
+              f"from their tokens, the engine recomputes the logprobs of those that run on, and a round with a "
+              f"finished one starts over", file=sys.stderr)
         return {k: v for k, v in rec.items() if k != "logprobs"}
+    return {**rec, "logprobs": logprobs}
+
+
+def _checked(lp: TokenLogprobs, saved: dict) -> TokenLogprobs:
+    """``lp`` if its logprobs are log-probabilities: the sampled tokens' finite and at most 0, the top
+    ones at most 0 (-inf: a token the sampler filtered out); else ValueError, as for bad ids or lengths."""
+    chosen, top = saved["logprobs"].double(), saved["top_logprobs"].double()
+    if not bool(torch.isfinite(chosen).all()) or bool((chosen > 0).any()):
+        raise ValueError("sampled-token logprobs that are not finite or above 0")
+    if bool(torch.isnan(top).any()) or bool((top > 0).any()):
+        raise ValueError("top logprobs that are NaN or above 0")
+    return lp
 
 
 def _digest(tokens: list[int]) -> str:

@@ -51,3 +51,22 @@ def test_the_command_reports_rounds_baseline_and_host_time(tmp_path):
     assert engine["overall"]["limit_tokens_per_s"] >= engine["overall"]["tokens_per_s"] > 0
     assert engine["host_ms_per_step"] > 0 and (out / "rehearsal.png").stat().st_size > 0
     assert "| engine | 1 |" in (out / "table.md").read_text()
+
+
+def test_the_command_replays_a_results_file_by_its_own_problem_ids(tmp_path, capsys):
+    # issue 28: --replay wrote the rehearsal's own ids (p0, p1, ...), so a real run's file matched none
+    # of them and every problem became an error record (exit 0)
+    def trajectory(i, tokens):
+        return {"content": "</think> 7", "index": i, "finish_reason": "stop", "tokens": tokens}
+    real = tmp_path / "real.jsonl"
+    real.write_text("".join(json.dumps({"request_id": pid, "run": 0, "round_responses": [
+        [trajectory(i, 40 + 10 * i) for i in range(4)], [trajectory(0, 30)]]}) + "\n" for pid in ("apples", "pencils")))
+    out = tmp_path / "r"
+    common = ["--shape", "tiny", "--replay", str(real), "--kv-tokens", "20000", "--out", str(out), "--quiet"]
+    assert main(common + ["--preset", "high"]) == 2
+    assert ("no trajectory for problem apples round 1 index 4 (it recorded rounds of K=[4, 1]); replay with the "
+            "--preset the run used (--preset high is K=[32, 4, 1])") in capsys.readouterr().err
+    assert main(common + ["--preset", "low"]) == 0
+    records = [json.loads(line) for line in (out / "engine" / "results.jsonl").read_text().splitlines()]
+    assert [r["request_id"] for r in records] == ["apples", "pencils"] and not any("error" in r for r in records)
+    assert _tokens(out / "engine" / "results.jsonl")[("pencils", 1, 3)] == 70

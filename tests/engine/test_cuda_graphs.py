@@ -28,7 +28,7 @@ def test_graph_buffers_give_eager_tokens(tiny_model_dir, cascade, tp):
     llm.runner.capture_decode_graphs(5, emulate=True)  # with tp=2, on both ranks: replays pair up
     captured = set(llm.runner.graphs.graphs)
     # cascade needs >= 2 decodes: no 1-row cascade graph is captured (it could never be replayed)
-    assert captured == {(n, c) for n in (1, 2, 4, 5) for c in ((False, True) if cascade else (False,))} - {(1, True)}
+    assert captured == {(n, 1, c) for n in (1, 2, 4, 5) for c in ((False, True) if cascade else (False,))} - {(1, 1, True)}
     calls = []
     real_run = llm.runner.graphs.run
     llm.runner.graphs.run = lambda *a: calls.append(a[0].shape[0]) or real_run(*a)
@@ -37,6 +37,31 @@ def test_graph_buffers_give_eager_tokens(tiny_model_dir, cascade, tp):
     assert calls and max(calls) <= 5          # 6 trajectories: the 6-row steps ran eagerly
     assert any(b not in (1, 2, 4, 5) for b in calls)  # some batches were padded up to a bucket
     llm.shutdown()
+
+
+@pytest.mark.parametrize("cascade", [False, True])
+def test_verify_step_graphs_give_eager_tokens(tiny_model_dir, cascade):
+    """Speculative decoding: verify steps replay graphs of Q = k + 1 query slots per row, rows with
+    fewer drafts (and padding rows, with none) leaving slots unused."""
+    model = str(tiny_model_dir("qwen3"))
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    prompts = [[5, 6, 7, 8] * 6, [9, 10, 11] * 7]
+    params = SamplingParams(n=3, temperature=0, max_tokens=30, ignore_eos=True)
+    kw = dict(num_kv_blocks=128, cascade_attention=cascade, cascade_min_prefix=16, speculative_config=spec)
+    eager = LLM(model, **kw).generate(prompts, params, use_tqdm=False)
+    llm = LLM(model, **kw)
+    llm.runner.capture_decode_graphs(8, emulate=True)
+    assert {q for _, q, _ in llm.runner.graphs.graphs} == {1, 4}
+    calls = []
+    real_run = llm.runner.graphs.run
+    llm.runner.graphs.run = lambda ids, pos, meta: calls.append((meta.decode_seq_lens.shape[0], ids.shape[0])) \
+        or real_run(ids, pos, meta)
+    got = llm.generate(prompts, params, use_tqdm=False)
+    assert [[o.token_ids for o in r.outputs] for r in got] == [[o.token_ids for o in r.outputs] for r in eager]
+    verify = [(b, t) for b, t in calls if t > b]
+    assert verify and any(b not in (1, 2, 4, 8) for b, _ in verify)  # padded rows
+    assert any(t < 4 * b for b, t in verify)                           # ragged: unused query slots
+    assert llm.stats()["spec_decode_num_accepted_tokens"] > 0
 
 
 def _with_graphs(model: str):

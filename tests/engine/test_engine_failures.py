@@ -91,9 +91,9 @@ def test_sampling_memory_follows_the_batch_not_n(tiny_model_dir):
     sample = llm.sampler.__call__
 
     class Spy:
-        def __call__(self, logits, seqs):
+        def __call__(self, logits, seqs, *rest):
             rows.append(logits.shape[0])
-            return sample(logits, seqs)
+            return sample(logits, seqs, *rest)
     llm.sampler = Spy()
     out = llm.generate([PROMPT], SamplingParams(n=30, max_tokens=3, temperature=1, seed=1, ignore_eos=True), use_tqdm=False)[0]
     assert len(out.outputs) == 30 and all(len(c.token_ids) == 3 for c in out.outputs)

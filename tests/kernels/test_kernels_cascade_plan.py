@@ -53,5 +53,5 @@ def test_prefix_free_and_empty_groups_plan_no_work():
     assert starts.tolist() == [0, 3, 4, 5, 6, 7, 8, 8, 8] and plens.tolist() == [0, 32, 0, 0, 0, 0, 0, 0]
     plan = cascade_prefix_plan(starts, plens, 8, HQ, HKV, 8, 64, TARGET, BLOCK_N)
     assert plan.splits.tolist() == [0, 1, 0, 0, 0, 0, 0, 0]
-    assert plan.row_splits.tolist() == [0, 0, 0, 1, 0, 0, 0, 0]
+    assert plan.query_splits.tolist() == [0, 0, 0, 1, 0, 0, 0, 0]
     assert int(plan.cum_items[-1]) == HKV

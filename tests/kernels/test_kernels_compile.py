@@ -67,18 +67,30 @@ def _compile_all() -> int:
 
     f32, i32 = torch.float32, torch.int32
     e4m3, e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
-    # (q dtype, cache dtype, ...): the FP8 caches beside each model dtype
-    for dt, kv, D, qpk, has_start in [(torch.bfloat16, torch.bfloat16, 128, 8, True),
-                                      (torch.float16, torch.float16, 64, 1, False), (f32, f32, 128, 4, True),
-                                      (torch.bfloat16, e4m3, 128, 8, True), (torch.bfloat16, e5m2, 128, 4, False),
-                                      (torch.float16, e4m3, 64, 1, False), (f32, e4m3, 128, 4, True)]:
+    # (q dtype, cache dtype, head_dim, q heads per kv head, start, queries per row (None: one, no
+    # cu_seqlens_q), sink): the FP8 caches beside each model dtype; several queries per row (speculative
+    # verification) for QMAX 1..8 and the sink + window of draft steps in the dtypes the engine launches.
+    bf = torch.bfloat16
+    decode = [(bf, bf, 128, 8, True, None, False), (torch.float16, torch.float16, 64, 1, False, None, False),
+              (f32, f32, 128, 4, True, None, False), (bf, e4m3, 128, 8, True, None, False),
+              (bf, e5m2, 128, 4, False, None, False), (torch.float16, e4m3, 64, 1, False, None, False),
+              (f32, e4m3, 128, 4, True, None, False), (bf, bf, 128, 4, True, None, True), (bf, e4m3, 128, 4, True, None, True)]
+    decode += [(bf, kv, 128, 8, False, qmax, False) for kv in (bf, e4m3) for qmax in (1, 2, 4, 8)]
+    seen = set()
+    for dt, kv, D, qpk, has_start, qmax, has_sink in decode:
+        block_m = paged_decode.query_block_m(qpk, qmax or 1)
+        key = (dt, kv, D, qpk, has_start, qmax is not None, has_sink, block_m)
+        if key in seen:  # QMAX 1 and 2 with 8 q heads per kv head: one BLOCK_M, one compile
+            continue
+        seen.add(key)
         compile_one(paged_decode._decode_split_kernel,
-                    dict(q_ptr=dt, kc_ptr=kv, vc_ptr=kv, bt_ptr=i32, seq_ptr=i32, start_ptr=i32, o_ptr=f32,
-                         lse_ptr=f32, stride_qb=4096, stride_bt=64, stride_tok=1024, stride_ob=1, stride_oh=1,
-                         stride_os=1, stride_lb=1, stride_lh=1, stride_ls=1, split_off=3, NUM_SPLITS=5,
-                         qk_scale=0.1, v_scale=1.0),
-                    dict(QPK=qpk, D=D, BS=16, BLOCK_M=max(16, qpk), BLOCK_N=64 if D <= 64 else 32, BLOCK_D=D,
-                         HAS_START=has_start, STORE_LSE=True, DOT_PREC=paged_decode.dot_precision(dt),
+                    dict(q_ptr=dt, kc_ptr=kv, vc_ptr=kv, bt_ptr=i32, seq_ptr=i32, start_ptr=i32, sink_ptr=i32,
+                         cu_ptr=i32, o_ptr=f32, lse_ptr=f32, stride_qb=4096, stride_bt=64, stride_tok=1024,
+                         stride_ob=1, stride_oh=1, stride_os=1, stride_lb=1, stride_lh=1, stride_ls=1, split_off=3,
+                         NUM_SPLITS=5, qk_scale=0.1, v_scale=1.0),
+                    dict(QPK=qpk, QPK_P2=1 << (qpk - 1).bit_length(), D=D, BS=16, BLOCK_M=block_m,
+                         BLOCK_N=64 if D <= 64 else 32, BLOCK_D=D, HAS_START=has_start, HAS_CU=qmax is not None,
+                         HAS_SINK=has_sink, STORE_LSE=True, DOT_PREC=paged_decode.dot_precision(dt),
                          **paged_decode.launch_opts(dt)))
     compile_one(paged_decode._merge_splits_kernel,
                 dict(o_part_ptr=f32, lse_part_ptr=f32, out_ptr=torch.bfloat16, lse_ptr=f32, n1_ptr=i32, S=7, S1=3,
@@ -90,7 +102,7 @@ def _compile_all() -> int:
                            (torch.bfloat16, e4m3, 128, 8), (torch.bfloat16, e5m2, 128, 8), (f32, e4m3, 128, 4)]:
         block_m = 64
         compile_one(cascade_decode._cascade_prefix_kernel,
-                    dict(q_ptr=dt, kc_ptr=kv, vc_ptr=kv, bt_ptr=i32, gs_ptr=i32, gp_ptr=i32, sp_ptr=i32, cum_ptr=i32,
+                    dict(q_ptr=dt, kc_ptr=kv, vc_ptr=kv, bt_ptr=i32, gs_ptr=i32, gq_ptr=i32, gp_ptr=i32, sp_ptr=i32, cum_ptr=i32,
                          o_ptr=f32, lse_ptr=f32, stride_qb=4096, stride_bt=64, stride_tok=1024, stride_ob=9,
                          stride_oh=9, stride_os=9, stride_lb=9, stride_lh=9, stride_ls=9, G=4, HKV=8,
                          NUM_PROGRAMS=264, qk_scale=0.1, v_scale=1.0),
@@ -114,7 +126,6 @@ def _compile_all() -> int:
                          BLOCK_D=D, DOT_PREC=paged_decode.dot_precision(dt), num_warps=warps,
                          num_stages=paged_decode.launch_opts(dt)["num_stages"]))
     prefill_attention.PREFILL_TILE = default_tile
-    bf = torch.bfloat16
     for dt, kv, fp8_max in [(bf, bf, 0.0), (bf, e4m3, 448.0), (bf, e5m2, 57344.0), (f32, e4m3, 448.0),
                             (torch.float16, e5m2, 57344.0)]:
         compile_one(store_kvcache._store_kvcache_kernel,

@@ -57,13 +57,13 @@ def test_shuffle_defaults_to_the_official_order():
         _cfg("--shuffle", "random")
 
 
-def test_the_readme_command_reproducing_the_paper_parses_to_its_settings():
+def test_the_documented_command_reproducing_the_paper_parses_to_its_settings():
     import re
     import shlex
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## Reproduce the paper", 1)[1]
+    page = (Path(__file__).resolve().parents[2] / "docs" / "pacore-runs.md").read_text()
+    section = page.split("## Reproduce the paper", 1)[1]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     argv = shlex.split(block.replace("\\\n", " "))
     assert argv[0].endswith("pacore")

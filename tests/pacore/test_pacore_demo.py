@@ -32,4 +32,21 @@ def test_demo_end_to_end_on_the_default_model(tmp_path, capsys):
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(recs) == len(demo_records()) and all("error" not in r for r in recs)
     assert all(len(r["round_responses"]) == 2 and len(r["round_responses"][0]) == 4 for r in recs)
-    assert "accuracy (final answer)" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "accuracy (final answer)" in printed.out
+    # issue 28: the start-up line is shown, first on stderr, and only once
+    line = printed.err.splitlines()[0]
+    assert line.startswith("engine: smollm2-135m-instruct (LlamaForCausalLM), float32, KV cache float32: ")
+    assert "bytes per token, context 8,192 tokens, device cpu" in line and printed.err.count("engine: ") == 1
+
+
+def test_run_prints_one_startup_line(tiny_model_dir, tmp_path, capsys):
+    data = tmp_path / "in.jsonl"
+    data.write_text(json.dumps({"id": "p", "messages": [{"role": "user", "content": "2 + 2?"}]}) + "\n")
+    model = tiny_model_dir("qwen3")
+    assert main(["run", "--model", str(model), "--data", str(data), "--out", str(tmp_path / "o.jsonl"),
+                 "--rounds", "2", "--max-tokens", "4", "--num-kv-blocks", "64", "--no-progress", "--no-grade"]) == 0
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if line.startswith("engine: ")]
+    assert line == (f"engine: {model.name} (Qwen3ForCausalLM), float32, KV cache float32: 1,024 tokens (64 blocks "
+                    f"of 16), 1,024 bytes per token, context 1,024 tokens, device cpu")

@@ -160,8 +160,11 @@ def test_a_snapshot_without_logprobs_whose_child_had_finished_starts_its_round_o
     cfg.resume, cfg.record_confidence = True, True
     llm = FakeLLM(_short_first_child)
     PaCoReRunner(llm, cfg).run()
-    # its logprobs cannot be recomputed (it never runs again): the engine refuses, the round starts over
-    assert "resume[0] is finished" in capsys.readouterr().err and llm.resumed == {}
+    # its logprobs cannot be recomputed (it never runs again): the round starts over, said in the CLI's
+    # terms (issue 31, item 12), not the engine API's (resume_logprobs[0])
+    err = capsys.readouterr().err
+    assert "trajectory 0 had finished" in err and "--record-confidence" in err and llm.resumed == {}
+    assert "resume_logprobs" not in err and "resume[0]" not in err
     assert all(t["mean_logprob"] is not None for t in read_results(cfg.out_path)[0]["round_responses"][0])
 
 

@@ -126,11 +126,11 @@ def test_ray_flags_are_documented_and_a_missing_ray_is_named(tmp_path, monkeypat
     run_help = parser._subparsers._group_actions[0].choices["run"].format_help()
     for flag in ("--ray [ADDRESS]", "--data-parallel D", "--tensor-parallel T"):
         assert flag in run_help
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## On a node of GPUs and on a cluster", 1)[1].split("\n## ", 1)[0]
+    page = (Path(__file__).resolve().parents[2] / "docs" / "cluster.md").read_text()
+    section = page.split("## Commands", 1)[1].split("\n## ", 1)[0]
     commands = [line.split("pacore ", 1)[1] for line in section.splitlines() if line.startswith(".venv/bin/pacore ")]
     assert len(commands) == 4
-    for command in commands:  # every command of the README's section parses
+    for command in commands:  # every command of the docs' section parses
         parser.parse_args(shlex.split(command))
     _problems(tmp_path / "in.jsonl", 1)
     monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed

@@ -1,6 +1,6 @@
 """lm-eval's ``local-completions`` against ``pacore serve`` on the embedded model, both task kinds: a tiny
 multiple-choice task (loglikelihoods via echo + logprobs) and a tiny generate_until task, each a YAML over a
-JSONL written here. lm-eval (the dev extra) runs as its command line, the one the README shows."""
+JSONL written here. lm-eval (the dev extra) runs as its command line, the one docs/serving.md shows."""
 import glob
 import json
 import os

@@ -17,14 +17,14 @@ from engine import LLM, SamplingParams
 from pacore.cli import build_parser
 from engine.serve.app import create_app
 
-KEY, MODEL = "test-key", "tiny"
+KEY, MODEL, ALIAS = "test-key", "tiny", "default"  # ALIAS: as `pacore serve --model default` passes it
 NO_EOS = {"ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
     llm = LLM(str(tiny_model_dir("llama")), num_kv_blocks=256, max_model_len=512)
-    app = create_app(llm, MODEL, api_key=KEY, max_queue=8)
+    app = create_app(llm, MODEL, api_key=KEY, max_queue=8, aliases=(ALIAS,))
     with serving(app) as base:
         yield SimpleNamespace(base=base, llm=llm, state=app.state.server)
 
@@ -39,13 +39,22 @@ def _post(server, path, content, key=KEY):
     return httpx.post(f"{server.base}{path}", content=content, headers=headers)
 
 
+def test_the_name_it_was_started_with_is_answered_too(server, client):
+    # issue 28: a server started with --model default served smollm2-135m and answered "default" with 404
+    reply = client.completions.create(model=ALIAS, prompt="x", max_tokens=1)
+    assert reply.model == MODEL and [m.id for m in client.models.list().data] == [MODEL]
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="tiny2", messages=[{"role": "user", "content": "x"}], max_tokens=1)
+    assert f"serves `{MODEL}`" in e.value.message
+
+
 def test_models_health_and_metrics(server, client):
     (model,) = client.models.list().data
     assert model.id == MODEL and model.model_extra["max_model_len"] == 512
     assert httpx.get(f"{server.base}/health").status_code == 200
     client.completions.create(model=MODEL, prompt="x", max_tokens=1)
     names = {name.partition("{")[0] for name in metrics(server.base)}
-    assert {"pacore_requests_total", "pacore_prompt_tokens_total", "pacore_completion_tokens_total",  # the README's
+    assert {"pacore_requests_total", "pacore_prompt_tokens_total", "pacore_completion_tokens_total",  # docs/serving.md's
             "pacore_http_requests_in_flight", "pacore_queued_sequences", "pacore_prefill_tokens_total", "pacore_decode_tokens_total",
             "pacore_prefix_cache_hit_tokens_total", "pacore_cascade_decode_steps_total", "pacore_engine_steps_total",
             "pacore_preemptions_total", "pacore_kv_blocks_used", "pacore_kv_blocks_shared", "pacore_kv_blocks_total",
@@ -338,9 +347,8 @@ def test_an_engine_that_is_gone_answers_503_and_nobody_hangs(tiny_model_dir, how
         assert e.value.status_code == 503
 
 
-def test_the_readme_serve_commands_parse():
-    section = (Path(__file__).resolve().parents[2] / "README.md").read_text().split(
-        "## Serve an OpenAI-compatible API", 1)[1]
+def test_the_documented_serve_commands_parse():
+    section = (Path(__file__).resolve().parents[2] / "docs" / "serving.md").read_text().split("## Start", 1)[1]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
     commands = [shlex.split(line, comments=True) for line in block.replace("\\\n", " ").splitlines() if line.strip()]
     assert [c[1] for c in commands] == ["serve", "serve"]
@@ -350,7 +358,7 @@ def test_the_readme_serve_commands_parse():
     assert pacore8b.rope_scaling["attention_factor"] == 1.0
 
 
-def test_serve_flags_reach_the_engine_and_the_app(monkeypatch):
+def test_serve_flags_reach_the_engine_and_the_app(monkeypatch, capsys):
     import engine
     import uvicorn
 
@@ -367,9 +375,12 @@ def test_serve_flags_reach_the_engine_and_the_app(monkeypatch):
 
         def __exit__(self, *exc):
             pass
+
+        def describe(self):
+            return "engine: the fake model, its KV cache and context"
     monkeypatch.setattr(engine, "LLM", FakeLLM)
-    monkeypatch.setattr(serve_app, "create_app", lambda llm, name, key, queue, body: seen.update(app=(name, key, queue),
-                                                                                               body=body))
+    monkeypatch.setattr(serve_app, "create_app", lambda llm, name, key, queue, body, aliases: seen.update(
+        app=(name, key, queue), body=body, aliases=aliases))
     monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kw: seen.update(bind=(host, port), uvicorn=kw))
     monkeypatch.setenv("PACORE_API_KEY", "from-env")
     assert main(["serve", "--model", "/m/PaCoRe-8B/", "--dtype", "bfloat16", "--max-model-len", "64",
@@ -381,12 +392,16 @@ def test_serve_flags_reach_the_engine_and_the_app(monkeypatch):
         batch_invariant=True, tensor_parallel_size=2, enforce_eager=True, max_logprobs=5,
         logprobs_mode="processed_logprobs")
     assert seen["app"] == ("PaCoRe-8B", "from-env", 1024) and seen["bind"] == ("127.0.0.1", 9)
+    assert seen["aliases"] == ("/m/PaCoRe-8B/",)  # the name it was started with is answered too
+    # one start-up line on stderr: the engine's description and the names it answers
+    assert capsys.readouterr().err.splitlines()[0] == ("engine: the fake model, its KV cache and context; "
+                                                       "served as PaCoRe-8B (or /m/PaCoRe-8B/)")
     assert seen["body"] == 32 * 2 ** 20 and seen["uvicorn"]["timeout_graceful_shutdown"] == 30.0
     assert main(["serve", "--served-model-name", "x", "--api-key", "k", "--max-queue", "2", "--max-body-bytes", "7",
                  "--shutdown-timeout", "0.5"]) == 0
     assert seen["model"] is None and seen["app"] == ("x", "k", 2) and seen["body"] == 7
     assert seen["uvicorn"]["timeout_graceful_shutdown"] == 0.5
-    assert main(["serve"]) == 0 and seen["app"][0] == "smollm2-135m"
+    assert main(["serve"]) == 0 and seen["app"][0] == "smollm2-135m" and seen["aliases"] == ("default",)
 
 
 def test_serve_without_the_extra_names_the_install_command(monkeypatch, capsys):

@@ -1,0 +1,77 @@
+"""What ``LLM(..., speculative_config={...})`` (``--speculative-config JSON``) may say, checked once.
+
+vLLM's keys where vLLM has them: ``method``, ``num_speculative_tokens``, ``prompt_lookup_min``,
+``prompt_lookup_max``. Ours: ``lookup_siblings`` (the n-gram corpus includes the other trajectories of
+the same request, PaCoRe's K siblings), and for method ``self_window`` (the model drafts for itself
+over a sink and a recent window of its own KV, MagicDec-style): ``window``, ``sink``, ``acceptance``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+METHODS = ("ngram", "self_window")
+ACCEPTANCE = ("coupled", "rejection")
+_ONLY = {"ngram": {"prompt_lookup_min", "prompt_lookup_max", "lookup_siblings"},
+         "self_window": {"window", "sink", "acceptance"}}
+
+
+@dataclass(slots=True, frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding: each decode row carries up to ``num_speculative_tokens`` draft tokens that
+    one forward verifies against the model's own distribution (engine/spec/verify.py).
+
+    method "ngram": a row's drafts are the tokens that followed the longest recent suffix of its
+    tokens (``prompt_lookup_min`` to ``prompt_lookup_max`` tokens long) where it occurred before in
+    the request's prompt, its own tokens, and (``lookup_siblings``) its siblings' tokens.
+    method "self_window": the model drafts for itself, one step per draft token, attending only to its
+    first ``sink`` tokens and its last ``window`` (engine/spec/self_window.py). ``acceptance``:
+    "coupled" (the draft is drawn with the noise of the target's own draw at that position and kept
+    while they agree: the output is token for token the trajectory without speculation) or
+    "rejection" (textbook speculative sampling: kept with probability min(1, p/q), else drawn from
+    norm(max(0, p - q)): the same distribution, different tokens, a higher acceptance)."""
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 5
+    lookup_siblings: bool = True
+    window: int = 512
+    sink: int = 16
+    acceptance: str = "coupled"
+
+    @classmethod
+    def from_dict(cls, raw: dict | None) -> "SpeculativeConfig | None":
+        """The config a dict describes (None: no speculation); ValueError naming the key at fault."""
+        if raw is None:
+            return None
+        if not isinstance(raw, dict):
+            raise ValueError(f"speculative_config must be a dict such as {{'method': 'ngram', "
+                             f"'num_speculative_tokens': 4}}, got {raw!r}")
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(raw) - set(known))
+        if unknown:
+            raise ValueError(f"speculative_config: unknown key(s) {unknown}; the keys are {known}")
+        method = raw.get("method", "ngram")
+        if method not in METHODS:
+            raise ValueError(f"speculative_config: method must be one of {list(METHODS)}, got {method!r}")
+        other = next(m for m in METHODS if m != method)
+        misplaced = sorted(set(raw) & _ONLY[other])
+        if misplaced:
+            raise ValueError(f"speculative_config: {misplaced} apply to method {other!r}, not {method!r}; remove them")
+        cfg = cls(**raw)
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "window", "sink"):
+            value = getattr(cfg, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "sink" else 1):
+                raise ValueError(f"speculative_config: {name} must be an integer >= {0 if name == 'sink' else 1}, "
+                                 f"got {value!r}")
+        if cfg.num_speculative_tokens > 15:
+            raise ValueError(f"speculative_config: num_speculative_tokens={cfg.num_speculative_tokens} is above 15 "
+                             "(a verify row's queries share one pass over its KV up to 16 queries)")
+        if cfg.prompt_lookup_min > cfg.prompt_lookup_max:
+            raise ValueError(f"speculative_config: prompt_lookup_min ({cfg.prompt_lookup_min}) is above "
+                             f"prompt_lookup_max ({cfg.prompt_lookup_max})")
+        if not isinstance(cfg.lookup_siblings, bool):
+            raise ValueError(f"speculative_config: lookup_siblings must be true or false, got {cfg.lookup_siblings!r}")
+        if cfg.acceptance not in ACCEPTANCE:
+            raise ValueError(f"speculative_config: acceptance must be one of {list(ACCEPTANCE)}, got {cfg.acceptance!r}")
+        return cfg
