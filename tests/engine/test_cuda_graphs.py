@@ -64,16 +64,18 @@ def test_verify_step_graphs_give_eager_tokens(tiny_model_dir, cascade):
     assert llm.stats()["spec_decode_num_accepted_tokens"] > 0
 
 
-def _with_graphs(model: str):
-    llm = LLM(model, num_kv_blocks=64, cascade_attention=True, cascade_min_prefix=16)
+def _with_graphs(model: str, **options):
+    llm = LLM(model, num_kv_blocks=64, cascade_attention=True, cascade_min_prefix=16, **options)
     llm.runner.capture_decode_graphs(4, emulate=True)
     llm.generate([list(range(3, 40))], SamplingParams(n=3, max_tokens=6, ignore_eos=True), use_tqdm=False)
     return llm
 
 
-def test_dropping_an_llm_with_graphs_frees_its_runner_at_once(tiny_model_dir):
-    # Without a gc pass: a notebook's `del llm; llm = LLM(...)` must not keep the old KV cache and weights.
-    llm = _with_graphs(str(tiny_model_dir("qwen3")))
+@pytest.mark.parametrize("spec", [None, dict(method="self_window", num_speculative_tokens=2, window=8, sink=4)])
+def test_dropping_an_llm_with_graphs_frees_its_runner_at_once(tiny_model_dir, spec):
+    # Without a gc pass: a notebook's `del llm; llm = LLM(...)` must not keep the old KV cache and weights
+    # (with speculative decoding too: verify and draft graphs).
+    llm = _with_graphs(str(tiny_model_dir("qwen3")), speculative_config=spec)
     runner, cache = weakref.ref(llm.runner), weakref.ref(llm.runner.kv_cache)
     gc.collect()
     gc.disable()
