@@ -35,11 +35,7 @@ DRY_S=900   # each stage's timeout in the dry run (the CPU interpreter is slow)
 DIR=${OUT:-$(mktemp -d)}
 mkdir -p "$DIR"
 DRY= TINY= CPU= PREFLIGHT=--preflight
-# The kernel tests, those only a GPU can check first (FP8 store rounding, bf16 MMA), then the rest
-# (pytest skips repeated paths); tests/kernels/compile_count.py counts the compiles they make.
-KERNEL_TESTS="tests/kernels/test_kernels_store.py tests/kernels/test_kernels_paged_decode.py
-    tests/kernels/test_kernels_cascade.py tests/kernels/test_kernels_prefill.py tests/kernels/test_kernels_*.py"
-TEST_DEVICE=cuda
+KERNEL_TESTS= TEST_DEVICE=cuda  # every kernel test file (bench/gpu_kernel_tests.py), on the GPU
 CKPT=${PACORE_GPU_CHECKPOINT:-${TMPDIR:-/tmp}/pacore-gpu-check/qwen3-8b-random}  # written once, reused
 status=0
 budget=$PLAN_S
@@ -88,9 +84,8 @@ plan() {  # the plan: most valuable first.  NAME  TIMEOUT(s)  COMMAND
 }
 
 more() {  # only with time left after the plan, on the same machine.  NAME  TIMEOUT(s)  COMMAND
-    # all the kernel tests, without -x: one failure must not hide the rest
-    have_pytest && stage kernel_tests 75  env PACORE_TEST_DEVICE=$TEST_DEVICE $PY -m pytest $KERNEL_TESTS -v -rf \
-                                    -p no:cacheprovider --noconftest
+    # the kernel tests in parallel processes (compiles are CPU work), without -x: a failure hides nothing
+    have_pytest && stage kernel_tests 75  $PY -m bench.gpu_kernel_tests --out "$DIR" --device $TEST_DEVICE $KERNEL_TESTS
     stage engine_check      35  $PY -m bench.gpu_engine_check $CPU
     stage kernels_rest      20  $PY -m bench.gpu_kernels --only offsets,replay --out "$DIR" $TINY
     stage e2e_more          50  $PY -m bench.gpu_e2e --only hf,fp8 --checkpoint "$CKPT" --out "$DIR" $TINY
