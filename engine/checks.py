@@ -60,8 +60,16 @@ def check_fits(num_prompt: int, params: SamplingParams, max_model_len: int, num_
                          f"trajectory decodes into blocks of its own, so lower n or give the cache more memory")
 
 
-def check_logprobs(params: SamplingParams, max_logprobs: int, rehearsal: bool = False) -> None:
-    """logprobs / prompt_logprobs within the engine's max_logprobs, and not on a modelled device."""
+def check_max_logprobs(max_logprobs: int, vocab_size: int) -> None:
+    """At start-up: the top alternatives a request may ask for cannot outnumber the vocabulary."""
+    if max_logprobs > vocab_size:
+        raise ValueError(f"max_logprobs={max_logprobs} (--max-logprobs) is above the model's vocabulary of "
+                         f"{vocab_size} tokens; give at most {vocab_size}")
+
+
+def check_logprobs(params: SamplingParams, max_logprobs: int, vocab_size: int, rehearsal: bool = False) -> None:
+    """logprobs / prompt_logprobs within the engine's max_logprobs and the vocabulary (a step's top-N
+    over more tokens than there are would fail every request in it), and not on a modelled device."""
     for name in ("logprobs", "prompt_logprobs"):
         value = getattr(params, name)
         if value is None:
@@ -72,6 +80,9 @@ def check_logprobs(params: SamplingParams, max_logprobs: int, rehearsal: bool = 
             raise ValueError(f"SamplingParams.{name}={value} is above this engine's max_logprobs={max_logprobs}; "
                              f"ask for at most {max_logprobs}, or start the engine with a larger max_logprobs "
                              "(--max-logprobs)")
+        if value > vocab_size:
+            raise ValueError(f"SamplingParams.{name}={value} is above the model's vocabulary of {vocab_size} "
+                             f"tokens; ask for at most {vocab_size}")
 
 
 def check_resume_logprobs(params: SamplingParams, resume: list[Partial],

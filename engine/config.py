@@ -154,6 +154,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 # -- command-line flags: argparse types (shared with pacore's own flags) ---------------------------
 _YARN_EXAMPLE = '{"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32768}'
+_SPEC_EXAMPLE = '{"method": "ngram", "num_speculative_tokens": 4}'
 
 
 def _number(value: str, cast: type, bad: str, ok, out_of_range: str):
@@ -183,15 +184,28 @@ def seconds(value: str) -> float:
                    "must be a number of seconds >= 0, got {value}")
 
 
-def json_object(value: str) -> dict:
-    """argparse type: a non-empty JSON object (``--rope-scaling``)."""
+def json_object(value: str, example: str = _YARN_EXAMPLE) -> dict:
+    """argparse type: a non-empty JSON object (``--rope-scaling``; ``example`` is shown when it is not)."""
     try:
         obj = json.loads(value)
     except json.JSONDecodeError as e:
         raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg}); quote it for the shell, e.g. "
-                                         f"'{_YARN_EXAMPLE}'") from None
+                                         f"'{example}'") from None
     if not isinstance(obj, dict) or not obj:
-        raise argparse.ArgumentTypeError(f"expected a non-empty JSON object such as '{_YARN_EXAMPLE}', got {value}")
+        raise argparse.ArgumentTypeError(f"expected a non-empty JSON object such as '{example}', got {value}")
+    return obj
+
+
+def speculative_json(value: str) -> dict:
+    """argparse type of ``--speculative-config``: a JSON object engine/spec/config.py accepts, so a bad key
+    stops the command at once, named (torch-free)."""
+    from engine.spec.config import SpeculativeConfig
+
+    obj = json_object(value, _SPEC_EXAMPLE)
+    try:
+        SpeculativeConfig.from_dict(obj)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("speculative_config: ")) from None
     return obj
 
 
@@ -285,7 +299,7 @@ class EngineConfig:
         "D x T GPUs (default 1)", name="--tensor-parallel", type=positive_int, metavar="T"))
     max_logprobs: int = field(default=20, metadata=_flag(
         "most top alternatives a request may ask for per token (logprobs / top_logprobs / prompt_logprobs; "
-        "vLLM's --max-logprobs, default 20)", type=positive_int, metavar="N"))
+        "vLLM's --max-logprobs, default 20; at most the model's vocabulary)", type=positive_int, metavar="N"))
     logprobs_mode: str = field(default="raw_logprobs", metadata=_flag(
         "which distribution logprobs come from: raw_logprobs (the model's, before temperature and top-k/top-p; "
         "vLLM's default) or processed_logprobs (the one sampled from); prompt logprobs are always raw",
@@ -293,7 +307,8 @@ class EngineConfig:
     speculative_config: dict | None = field(default=None, metadata=_flag(
         "speculative decoding, exact (vLLM's flag): e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
         "\"prompt_lookup_min\": 2, \"prompt_lookup_max\": 5}' drafts from the prompt, the trajectory and its "
-        "siblings; the tokens are those decoding without it draws (default: off)", type=json_object, metavar="JSON"))
+        "siblings; the tokens are those decoding without it draws (default: off)", type=speculative_json,
+        metavar="JSON"))
     device_model: str | None = None
 
     def __post_init__(self) -> None:

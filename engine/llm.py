@@ -23,19 +23,21 @@ from tqdm.auto import tqdm
 
 from engine.attention import default_backend
 from engine.block_manager import BlockManager
-from engine.checks import check_fits, check_logprobs, check_resume, check_resume_logprobs, prompt_ids
+from engine.checks import (check_fits, check_logprobs, check_max_logprobs, check_resume, check_resume_logprobs,
+                           prompt_ids)
 from engine.config import EngineConfig, ModelConfig, resolve_dtype
 from engine.default_model import resolve_model
 from engine.kv_cache import kv_dtype_name
 from engine.logprobs import TokenLogprobs, prompt_logprobs_list
+from engine.non_finite import NonFiniteLogits, non_finite_requests
 from engine.observers import StepHooks, StepObserver, StepRecord
 from engine.sampler import Sampler, record_logprobs
 from engine.sampling_params import SamplingParams
 from engine.scheduler import CascadePolicy, Scheduler, StepPlan
 from engine.sequence import Partial, Request, RequestMetrics, RequestOutput
-from engine.spec import SpeculativeConfig, Speculator, accepted_runs
-from engine.spec.self_window import self_draft
-from engine.spec.verify import rejection_runs
+from engine.spec.config import SpeculativeConfig
+from engine.spec.speculator import Speculator
+from engine.spec.verify import sample_runs
 from engine.stopping import StopChecker
 from engine.tp_workers import start_ranks
 
@@ -78,6 +80,7 @@ class LLM:
         self.options = opts = EngineConfig(model=model, **options)
         path = resolve_model(model)
         self.config = cfg = ModelConfig.from_pretrained(path, rope_scaling=opts.rope_scaling)
+        check_max_logprobs(opts.max_logprobs, cfg.vocab_size)
         self.device = torch.device(opts.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         # A rehearsal models a GPU, so its dtype is a GPU's default.
         self.dtype = resolve_dtype(opts.dtype, torch.device("cuda") if opts.device_model else self.device)
@@ -175,7 +178,8 @@ class LLM:
         self.runner.check_alive()  # a dead rank: say so now, not at the next step
         params = params or SamplingParams()
         params.validate()
-        check_logprobs(params, self.options.max_logprobs, rehearsal=bool(self.options.device_model))
+        check_logprobs(params, self.options.max_logprobs, self.config.vocab_size,
+                       rehearsal=bool(self.options.device_model))
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer: use stop_token_ids, or load one (tokenizer=...)")
         text, ids = prompt_ids(prompt, self.tokenizer, self.config.vocab_size)
@@ -246,8 +250,9 @@ class LLM:
         return self.stop_checker.final_text(seq)
 
     def has_unfinished(self) -> bool:
-        """Whether any request is in flight."""
-        return bool(self.requests)
+        """Whether any request is in flight, or finished and not yet returned by step() (a step that
+        raised StepError for others keeps them for the next)."""
+        return bool(self.requests or self._outbox)
 
     def abort_request(self, request_id: str) -> None:
         """Drop a request in flight and free its KV blocks (unknown ids are ignored)."""
@@ -281,23 +286,23 @@ class LLM:
         hooks.planned(plan)
         try:
             with hooks.phase("engine.model"):
-                drafted = None  # self-drafting: the uniforms its drafts were coupled to, or their q
-                if plan.drafts and self.speculator.self_drafting:
-                    drafted = self_draft(plan, self.speculator.config, self.runner, self.sampler)
+                # self-drafting: the draft steps run first (what verification needs of them comes back)
+                drafted = self.speculator.draft_with_model(plan, self.runner, self.sampler) if self.speculator else None
                 logits, scored = self.runner.run(plan)
                 hooks.model_done()
             with hooks.phase("engine.sample"):
-                if isinstance(drafted, dict):
-                    runs = rejection_runs(plan, logits, drafted, self.sampler)
-                else:
-                    tokens = self.sampler(logits, plan.sample_seqs, plan.sample_offsets, drafted) if plan.sample_seqs else []
-                    runs = accepted_runs(plan, tokens)  # per sequence, its tokens (several for a verified row)
+                logits, failed = self._set_aside_non_finite(plan, logits, scored)
+                runs = sample_runs(plan, logits, self.sampler, drafted)  # per sequence: several for a verified row
                 finished = self.scheduler.postprocess(plan, runs)  # cuts each run at its stop
                 record_logprobs(plan, logits, runs, scored, self.processed_logprobs)
         except Exception as e:
             raise self._fail_step(plan, e) from e
+        if failed is not None:
+            finished = self._abort_set_aside(failed, finished)
         self._close_step(plan, finished)
         hooks.finished(self._steps - 1, plan, self.block_manager)
+        if failed is not None:
+            raise failed  # the step is done for the others: what finished in it comes with the next step()
         return self._take_outbox()
 
     def _idle(self) -> list[RequestOutput]:
@@ -332,6 +337,30 @@ class LLM:
                 logprobs[rid] = self.partial_logprobs(rid)
                 self.scheduler.abort(self.requests.pop(rid), keep_cached=False)
         return StepError(partial, error, logprobs)
+
+    def _set_aside_non_finite(self, plan: StepPlan, logits, scored) -> tuple:
+        """Before sampling: the requests whose logits are NaN or inf (engine/non_finite.py) get a
+        StepError holding their tokens and logprobs so far (all from finite logits), and their rows
+        become zeros, so that the step runs as planned for every row; they are aborted once it is
+        done (_abort_set_aside). Returns the logits and the StepError (None: every row is finite)."""
+        ids = non_finite_requests(plan, logits, scored)
+        if not ids:
+            return logits, None
+        failed = StepError({rid: self.partial_outputs(rid) for rid in ids}, NonFiniteLogits(ids),
+                           {rid: self.partial_logprobs(rid) for rid in ids})
+        if logits is not None:
+            logits = logits.clone()
+            logits[[i for i, seq in enumerate(plan.sample_seqs) if seq.request.request_id in failed.partial]] = 0.0
+        return logits, failed
+
+    def _abort_set_aside(self, failed: StepError, finished: list[Request]) -> list[Request]:
+        """Abort the requests set aside in this step (their blocks leave the prefix cache), one that
+        finished in it too; returns the other requests that finished."""
+        for rid in failed.partial:
+            req = self.requests.pop(rid, None)
+            if req is not None:
+                self.scheduler.abort(req, keep_cached=False)
+        return [req for req in finished if req.request_id not in failed.partial]
 
     def _finish_request(self, req: Request, now: float) -> RequestOutput:
         del self.requests[req.request_id]
@@ -408,7 +437,9 @@ class LLM:
         kv_blocks_peak_saved is the engine-wide peak of blocks that sharing saved at one time (the
         per-request figure is RequestOutput.metrics.kv_blocks_saved_by_sharing). kv_cache_dtype,
         kv_bytes_per_token and kv_cache_tokens describe the cache: its format, what one token costs
-        (all layers, K and V, every rank) and how many tokens it holds."""
+        (all layers, K and V, every rank) and how many tokens it holds. With speculative_config, the
+        spec_decode_* counters too (engine/spec/speculator.py, SpecStats.as_dict; per request in
+        RequestOutput.metrics)."""
         bm, sch = self.block_manager, self.scheduler
         return dict(
             prefill_tokens=sch.prefill_tokens,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 import torch
@@ -20,8 +21,15 @@ _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
 # this engine keeps in the model's dtype: ignored.
 _KV_SCALE = re.compile(r"(?:model\.)?layers\.(\d+)\.self_attn\.(k_scale|v_scale|kv_scale|k_proj\.output_scale|"
                        r"v_proj\.output_scale|q_scale|prob_scale|q_proj\.output_scale)$")
-_KV_SCALE_TARGETS = {"k_scale": ("k_scale",), "v_scale": ("v_scale",), "kv_scale": ("k_scale", "v_scale"),
-                     "k_proj.output_scale": ("k_scale",), "v_proj.output_scale": ("v_scale",)}
+# name -> the scales it sets, and its precedence when a layer names a scale twice (lower wins): the
+# per-K/V names over the older single kv_scale, which sets both.
+_KV_SCALE_TARGETS = {"k_scale": (("k_scale",), 0), "v_scale": (("v_scale",), 0),
+                     "k_proj.output_scale": (("k_scale",), 1), "v_proj.output_scale": (("v_scale",), 1),
+                     "kv_scale": (("k_scale", "v_scale"), 2)}
+# A scale maps the FP8 range onto the layer's K or V (~max|K| / 448, so ~1e-3 to 10 in practice): far
+# outside this range a scale is corrupt, and would store every value as 0 or as the format's largest.
+KV_SCALE_RANGE = (1e-6, 1e6)
+log = logging.getLogger("engine")
 
 
 def _checkpoint_files(path) -> list:
@@ -67,8 +75,11 @@ def _read(f, hf_name: str, part) -> torch.Tensor:
     return view[a:b] if dim == 0 else view[:, a:b]
 
 
-def load_weights(model: CausalLM, path) -> None:
+def load_weights(model: CausalLM, path, kv_scales: bool = False) -> None:
+    """Load the checkpoint in ``path`` into ``model``; ``kv_scales``: read its FP8 cache scales (an
+    FP8 cache; otherwise they are unused, so neither read nor checked)."""
     cfg, shard = model.cfg, model.shard
+    scales: list[tuple[int, str, float]] = []  # the FP8 cache scales read: (layer, name, value)
     params = dict(model.named_parameters(remove_duplicate=False))
     q, kv, ffn = shard.num_heads * cfg.head_dim, shard.num_kv_heads * cfg.head_dim, shard.ffn_size
     fused_sizes = {"qkv_proj": [q, kv, kv], "gate_up_proj": [ffn, ffn]}
@@ -79,7 +90,9 @@ def load_weights(model: CausalLM, path) -> None:
                 if _IGNORED.match(hf_name):
                     continue
                 if (m := _KV_SCALE.match(hf_name)) is not None:
-                    _load_kv_scale(model, file, hf_name, f.get_tensor(hf_name), int(m.group(1)), m.group(2))
+                    if kv_scales and m.group(2) in _KV_SCALE_TARGETS:
+                        layer, kind = int(m.group(1)), m.group(2)
+                        scales.append((layer, kind, _kv_scale(model, file, hf_name, f.get_tensor(hf_name), layer)))
                     continue
                 name = hf_name.removeprefix("model.")
                 parts = name.split(".")
@@ -126,22 +139,44 @@ def load_weights(model: CausalLM, path) -> None:
     missing = sorted(expected - loaded)
     if missing:
         raise ValueError(f"checkpoint in {path} lacks {len(missing)} tensors, e.g. {missing[:4]}")
+    _set_kv_scales(model, scales)
 
 
-def _load_kv_scale(model: CausalLM, file, hf_name: str, tensor: torch.Tensor, layer: int, kind: str) -> None:
-    """Set layer ``layer``'s FP8 cache scale(s) from a checkpoint scalar (per-tensor, as vLLM's default)."""
-    targets = _KV_SCALE_TARGETS.get(kind)
-    if targets is None:
-        return
+def _kv_scale(model: CausalLM, file, hf_name: str, tensor: torch.Tensor, layer: int) -> float:
+    """A checkpoint's FP8 cache scale, checked: per-tensor (vLLM's default) and in KV_SCALE_RANGE."""
+    way_out = "; or serve with --kv-cache-dtype auto, which does not use the checkpoint's KV scales"
     if layer >= len(model.layers):
         raise ValueError(f"{file.name}: {hf_name!r} names layer {layer}, the model has {len(model.layers)}")
     if tensor.numel() != 1:
         raise ValueError(f"{file.name}: {hf_name!r} has shape {tuple(tensor.shape)}; only per-tensor (scalar) KV "
-                         "cache scales are supported, not per-head ones")
+                         f"cache scales are supported, not per-head ones{way_out}")
     value = float(tensor.float().item())
-    if not 0 < value < float("inf"):
-        raise ValueError(f"{file.name}: {hf_name!r} is {value}; a KV cache scale must be positive and finite")
-    for target in targets:
+    low, high = KV_SCALE_RANGE
+    if not low <= value <= high:
+        raise ValueError(f"{file.name}: {hf_name!r} is {value}; a KV cache scale must be in [{low:g}, {high:g}] "
+                         f"(an FP8 checkpoint's are near max|K| / 448), so this checkpoint's is corrupt{way_out}")
+    return value
+
+
+def _set_kv_scales(model: CausalLM, scales: list[tuple[int, str, float]]) -> None:
+    """Set each layer's K and V scales; a layer that names one twice gets the name of higher
+    precedence (_KV_SCALE_TARGETS), said once."""
+    best: dict[tuple[int, str], tuple[int, str, float]] = {}
+    clash = None
+    for layer, kind, value in scales:
+        targets, precedence = _KV_SCALE_TARGETS[kind]
+        for target in targets:
+            held = best.get((layer, target))
+            if held is not None and held[1] != kind:
+                clash = clash or (layer, *sorted([held[1], kind], key=lambda k: _KV_SCALE_TARGETS[k][1]))
+            if held is None or precedence < held[0]:
+                best[(layer, target)] = (precedence, kind, value)
+    if clash is not None:  # once: such a checkpoint usually names every layer's twice
+        layer, used, ignored = clash
+        log.warning("the checkpoint names a KV cache scale twice (layer %d: self_attn.%s and self_attn.%s): "
+                    "using self_attn.%s, the more specific name, over self_attn.%s, in every layer",
+                    layer, used, ignored, used, ignored)
+    for (layer, target), (_, _, value) in best.items():
         setattr(model.layers[layer].self_attn, target, value)
 
 
@@ -152,8 +187,9 @@ def _bad_shape(file, hf_name: str, shape: tuple, implied: tuple, ranks: int = 1)
 
 @torch.no_grad()
 def load_model(cfg, dtype: torch.dtype, device: torch.device, shard: Shard | None = None,
-               tp: TPGroup | None = None) -> CausalLM:
-    """Build the model (this rank's shard of it under tensor parallelism) and load its weights."""
+               tp: TPGroup | None = None, kv_scales: bool = False) -> CausalLM:
+    """Build the model (this rank's shard of it under tensor parallelism) and load its weights;
+    ``kv_scales``: the KV cache is FP8, so the checkpoint's cache scales are read (else each is 1.0)."""
     with torch.device("meta"):
         model = CausalLM(cfg, shard, tp)
     # Cast on meta (free), then allocate: the device holds the weights once, in their dtype. (Allocating
@@ -161,7 +197,7 @@ def load_model(cfg, dtype: torch.dtype, device: torch.device, shard: Shard | Non
     model = model.to(dtype).to_empty(device=device)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    load_weights(model, cfg.path)
+    load_weights(model, cfg.path, kv_scales)
     if device.type == "cuda":
         torch.cuda.empty_cache()  # what loading left cached counts as used in the KV cache's sizing
     return model.eval()

@@ -78,10 +78,8 @@ class ModelRunner:
                  verify_queries: int = 1, draft_steps: bool = False):
         self.cfg, self.dtype, self.device, self.block_size = cfg, dtype, device, block_size
         self.kv_dtype = resolve_kv_dtype(kv_cache_dtype, dtype)
-        self.model = load_model(cfg, dtype, device, shard, tp)
-        if not is_fp8(self.kv_dtype):  # a checkpoint's KV scales quantize an FP8 cache only (as vLLM)
-            for layer in self.model.layers:
-                layer.self_attn.k_scale = layer.self_attn.v_scale = 1.0
+        # A checkpoint's KV scales quantize an FP8 cache only (as vLLM): else neither read nor checked.
+        self.model = load_model(cfg, dtype, device, shard, tp, kv_scales=is_fp8(self.kv_dtype))
         # Two roles, two names: rank 0 of a group holds its TPWorkers (engine/tp_workers.py, which
         # imports this module; None on one rank and on a worker); a worker (rank >= 1) mirrors the
         # block-table writes rank 0 sends it.

@@ -4,6 +4,14 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+from engine.stop_strings import StopStrings
+
+# Stop strings a request may carry: a string is found at a cost that follows the longest one, and the
+# index built for them follows their characters, so both are bounded (OpenAI takes 4 strings; the
+# server may lower these with --max-stop-strings / --max-stop-chars).
+MAX_STOP_STRINGS = 64
+MAX_STOP_CHARS = 1024
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -14,8 +22,9 @@ class SamplingParams:
     max_tokens: tokens to generate per trajectory; None generates until EOS, a stop, or the
     context (max_model_len) is full, as vLLM does.
     seed: per-request seed; child i samples from a stream derived from (seed, i).
-    stop: strings that end a trajectory (not included in the text); stop_token_ids likewise,
-    in addition to the model's EOS unless ignore_eos.
+    stop: strings that end a trajectory (not included in the text), at most MAX_STOP_STRINGS of
+    them with MAX_STOP_CHARS characters in all; stop_token_ids likewise, in addition to the model's
+    EOS unless ignore_eos.
     logprobs: None (off), or N >= 0: each generated token's log-probability and rank, with the top-N
     alternatives (engine/logprobs.py; N at most the engine's max_logprobs). prompt_logprobs: the same
     for every prompt token after the first. Which distribution: the engine's logprobs_mode.
@@ -32,6 +41,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    _stop_index: StopStrings | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -72,9 +82,19 @@ class SamplingParams:
                                  f"alternatives to return beside the chosen token), got {value!r}")
         if not all(isinstance(s, str) for s in self.stop):
             raise ValueError(f"SamplingParams.stop must be strings, got {self.stop!r}")
+        check_stop(self.stop, MAX_STOP_STRINGS, MAX_STOP_CHARS, "SamplingParams.stop",
+                   "the engine's MAX_STOP_STRINGS and MAX_STOP_CHARS")
+        self._stop_index = None  # stop may have changed: indexed again when next needed
         if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
             raise ValueError(f"SamplingParams.stop_token_ids must be token ids (integers >= 0), "
                              f"got {self.stop_token_ids!r}")
+
+    @property
+    def stop_strings(self) -> StopStrings:
+        """``stop`` indexed for search (engine/stop_strings.py), built once per validation."""
+        if self._stop_index is None:
+            self._stop_index = StopStrings(self.stop)
+        return self._stop_index
 
     @property
     def greedy(self) -> bool:
@@ -83,6 +103,16 @@ class SamplingParams:
 
 
 _GREEDY_BELOW = 1e-5
+
+
+def check_stop(stop: list[str], max_strings: int, max_chars: int, what: str, limits: str) -> None:
+    """Raise ValueError if ``stop`` has more than ``max_strings`` strings or ``max_chars`` characters
+    in all; ``what`` names the field, ``limits`` what sets the limits (the engine's, or the server's flags)."""
+    chars = sum(len(s) for s in stop if isinstance(s, str))
+    if len(stop) > max_strings or chars > max_chars:
+        raise ValueError(f"{what} has {len(stop)} strings of {chars} characters in all, beyond the limit of "
+                         f"{max_strings} strings of {max_chars} characters in all ({limits}); send fewer or "
+                         "shorter stop strings")
 
 
 def _is_int(value: object) -> bool:

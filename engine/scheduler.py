@@ -246,13 +246,11 @@ class Scheduler:
                 bm.trim(seq, seq.num_computed)
                 self.on_trim(seq)
                 self.speculator.count(seq, draft, _matched(draft, seq.token_ids, n), n)
-        finished = []
         for seq, reason in stopped:
             seq.finish_reason = reason
             self.finish(seq)
-            if seq.request.is_finished:
-                finished.append(seq.request)
-        return finished
+        # Once per request, not per finished sequence: checking each of n siblings would cost n^2.
+        return [req for req in dict.fromkeys(seq.request for seq, _ in stopped) if req.is_finished]
 
     def _schedule_running(self, plan: StepPlan, budget: int) -> int:
         scheduled: set[int] = set()

@@ -84,6 +84,12 @@ class RequestMetrics:
     num_generated_tokens: int = 0
     num_cached_tokens: int = 0
     kv_blocks_saved_by_sharing: int = 0
+    # Speculative decoding's counters for this request's rows (engine/spec/speculator.py, SpecStats's
+    # meanings); zero without it
+    spec_decode_num_drafts: int = 0
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
+    spec_decode_num_emitted_tokens: int = 0
 
 
 @dataclass(slots=True, eq=False)

@@ -61,6 +61,7 @@ class PaCoReRunner:
         self._finished_at: float | None = None
         self._progress: Progress | None = None
         self.generated_tokens = 0  # this session, finished rounds only
+        self._speculative = getattr(llm, "speculator", None) is not None  # its counters go in RoundStats
 
     # -- public ------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -297,7 +298,8 @@ class PaCoReRunner:
                         for c in sorted(out.outputs, key=lambda c: c.index)]
         stats = round_stats_from_output(
             r + 1, len(trajectories), out, references=now.references, dropped=now.dropped,
-            truncated=now.truncated, truncated_tokens=now.truncated_tokens, resumed=now.resumed_tokens)
+            truncated=now.truncated, truncated_tokens=now.truncated_tokens, resumed=now.resumed_tokens,
+            speculative=self._speculative)
         self.generated_tokens += stats.generated_tokens - now.resumed_tokens  # this session's work
         self._progress.round_done(len(trajectories), stats.generated_tokens)
         if isinstance(job, Pool):

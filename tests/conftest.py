@@ -23,3 +23,11 @@ def tiny_model_dir(tmp_path_factory):
             made[kind] = make_tiny_model(root / kind, kind)
         return made[kind]
     return get
+
+
+@pytest.fixture(scope="session")
+def plain_samples(tiny_model_dir):
+    """20,000 five-token trajectories of the peaked tiny Qwen3 from one prompt, without speculation: the
+    distribution every speculative rule must keep (tests/engine/test_spec_*.py), sampled once."""
+    from spec_samples import samples
+    return samples(tiny_model_dir("qwen3_sharp"), None)[0]

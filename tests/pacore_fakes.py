@@ -97,6 +97,9 @@ class FakeLLM:
                        "kv_blocks_total": 1000, "kv_blocks_peak": 0, "kv_blocks_peak_saved": 0,
                        "preemptions": 0, "cascade_decode_steps": 0}
 
+    def describe(self) -> str:
+        return f"engine: fake, context {self.max_model_len:,} tokens"
+
     def add_request(self, prompt, params, request_id=None, resume=None, resume_logprobs=None):
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if len(ids) + params.max_tokens > self.max_model_len:

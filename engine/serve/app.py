@@ -1,6 +1,7 @@
 """The routes: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics (the API key,
-the body limit and the content type are checked before them: front_door.py). Past 300 lines: the
-two completion routes share their helpers here (submit, collect, stream, and their logprobs)."""
+the body limit and the content type are checked before them: front_door.py; CORS, when origins are
+allowed, before that). Past 300 lines: the two completion routes share their helpers here (submit,
+collect, stream); their JSON is rendered off the event loop (replies.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -10,17 +11,21 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
-from . import DEFAULT_MAX_BODY_BYTES
-from . import logprobs as lp
+from engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
+
+from . import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_LOGPROB_ENTRIES
 from . import protocol as api
 from .engine_loop import ChoiceEnd, EngineLoop, EngineUnavailable, Failed, Job, JobDone, TextReady
 from .front_door import FrontDoor, check_api_key
+from .logprobs import TokenTexts
 from .metrics import ServerMetrics
 from .prompts import PromptReader
+from .replies import Renderer, logprob_entries
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                 413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
@@ -47,14 +52,15 @@ class _ClientGone(Exception):
 class _Server:
     """What the routes share: the engine thread, the metrics and the limits."""
 
-    def __init__(self, llm, model_name: str, max_queue: int, aliases: tuple[str, ...] = ()):
+    def __init__(self, llm, model_name: str, max_queue: int, limits: api.Limits, max_logprob_entries: int,
+                 aliases: tuple[str, ...] = ()):
         self.engine = EngineLoop(llm)
         self.metrics = ServerMetrics(self.engine)
         self.model_name, self.max_queue = model_name, max_queue
         self.answers_to = {model_name, *aliases}  # the names a request's "model" may hold
         self.max_model_len = llm.max_model_len
-        self.max_logprobs = llm.options.max_logprobs
-        self.tokenizer = llm.tokenizer
+        self.limits, self.max_logprob_entries = limits, max_logprob_entries
+        self.texts = TokenTexts(llm.tokenizer)  # each token decoded once, for every reply
         self.prompts = PromptReader(llm.tokenizer, llm.max_model_len)
         self.created = int(time.time())
         self.in_flight = 0  # generation requests being served; only the event loop touches it
@@ -68,13 +74,16 @@ class _Server:
             raise
         self.in_flight += 1
         self.metrics.in_flight.inc()
+        renderer = Renderer(self.model_name, self.texts, endpoint == "chat", job.params,
+                            api.new_id("chatcmpl" if endpoint == "chat" else "cmpl"), int(time.time()),
+                            prompt_logprobs=body.prompt_logprobs is not None and not body.stream)
         if body.stream:
-            chunks = self._stream(job, body, endpoint)
+            chunks = self._stream(job, body, endpoint, renderer)
             await anext(chunks)  # until the engine accepts: a refused request is an HTTP error, not a stream
             return StreamingResponse(chunks, media_type="text/event-stream")
         outcome = "aborted"
         try:
-            reply = await _unless_disconnected(request, self._collect(job, endpoint))
+            reply = await _unless_disconnected(request, self._collect(job, renderer))
             outcome = "ok"
             return reply
         except APIError:
@@ -93,7 +102,7 @@ class _Server:
             raise APIError(400, "prompt is empty", param="prompt")
         chat = endpoint == "chat"
         try:
-            params = body.sampling_params(None if chat else DEFAULT_COMPLETION_MAX_TOKENS, self.max_logprobs)
+            params = body.sampling_params(None if chat else DEFAULT_COMPLETION_MAX_TOKENS, self.limits)
         except ValueError as e:
             field = str(e).partition(" ")[0].removeprefix("SamplingParams.")
             raise APIError(400, str(e), param=field if field in type(body).model_fields else None) from None
@@ -101,6 +110,7 @@ class _Server:
         try:
             # A worker thread: a long prompt must not hold up the event loop or the engine thread.
             ids = await asyncio.to_thread(lambda: [self.prompts.token_ids(p, chat, params) for p in prompts])
+            self._check_reply_size(body, params, [len(i) for i in ids], chat)
             echo = [self.prompts.text(p, i) for p, i in zip(prompts, ids)] if body.echoes() else None
             job = Job(ids, params, body.stream, asyncio.get_running_loop(), on_done=release, echo=echo,
                       echo_only=body.echo_only())
@@ -113,6 +123,18 @@ class _Server:
                 raise APIError(503, str(e)) from None
             raise
         return job
+
+    def _check_reply_size(self, body: api._Generate, params, prompt_lens: list[int], chat: bool) -> None:
+        """Refuse a request whose replies could hold more logprob entries than --max-logprob-entries."""
+        copies = 0 if body.prompt_logprobs is None or body.stream else 1 if chat else params.n
+        entries = logprob_entries(prompt_lens, params, self.max_model_len, body.echoes(), copies)
+        if entries > self.max_logprob_entries:
+            field = body.logprobs_field() if params.logprobs is not None else "prompt_logprobs"
+            raise APIError(400, f"this request could return up to {entries} log-probabilities (per token with "
+                                "logprobs, the chosen one and the top ones asked for, over every choice and the "
+                                "echoed or asked-for prompt), more than this server's limit of "
+                                f"{self.max_logprob_entries} per request (--max-logprob-entries); lower n, "
+                                f"max_tokens or {field}", param=field)
 
     def _hold(self, seqs: int, num_prompts: int, n: int):
         """Count ``seqs`` against --max-queue until the returned release() (idempotent) is called:
@@ -147,7 +169,7 @@ class _Server:
             except EngineUnavailable:
                 pass
 
-    async def _collect(self, job: Job, endpoint: str):
+    async def _collect(self, job: Job, renderer: Renderer) -> Response:
         ends: dict[int, ChoiceEnd] = {}
         while True:
             event = await job.events.get()
@@ -158,31 +180,9 @@ class _Server:
             elif isinstance(event, JobDone):
                 break
         usage = self._count(event, ends.values())
-        rid = api.new_id("chatcmpl" if endpoint == "chat" else "cmpl")
-        ends = [e for _, e in sorted(ends.items())]
-        if endpoint == "chat":
-            choices = [api.ChatChoice(index=e.index, message=api.AssistantMessage(content=e.text),
-                                      logprobs=self._logprobs(job, e.logprobs, True)[0], finish_reason=e.finish_reason)
-                       for e in ends]
-            return api.ChatCompletion(id=rid, model=self.model_name, choices=choices, usage=usage,
-                                      prompt_logprobs=lp.prompt_logprobs(ends[0].prompt_logprobs))
-        rendered = {}  # the n choices of a prompt share its prompt logprobs: rendered once
-        for e in ends:
-            if e.index // job.params.n not in rendered:
-                rendered[e.index // job.params.n] = lp.prompt_logprobs(e.prompt_logprobs)
-        choices = [api.CompletionChoice(
-            index=e.index, text=e.text, logprobs=self._logprobs(job, e.logprobs, False)[0], finish_reason=e.finish_reason,
-            prompt_logprobs=rendered[e.index // job.params.n]) for e in ends]
-        return api.Completion(id=rid, model=self.model_name, choices=choices, usage=usage)
-
-    def _logprobs(self, job: Job, pieces, chat: bool, offset: int = 0):
-        """A choice's ``logprobs`` for the tokens of ``pieces`` (None unless asked), and for
-        completions the text offset after them (a stream's next chunk starts there)."""
-        if pieces is None:
-            return None, offset
-        if chat:
-            return lp.chat_logprobs(pieces, job.params.logprobs, self.tokenizer), offset
-        return lp.completion_logprobs(pieces, offset, self.tokenizer)
+        # A worker thread: the reply may be megabytes of logprobs (replies.py).
+        body = await asyncio.to_thread(renderer.reply, [e for _, e in sorted(ends.items())], usage)
+        return Response(body, media_type="application/json")
 
     def _count(self, done: JobDone, ends) -> api.Usage:
         completion = sum(e.num_tokens for e in ends)
@@ -190,23 +190,16 @@ class _Server:
         self.metrics.completion_tokens.inc(completion)
         return api.usage(done.prompt_tokens, completion)
 
-    async def _stream(self, job: Job, body: api._Generate, endpoint: str):
-        """Server-sent events: one chunk stream per choice index, usage if asked, then [DONE]."""
+    async def _stream(self, job: Job, body: api._Generate, endpoint: str, renderer: Renderer):
+        """Server-sent events: one chunk stream per choice index, usage if asked, then [DONE]. A
+        chunk with logprobs is rendered on a worker thread (an echo's holds the whole prompt's)."""
         outcome, chat = "aborted", endpoint == "chat"
-        rid, created = api.new_id("chatcmpl" if chat else "cmpl"), int(time.time())  # one for every chunk
 
-        offsets: dict[int, int] = {}  # completions: per choice, the text offset its next token has
-
-        def chunk(index: int, text: str | None, finish: str | None = None, role: bool = False, pieces=None) -> str:
-            logprobs, offsets[index] = self._logprobs(job, pieces, chat, offsets.get(index, 0))
-            if chat:
-                delta = api.Delta(role="assistant" if role else None, content=text)
-                c = api.ChatCompletionChunk(id=rid, created=created, model=self.model_name, choices=[
-                    api.ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish)])
-            else:
-                c = api.Completion(id=rid, created=created, model=self.model_name, choices=[
-                    api.CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=finish)])
-            return f"data: {c.model_dump_json()}\n\n"
+        async def chunk(index: int, text: str | None, finish: str | None = None, role: bool = False,
+                        pieces=None) -> str:
+            if pieces:
+                return await asyncio.to_thread(renderer.chunk, index, text, finish, role, pieces)
+            return renderer.chunk(index, text, finish, role, pieces)
         try:
             event = await job.events.get()
             if isinstance(event, Failed):
@@ -214,16 +207,16 @@ class _Server:
             yield ""  # accepted: generate() returns the stream from here
             if chat:
                 for index in range(len(job.prompts) * job.params.n):
-                    yield chunk(index, "", role=True)
+                    yield await chunk(index, "", role=True)
             ends = []
             while True:
                 event = await job.events.get()
                 if isinstance(event, TextReady):
                     for index, (text, pieces) in job.take_text().items():
-                        yield chunk(index, text, pieces=pieces if job.logprobs else None)
+                        yield await chunk(index, text, pieces=pieces if job.logprobs else None)
                 elif isinstance(event, ChoiceEnd):
                     ends.append(event)
-                    yield chunk(event.index, event.text, event.finish_reason, pieces=event.logprobs)
+                    yield await chunk(event.index, event.text, event.finish_reason, pieces=event.logprobs)
                 elif isinstance(event, Failed):  # after the 200: report it inside the stream, as vLLM
                     outcome = "error"
                     yield f"data: {json.dumps(APIError(event.status, event.message).body())}\n\n"
@@ -231,9 +224,7 @@ class _Server:
                 elif isinstance(event, JobDone):
                     usage = self._count(event, ends)
                     if body.include_usage:
-                        cls = api.ChatCompletionChunk if chat else api.Completion
-                        last = cls(id=rid, created=created, model=self.model_name, choices=[], usage=usage)
-                        yield f"data: {last.model_dump_json()}\n\n"
+                        yield renderer.usage_chunk(usage)
                     outcome = "ok"
                     break
             yield "data: [DONE]\n\n"
@@ -274,14 +265,20 @@ async def _unless_disconnected(request: Request, work):
 
 
 def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int = 1024,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, aliases: tuple[str, ...] = ()) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, aliases: tuple[str, ...] = (),
+               max_logprob_entries: int = DEFAULT_MAX_LOGPROB_ENTRIES, max_stop_strings: int = MAX_STOP_STRINGS,
+               max_stop_chars: int = MAX_STOP_CHARS, allowed_origins: list[str] | None = None) -> FastAPI:
     """An OpenAI-compatible app serving ``llm`` as ``model_name``; the engine thread runs while the
-    app does (its lifespan). ``api_key``: /v1 routes need ``Authorization: Bearer KEY`` (an empty
-    key is refused). ``max_queue``: generation requests held at once; more get 429.
-    ``max_body_bytes``: a longer request body gets 413, unread. ``aliases``: other names a request's
-    ``model`` may hold (replies and /v1/models carry ``model_name``)."""
-    check_api_key(api_key)
-    server = _Server(llm, model_name, max_queue, aliases)
+    app does (its lifespan). ``api_key``: /v1 routes need ``Authorization: Bearer KEY`` (surrounding
+    whitespace stripped; an empty key, or one no client can send in a header, is refused).
+    ``max_queue``: sequences held at once; more get 429. ``max_body_bytes``: a longer request body
+    gets 413, unread. ``aliases``: other names a request's ``model`` may hold (replies and /v1/models
+    carry ``model_name``). ``max_logprob_entries``: the most log-probabilities one request's replies
+    may hold (replies.py), ``max_stop_strings`` / ``max_stop_chars``: its stop strings; beyond, 400.
+    ``allowed_origins``: the web origins browsers may call the API from (CORS; default none)."""
+    api_key = check_api_key(api_key)
+    limits = api.Limits(llm.options.max_logprobs, max_stop_strings, max_stop_chars)
+    server = _Server(llm, model_name, max_queue, limits, max_logprob_entries, aliases)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -289,11 +286,11 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
         yield
         await asyncio.to_thread(server.engine.close)
 
-    # strict_content_type=False: a body without a Content-Type is read as JSON (curl -d, scripts);
-    # another type than JSON is refused by the front door.
-    app = FastAPI(title="PaCoRe Engine (OpenAI-compatible)", lifespan=lifespan, strict_content_type=False)
+    app = FastAPI(title="PaCoRe Engine (OpenAI-compatible)", lifespan=lifespan)
     app.state.server = server
     app.add_middleware(FrontDoor, api_key=api_key, max_body_bytes=max_body_bytes)
+    if allowed_origins:  # outermost: a browser's preflight carries no key and is answered here
+        app.add_middleware(CORSMiddleware, allow_origins=allowed_origins, allow_methods=["*"], allow_headers=["*"])
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):

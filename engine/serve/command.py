@@ -3,13 +3,16 @@ torch nor FastAPI until it runs."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
 
 from engine.config import ENGINE_FLAGS, add_engine_flags, engine_kwargs, positive_int, seconds
 
-from . import DEFAULT_MAX_BODY_BYTES
+from engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
+
+from . import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_LOGPROB_ENTRIES
 
 SERVE_EXTRA_HINT = "pacore serve needs the serve extra: pip install -e '.[serve]' (fastapi, uvicorn, prometheus-client)"
 SERVE_FLAGS = ENGINE_FLAGS + ("seed",)  # the engine seed, for requests without one
@@ -31,17 +34,52 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "smollm2-135m for the embedded model)")
     p.add_argument("--api-key", default=os.environ.get("PACORE_API_KEY"), metavar="KEY",
                    help="require 'Authorization: Bearer KEY' on the /v1 routes (/health, /metrics, /docs stay open, "
-                        "as in vLLM; default: $PACORE_API_KEY, else none; an empty key is refused)")
+                        "as in vLLM; default: $PACORE_API_KEY, else none; surrounding whitespace is stripped; an "
+                        "empty key, or one with characters other than printable ASCII, is refused)")
+    p.add_argument("--allowed-origins", type=_origins, default=None, metavar="JSON",
+                   help="web origins whose pages may call the API from a browser (CORS), as a JSON list like "
+                        "vLLM's, e.g. '[\"http://localhost:3000\"]' (default: none; every POST must be "
+                        "Content-Type: application/json, so other pages cannot reach the API)")
     p.add_argument("--max-queue", type=positive_int, default=1024, metavar="N",
                    help="sequences (prompts x n) held at once, running or waiting; a request beyond the limit gets "
                         "429, one that alone exceeds it 400 (default 1024)")
     p.add_argument("--max-body-bytes", type=positive_int, default=DEFAULT_MAX_BODY_BYTES, metavar="N",
                    help=f"largest request body; a longer one gets 413 before it is read (default {DEFAULT_MAX_BODY_BYTES})")
+    p.add_argument("--max-logprob-entries", type=positive_int, default=DEFAULT_MAX_LOGPROB_ENTRIES,
+                   metavar="N",
+                   help="most log-probabilities one request's replies may hold: per token with logprobs the chosen "
+                        "one and its top alternatives, over every choice and the echoed or asked-for prompt; a "
+                        f"request that could exceed it gets 400 (default {DEFAULT_MAX_LOGPROB_ENTRIES})")
+    p.add_argument("--max-stop-strings", type=_at_most(MAX_STOP_STRINGS), default=MAX_STOP_STRINGS, metavar="N",
+                   help=f"most stop strings one request may send; more get 400 (default {MAX_STOP_STRINGS}, the "
+                        "engine's most; OpenAI takes 4)")
+    p.add_argument("--max-stop-chars", type=_at_most(MAX_STOP_CHARS), default=MAX_STOP_CHARS, metavar="N",
+                   help=f"most characters one request's stop strings may have in all; more get 400 (default "
+                        f"{MAX_STOP_CHARS}, the engine's most)")
     p.add_argument("--shutdown-timeout", type=seconds, default=30.0, metavar="S",
                    help="on SIGTERM or Ctrl-C: stop admitting requests, let running ones finish for up to S "
                         "seconds, then abort the rest and exit (default 30)")
     add_engine_flags(p.add_argument_group("engine"), SERVE_FLAGS)
     return p
+
+
+def _at_most(limit: int):
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value > limit:
+            raise argparse.ArgumentTypeError(f"at most {limit} (the engine's limit), got {value}")
+        return value
+    return parse
+
+
+def _origins(text: str) -> list[str]:
+    try:
+        origins = json.loads(text)
+    except json.JSONDecodeError:
+        origins = None
+    if not isinstance(origins, list) or not all(isinstance(o, str) for o in origins):
+        raise argparse.ArgumentTypeError(f"a JSON list of origins, e.g. '[\"http://localhost:3000\"]', got {text!r}")
+    return origins
 
 
 def served_name(model: str | None) -> str:
@@ -82,7 +120,9 @@ def main(args) -> int:
     print(f"{llm.describe()}; served as {name}" + (f" (or {alias})" if alias != name else ""), file=sys.stderr,
           flush=True)
     with llm:  # stops tensor-parallel workers when the server exits
-        app = create_app(llm, name, args.api_key, args.max_queue, args.max_body_bytes, aliases=(alias,))
+        app = create_app(llm, name, args.api_key, args.max_queue, args.max_body_bytes, aliases=(alias,),
+                         max_logprob_entries=args.max_logprob_entries, max_stop_strings=args.max_stop_strings,
+                         max_stop_chars=args.max_stop_chars, allowed_origins=args.allowed_origins)
         # uvicorn drains on SIGTERM (timeout_graceful_shutdown: then it cancels what still runs, and
         # the engine aborts those requests), then raises the signal again for the handler it found:
         # with a no-op one the process leaves through `with llm` and exits 0.

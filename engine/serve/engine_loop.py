@@ -24,6 +24,8 @@ from .text import IncrementalText
 
 log = logging.getLogger("pacore.serve")
 RATE_WINDOW_S = 10.0  # tokens/s gauges: tokens of the steps that ended in the last 10 seconds
+NON_FINITE_MESSAGE = ("the model computed non-finite logits (NaN or inf) for this request, so nothing could be "
+                      "sampled; the request was aborted")
 
 
 # -- events, engine thread -> handler ----------------------------------------------------------
@@ -224,7 +226,7 @@ class EngineLoop:
         self._jobs[job.id] = job
         if job.stream:
             tok = self.llm.tokenizer
-            job.texts = {c: IncrementalText(tok, job.params.stop) for c in range(len(ids) * job.params.n)}
+            job.texts = {c: IncrementalText(tok, job.params.stop_strings) for c in range(len(ids) * job.params.n)}
         job.emit(Accepted())
 
     def _drop(self, job: Job) -> None:
@@ -235,16 +237,19 @@ class EngineLoop:
 
     def _step(self) -> None:
         from engine.llm import StepError
+        from engine.non_finite import NonFiniteLogits
         before = self.latest_stats
         try:
             outputs = self.llm.step()
         except StepError as e:  # its requests are aborted; fail their jobs, every other one goes on
-            outputs = []
+            outputs = []  # what finished in the step comes with the next one
+            message = (NON_FINITE_MESSAGE if isinstance(e.cause, NonFiniteLogits)
+                       else f"engine step failed: {e.cause!r}")
             for rid in e.partial:
                 owner = self._owner.get(rid)
                 if owner is not None and owner[0].id in self._jobs:
                     self._drop(owner[0])
-                    owner[0].emit(Failed(500, f"engine step failed: {e.cause!r}"))
+                    owner[0].emit(Failed(500, message))
         self.latest_stats = stats = self._stats()  # before any reply leaves: /metrics then counts its tokens
         now = time.monotonic()
         with self._rates_lock:  # pruned here too: a server nobody scrapes must not keep every step

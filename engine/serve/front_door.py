@@ -2,6 +2,11 @@
 routes, a JSON content type, and the body's size. A route reads and parses the whole body before
 it runs, so these refusals must come first: a 1 GB body without a key costs nothing here.
 
+Every POST must say ``Content-Type: application/json``: a web page may send a POST with no type
+(or a form's) to any origin without asking first, but a JSON one only after a CORS preflight,
+which this server grants to the ``--allowed-origins`` alone (none by default). So a page cannot
+start generations on a server without a key that listens on the browser's machine.
+
 The key guards the /v1 routes only, as vLLM's ``--api-key`` does: /health, /metrics, /docs and
 /openapi.json stay open (probes and scrapers carry no key).
 """
@@ -18,16 +23,27 @@ from .protocol import error_body
 GUARDED_PREFIX = "/v1"
 
 
-def check_api_key(api_key: str | None) -> None:
-    """An empty key would be taken for "no auth" by a careless reading: refuse it."""
-    if api_key is not None and not api_key.strip():
+def check_api_key(api_key: str | None) -> str | None:
+    """The key as clients send it: surrounding whitespace stripped (a key read from a file ends in a
+    newline), as the server strips theirs; None for no key. ValueError for a key that is empty, which
+    a careless reading would take for "no auth", or that no client can send in a header."""
+    if api_key is None:
+        return None
+    key = api_key.strip()
+    if not key:
         raise ValueError("the API key is empty (--api-key or $PACORE_API_KEY): give a key, or unset it to "
                          "serve without one")
+    bad = next((i for i, c in enumerate(key) if not " " <= c <= "~"), None)
+    if bad is not None:  # clients send header values as ASCII (httpx, the openai client, browsers)
+        raise ValueError(f"the API key (--api-key or $PACORE_API_KEY) has a character at position {bad} that no "
+                         "client can send in an HTTP header; use printable ASCII characters only (letters, "
+                         "digits, punctuation)")
+    return key
 
 
 class FrontDoor:
     def __init__(self, app, api_key: str | None, max_body_bytes: int):
-        check_api_key(api_key)
+        api_key = check_api_key(api_key)
         if max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
         self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
@@ -53,10 +69,10 @@ class FrontDoor:
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             return 413, "invalid_request_error", self._too_large()
         media = headers.get("content-type", "").partition(";")[0].strip().lower()
-        if scope["method"] == "POST" and media and media != "application/json" and not media.endswith("+json"):
-            # No Content-Type at all is read as JSON (FastAPI does); another type is a client mistake.
-            return 415, "invalid_request_error", (f"the body must be JSON: send it with 'Content-Type: "
-                                                  f"application/json' (got {media!r})")
+        if scope["method"] == "POST" and media != "application/json" and not media.endswith("+json"):
+            got = f"got {media!r}" if media else "it has none"
+            return 415, "invalid_request_error", (f"the body must be JSON sent with 'Content-Type: application/json' "
+                                                  f"({got})")
         return None
 
     def _too_large(self) -> str:

@@ -25,6 +25,15 @@ _ENGINE_GAUGES = {
     "num_requests": ("pacore_num_requests_in_engine", "HTTP requests with prompts in the engine"),
 }
 
+# With --speculative-config: vLLM's spec_decode_* counters under our prefix (engine/spec/speculator.py).
+_SPEC_COUNTERS = {
+    "spec_decode_num_drafts": ("pacore_spec_decode_num_drafts", "Verify steps of rows with draft tokens "
+                               "(one row's drafts in one step)"),
+    "spec_decode_num_draft_tokens": ("pacore_spec_decode_num_draft_tokens", "Draft tokens verified"),
+    "spec_decode_num_accepted_tokens": ("pacore_spec_decode_num_accepted_tokens",
+                                        "Draft tokens accepted (the target's own draw agreed), up to a stop"),
+}
+
 
 class _EngineCollector:
     def __init__(self, engine):
@@ -37,9 +46,23 @@ class _EngineCollector:
         for key, (name, doc) in _ENGINE_GAUGES.items():
             yield GaugeMetricFamily(name, doc, value=stats[key])
         yield InfoMetricFamily("pacore_kv_cache", "The KV cache's format", value={"dtype": stats["kv_cache_dtype"]})
+        yield from _spec_metrics(stats)
         prefill, decode = self.engine.rates()
         yield GaugeMetricFamily("pacore_prefill_tokens_per_second", "Prefill tokens/s over the last 10 s", value=prefill)
         yield GaugeMetricFamily("pacore_decode_tokens_per_second", "Decode tokens/s over the last 10 s", value=decode)
+
+
+def _spec_metrics(stats: dict):
+    """Speculative decoding's counters, when the engine speculates (its stats have them)."""
+    if "spec_decode_num_drafts" not in stats:
+        return
+    for key, (name, doc) in _SPEC_COUNTERS.items():
+        yield CounterMetricFamily(name, doc, value=stats[key])
+    per_pos = CounterMetricFamily("pacore_spec_decode_num_accepted_tokens_per_pos",
+                                  "Draft tokens accepted at each draft position (0: the first)", labels=["position"])
+    for pos, n in enumerate(stats["spec_decode_num_accepted_tokens_per_pos"]):
+        per_pos.add_metric([str(pos)], n)
+    yield per_pos
 
 
 class ServerMetrics:

@@ -12,17 +12,26 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS, SamplingParams, check_stop
 
 from .logprobs import ChatLogprobs, CompletionLogprobs, PromptLogprobs
 
 
 INVALID_UNICODE = "invalid_unicode"  # the error type app.py answers with 400
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one request may ask for, as this server's flags set it."""
+    max_logprobs: int  # --max-logprobs, the engine's
+    max_stop_strings: int = MAX_STOP_STRINGS  # --max-stop-strings
+    max_stop_chars: int = MAX_STOP_CHARS  # --max-stop-chars
 
 
 class _Body(BaseModel):
@@ -96,21 +105,23 @@ class _Generate(_Body):
         """Top alternatives per generated token (0: the chosen token only), None for no logprobs."""
         return None
 
-    def sampling_params(self, default_max_tokens: int | None, max_logprobs: int) -> SamplingParams:
-        """The engine's SamplingParams; ValueError (a 400) names a value out of range.
-        ``max_logprobs``: the engine's limit on top alternatives (``--max-logprobs``)."""
+    def sampling_params(self, default_max_tokens: int | None, limits: Limits) -> SamplingParams:
+        """The engine's SamplingParams; ValueError (a 400) names a value out of range or beyond
+        ``limits`` (the server's flags)."""
         max_tokens = self.budget()
         if self.top_k is not None and self.top_k >= 2 ** 63:  # the sampler holds it in an int64
             raise ValueError(f"top_k must be -1 (off) or an integer in [1, 2**63), got {self.top_k}")
         logprobs = self.logprobs_asked()
         prompt_logprobs = self.prompt_logprobs
+        _check_count(self.logprobs_field(), logprobs, limits.max_logprobs)
+        _check_count("prompt_logprobs", prompt_logprobs, limits.max_logprobs)  # in a stream too: -1 is no 0
         if prompt_logprobs is not None and self.stream:
             if prompt_logprobs > 0:  # as vLLM: a stream has no place for them
                 raise ValueError("prompt_logprobs are not available when stream is true; remove prompt_logprobs "
                                  "or set stream to false")
             prompt_logprobs = None  # 0 is accepted, as vLLM does, and asks for nothing a stream sends
-        _check_count(self._logprobs_field(), logprobs, max_logprobs)
-        _check_count("prompt_logprobs", prompt_logprobs, max_logprobs)
+        check_stop([self.stop] if isinstance(self.stop, str) else self.stop or [], limits.max_stop_strings,
+                   limits.max_stop_chars, "stop", "this server's --max-stop-strings and --max-stop-chars")
         if self.echoes() and logprobs is not None and prompt_logprobs is None:
             prompt_logprobs = logprobs  # echo shows the prompt's logprobs as the generation's (vLLM)
         if self.echoes() and max_tokens == 0:
@@ -127,7 +138,7 @@ class _Generate(_Body):
             seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids or [],
             ignore_eos=self.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
 
-    def _logprobs_field(self) -> str:
+    def logprobs_field(self) -> str:
         return "logprobs"
 
     def echoes(self) -> bool:
@@ -180,7 +191,7 @@ class ChatCompletionRequest(_Generate):
             return None
         return self.top_logprobs or 0
 
-    def _logprobs_field(self) -> str:
+    def logprobs_field(self) -> str:
         return "top_logprobs"
 
 

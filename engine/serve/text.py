@@ -1,6 +1,8 @@
 """Streaming text of a growing token list: release only text that the final text will begin with."""
 from __future__ import annotations
 
+from engine.stop_strings import StopStrings
+
 
 class IncrementalText:
     """Turns one trajectory's new tokens into text deltas for a stream.
@@ -11,10 +13,11 @@ class IncrementalText:
     a byte-level token that needs the next one) and a tail that could be the start of a stop
     string. A stop string itself is never released: the engine cuts the final text before it.
     Since a held tail is the longest one that could start a stop string, no stop string can begin in
-    released text, so only the unreleased text is searched.
+    released text, so only the unreleased text is searched, once per call whatever the number of
+    stop strings (``stop``: the request's, indexed: SamplingParams.stop_strings).
     """
 
-    def __init__(self, tokenizer, stop: list[str]):
+    def __init__(self, tokenizer, stop: StopStrings):
         self.tokenizer = tokenizer
         self.stop = stop
         self.seen = 0        # tokens fed so far
@@ -39,16 +42,8 @@ class IncrementalText:
                 self._ids = self._ids[self._read:]
                 self._read = len(self._ids)
         text = self._pending
-        end = len(text)
-        for s in self.stop:
-            found = text.find(s)
-            if found != -1:
-                end = min(end, found)
-                continue
-            for k in range(min(len(s) - 1, len(text)), 0, -1):
-                if text.endswith(s[:k]):  # may become a stop string with the next tokens
-                    end = min(end, len(text) - k)
-                    break
+        first, held = self.stop.scan(text)  # held: a tail that may become a stop string with the next tokens
+        end = len(text) - held if first == -1 else min(first, len(text) - held)
         delta, self._pending = text[:end], text[end:]
         self.sent += len(delta)
         return delta

@@ -47,7 +47,7 @@ def self_draft(plan: StepPlan, config: SpeculativeConfig, runner: ModelRunner, s
                                                                               device=sampler.device))
             probs = sampler.normalised_probs(logits, [s.params for s in active])
             for s, p in zip(active, probs):
-                q[s.seq_id].append(p)
+                q[s.seq_id].append(p)  # views of one tensor per step: no copy
         for s, t in zip(active, drawn):
             plan.drafts[s.seq_id][j] = tokens[s.seq_id] = t
     return u if coupled else {k: torch.stack(v) for k, v in q.items()}

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from engine.spec.config import SpeculativeConfig
 from engine.spec.ngram import NgramDrafter
+from engine.spec.self_window import self_draft
 
 if TYPE_CHECKING:
     from engine.block_manager import BlockManager
@@ -41,6 +42,7 @@ class SpecStats:
         return dict(spec_decode_num_drafts=self.num_drafts, spec_decode_num_draft_tokens=self.num_draft_tokens,
                     spec_decode_num_accepted_tokens=self.num_accepted_tokens,
                     spec_decode_acceptance_rate=self.num_accepted_tokens / max(1, self.num_draft_tokens),
+                    spec_decode_num_emitted_tokens=self.num_emitted_tokens,
                     spec_decode_mean_tokens_per_verify=self.num_emitted_tokens / max(1, self.num_drafts),
                     spec_decode_num_accepted_tokens_per_pos=list(self.accepted_per_pos))
 
@@ -80,6 +82,13 @@ class Speculator:
             budget -= len(draft)
         return budget
 
+    def draft_with_model(self, plan: StepPlan, runner, sampler):
+        """Self-drafting: run the step's draft steps, filling plan.drafts' placeholders; returns what
+        verification needs of them (engine/spec/self_window.py). None for n-gram drafts."""
+        if not (self.self_drafting and plan.drafts):
+            return None
+        return self_draft(plan, self.config, runner, sampler)
+
     def count(self, seq: Sequence, draft: list[int], matched: int, kept: int) -> None:
         """One verified row: ``matched`` leading drafts agreed with the target's draws, ``kept`` tokens
         were appended (fewer when a stop cut the run)."""
@@ -91,6 +100,11 @@ class Speculator:
         st.num_emitted_tokens += kept
         for j in range(accepted):
             st.accepted_per_pos[j] += 1
+        m = seq.request.metrics  # per request too: pacore run's per-round table
+        m.spec_decode_num_drafts += 1
+        m.spec_decode_num_draft_tokens += len(draft)
+        m.spec_decode_num_accepted_tokens += accepted
+        m.spec_decode_num_emitted_tokens += kept
         c = st.by_corpus[self._corpus.get(seq.seq_id, "own")]
         c[0] += 1
         c[1] += len(draft)

@@ -27,6 +27,15 @@ if TYPE_CHECKING:
     from engine.scheduler import StepPlan
 
 
+def sample_runs(plan: StepPlan, logits, sampler: Sampler, drafted=None) -> list[Run]:
+    """The step's tokens, a run per sampled sequence. ``drafted``: what self-drafting handed back (the
+    uniforms its drafts were coupled to, or per row the distributions q they were drawn from)."""
+    if isinstance(drafted, dict):
+        return rejection_runs(plan, logits, drafted, sampler)
+    tokens = sampler(logits, plan.sample_seqs, plan.sample_offsets, drafted) if plan.sample_seqs else []
+    return accepted_runs(plan, tokens)
+
+
 def accepted_runs(plan: StepPlan, tokens: list[int]) -> list[Run]:
     """One run per sampled sequence, from the tokens sampled at each of the plan's sample entries."""
     drafts = plan.drafts
@@ -48,45 +57,65 @@ def accepted_runs(plan: StepPlan, tokens: list[int]) -> list[Run]:
 
 
 def rejection_runs(plan: StepPlan, logits: torch.Tensor, q: dict[int, torch.Tensor], sampler: Sampler) -> list[Run]:
-    """Runs for drafts drawn from q (seq id -> [n, V], the distribution each draft was drawn from); a greedy
-    row keeps its drafts while the target's argmax agrees, as accepted_runs does."""
-    runs: list[Run] = []
-    seqs, i = plan.sample_seqs, 0
-    gen = sampler.generator
+    """Runs for drafts drawn from full distributions (q: seq id -> [n, V], the distribution each of its n
+    drafts was drawn from), all sampled rows at once. A greedy row keeps its drafts while the target's
+    argmax agrees, and a row without drafts samples as plain decoding does: accepted_runs' rule."""
+    entries, i, seqs = [], 0, plan.sample_seqs  # (seq, first entry, drafts) per sampled sequence
     while i < len(seqs):
-        seq = seqs[i]
-        draft = plan.drafts.get(seq.seq_id, ()) if plan.drafts else ()
-        n = len(draft)
-        rows = logits[i:i + n + 1]
-        if seq.params.greedy or not n:
-            tokens = rows.argmax(dim=-1).tolist() if seq.params.greedy else sampler(rows, [seq], [0])
-            run = [tokens[0]]
+        draft = plan.drafts.get(seqs[i].seq_id, []) if plan.drafts else []
+        entries.append((seqs[i], i, draft))
+        i += len(draft) + 1
+    spec = [e for e in entries if e[2] and not e[0].params.greedy]
+    plain = [e for e in entries if not e[2] or e[0].params.greedy]
+    out: dict[int, list[int]] = {}  # first entry -> run
+    if plain:  # greedy rows and rows without drafts: the coupled rule is theirs
+        idx = [k for seq, first, draft in plain for k in range(first, first + len(draft) + 1)]
+        sub = [(seq, off) for seq, _, draft in plain for off in range(len(draft) + 1)]
+        tokens = sampler(logits[torch.tensor(idx, device=logits.device)], [s for s, _ in sub], [o for _, o in sub])
+        at = 0
+        for seq, first, draft in plain:
+            run = [tokens[at]]
             for j, d in enumerate(draft):
                 if run[-1] != d:
                     break
-                run.append(tokens[j + 1])
-        else:
-            p = sampler.normalised_probs(rows, [seq.params] * (n + 1))
-            qs = q[seq.seq_id].to(p.device)
-            r = torch.rand(n + 1, dtype=torch.float64, generator=gen, device=sampler.device).tolist()
-            run = []
-            for j, d in enumerate(draft):
-                if r[j] * qs[j, d].item() < p[j, d].item():  # kept with probability min(1, p/q)
-                    run.append(d)
-                    continue
-                residual = (p[j] - qs[j]).clamp_min_(0)
-                if residual.sum() <= 0:  # p == q: nothing to correct (never reached: then p/q = 1)
-                    residual = p[j]
-                run.append(_draw(residual, gen, sampler.device))
-                break
-            else:
-                run.append(_draw(p[n], gen, sampler.device))
-        runs.append((seq, run, i))
-        i += n + 1
-    return runs
+                run.append(tokens[at + j + 1])
+            out[first] = run
+            at += len(draft) + 1
+    if spec:
+        out |= _speculative_sampling(spec, logits, q, sampler)
+    return [(seq, out[first], first) for seq, first, _ in entries]
 
 
-def _draw(weights: torch.Tensor, gen: torch.Generator, device) -> int:
-    cdf = weights.double().cumsum(0)
-    u = torch.rand(1, dtype=torch.float64, generator=gen, device=device).to(cdf.device)
-    return int(torch.searchsorted(cdf, u * cdf[-1], right=True).clamp_(max=cdf.shape[0] - 1))
+def _speculative_sampling(rows, logits: torch.Tensor, q: dict[int, torch.Tensor], sampler: Sampler) -> dict[int, list[int]]:
+    """first entry -> run, for rows (seq, first entry, drafts) of sampled requests: draft j kept with
+    probability min(1, p_j(d_j) / q_j(d_j)) while the ones before it were; the first rejected one replaced
+    by a draw from norm(max(0, p_j - q_j)); a bonus drawn from p_n when all n are kept."""
+    dev, gen = logits.device, sampler.generator
+    R, N = len(rows), max(len(d) for _, _, d in rows)
+    n = torch.tensor([len(d) for _, _, d in rows], device=dev)
+    first = torch.tensor([f for _, f, _ in rows], device=dev)
+    j = torch.arange(N + 1, device=dev)
+    at = first[:, None] + torch.minimum(j[None, :], n[:, None])                 # [R, N + 1] entries
+    params = [seq.params for seq, _, _ in rows for _ in range(N + 1)]
+    p = sampler.normalised_probs(logits[at.reshape(-1)], params).reshape(R, N + 1, -1)
+    qs = torch.zeros(R, N, p.shape[-1], device=dev)
+    for r, (seq, _, d) in enumerate(rows):
+        qs[r, :len(d)] = q[seq.seq_id].to(dev)
+    drafts = torch.tensor([d + [0] * (N - len(d)) for _, _, d in rows], device=dev)
+    p_d = p[:, :N].gather(2, drafts[..., None])[..., 0]
+    q_d = qs.gather(2, drafts[..., None])[..., 0]
+    u = torch.rand(R, N, dtype=torch.float64, generator=gen, device=sampler.device).to(dev)
+    keep = (u * q_d < p_d) & (j[None, :N] < n[:, None])
+    m = keep.long().cumprod(1).sum(1)                                           # drafts kept
+    rows_ = torch.arange(R, device=dev)
+    last = p[rows_, m]                                                          # p at the first unkept position
+    rejected = m < n
+    residual = (last - qs[rows_, m.clamp(max=N - 1)]).clamp_min(0)
+    residual = torch.where((residual.sum(-1, keepdim=True) > 0), residual, last)
+    w = torch.where(rejected[:, None], residual, last).double().cumsum(-1)
+    v = torch.rand(R, dtype=torch.float64, generator=gen, device=sampler.device).to(dev)
+    final = torch.searchsorted(w, (v * w[:, -1])[:, None], right=True)[:, 0].clamp_(max=w.shape[1] - 1)
+    out = {}
+    for (seq, f, d), k, t in zip(rows, m.tolist(), final.tolist()):
+        out[f] = d[:k] + [t]
+    return out

@@ -5,6 +5,17 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 
+# A round's speculative decoding counters (RoundStats, the summary's rounds: the keys of LLM.stats()).
+SPEC_DECODE_COUNTS = ("spec_decode_num_drafts", "spec_decode_num_draft_tokens", "spec_decode_num_accepted_tokens",
+                      "spec_decode_num_emitted_tokens")
+
+
+def spec_decode_ratios(counts: dict) -> dict:
+    """Acceptance rate (accepted / drafted tokens) and mean tokens per verify step (tokens the verified
+    rows appended / their verify steps) of summed SPEC_DECODE_COUNTS; None where nothing was drafted."""
+    drafts, drafted = counts["spec_decode_num_drafts"], counts["spec_decode_num_draft_tokens"]
+    return {"spec_decode_acceptance_rate": counts["spec_decode_num_accepted_tokens"] / drafted if drafted else None,
+            "spec_decode_mean_tokens_per_verify": counts["spec_decode_num_emitted_tokens"] / drafts if drafts else None}
 
 
 @dataclass(slots=True)
@@ -31,18 +42,26 @@ class RoundStats:
     # Each trajectory's correctness, in the recorded order (None: not gradable), with --record-confidence
     # only: the summary relates confidence to it (evaluate/confidence.py); otherwise not recorded at all.
     correct: list[bool | None] | None = None
+    # With --speculative-config: this session's verify work on the round's request (engine/spec/, the
+    # names of LLM.stats()); None without it, and then not recorded at all.
+    spec_decode_num_drafts: int | None = None
+    spec_decode_num_draft_tokens: int | None = None
+    spec_decode_num_accepted_tokens: int | None = None
+    spec_decode_num_emitted_tokens: int | None = None
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        if d["correct"] is None:
-            del d["correct"]  # a run without --record-confidence records what it always has
+        for name in ("correct", *SPEC_DECODE_COUNTS):
+            if d[name] is None:
+                del d[name]  # a run without --record-confidence or speculation records what it always has
         return d
 
 
 def round_stats_from_output(round_no: int, k: int, out, *, references: int, dropped: int, truncated: int,
-                            truncated_tokens: int = 0, resumed: int = 0) -> RoundStats:
+                            truncated_tokens: int = 0, resumed: int = 0, speculative: bool = False) -> RoundStats:
     """RoundStats from an engine RequestOutput; ``resumed`` tokens came from an earlier session's snapshot
-    (counted as generated, but not in this session's tokens/s)."""
+    (counted as generated, but not in this session's tokens/s). ``speculative``: the engine speculates,
+    so the request's speculative decoding counters are recorded."""
     m = out.metrics
     generated = sum(len(c.token_ids) for c in out.outputs)
     first = m.first_token_time if m.first_token_time is not None else m.finished_time
@@ -64,4 +83,5 @@ def round_stats_from_output(round_no: int, k: int, out, *, references: int, drop
         truncated_messages=truncated,
         truncated_tokens=truncated_tokens,
         finish_reasons=dict(Counter(c.finish_reason for c in out.outputs)),
+        **({name: getattr(m, name) for name in SPEC_DECODE_COUNTS} if speculative else {}),
     )

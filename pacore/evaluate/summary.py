@@ -8,6 +8,7 @@ from ..results.files import read_results, summary_path, write_json
 from ..results.resume import latest_records
 from ..results.shapes import trajectory, usable_result
 from .confidence import MEASURES, confidence_vs_correctness
+from .stats import SPEC_DECODE_COUNTS, spec_decode_ratios
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -97,6 +98,9 @@ def summarize(records: list[dict], schedule: list[int]) -> dict:
     generated += sum(p["generated_tokens"] for p in pools.values())
     saved = sum(x["kv_blocks_saved_by_sharing"] for x in rounds)
     saved += sum(p["stats"]["kv_blocks_saved_by_sharing"] for p in pools.values())
+    for i, row in enumerate(rounds):  # a pool's verify work once, in round 1, as its tokens
+        row.update(_spec_decode([r["rounds_stats"][i] for r in ok if len(r.get("rounds_stats", [])) > i]
+                                + ([p["stats"] for p in pools.values()] if i == 0 else [])))
     return {
         "problems": len({_problem_of(r) for r in records}),
         "runs": max((r.get("run", 0) for r in ok), default=0) + 1,
@@ -118,6 +122,28 @@ def summarize(records: list[dict], schedule: list[int]) -> dict:
         "error_samples": [{"request_id": r.get("request_id"), "run": r.get("run"), "error": r["error"]}
                           for r in errors[:10]],
     }
+
+
+def _spec_decode(stats: list[dict]) -> dict:
+    """A round's speculative decoding counters summed over the RoundStats that have them (sessions run
+    with --speculative-config), with their ratios; {} when none has."""
+    with_spec = [s for s in stats if all(isinstance(s.get(name), int) for name in SPEC_DECODE_COUNTS)]
+    if not with_spec:
+        return {}
+    sums = {name: sum(s[name] for s in with_spec) for name in SPEC_DECODE_COUNTS}
+    return sums | spec_decode_ratios(sums)
+
+
+def _spec_cells(row: dict | None) -> str:
+    """The round table's speculation columns (drafted and accepted tokens, acceptance rate, tokens per
+    verify step); its header with ``row`` None."""
+    if row is None:
+        return f" {'drafted':>9} {'accepted':>9} {'acc rate':>8} {'tok/verify':>10}"
+    if "spec_decode_num_drafts" not in row:
+        return f" {'n/a':>9} {'n/a':>9} {'n/a':>8} {'n/a':>10}"
+    tpv = row["spec_decode_mean_tokens_per_verify"]
+    return (f" {row['spec_decode_num_draft_tokens']:>9} {row['spec_decode_num_accepted_tokens']:>9} "
+            f"{_fmt(row['spec_decode_acceptance_rate'], True):>8} {'n/a' if tpv is None else f'{tpv:.2f}':>10}")
 
 
 def _fmt(x: float | None, pct: bool = False) -> str:
@@ -146,12 +172,16 @@ def format_summary(summary: dict) -> str:
         f"  {'round':>5} {'K':>4} {'acc':>13} {'prompt tok':>11} {'gen tok':>9} {'tok/s':>8} "
         f"{'cache hit':>10} {'KV saved':>9} {'dropped':>8} {'cut (tokens)':>14}",
     ]
+    speculated = any("spec_decode_num_drafts" in r for r in summary["rounds"])  # --speculative-config
+    if speculated:
+        lines[-1] += _spec_cells(None)
     for r in summary["rounds"]:
         cut = f"{r['truncated_messages']} ({r['truncated_tokens']})"
         lines.append(
             f"  {r['round']:>5} {r['k']:>4} {_acc(r['accuracy'], r.get('accuracy_std')):>13} {r['prompt_tokens']:>11} "
             f"{r['generated_tokens']:>9} {_fmt(r['mean_tokens_per_s']):>8} {r['prefix_cache_hit_tokens']:>10} "
             f"{r['kv_blocks_saved_by_sharing']:>9} {r['dropped_messages']:>8} {cut:>14}"
+            + (_spec_cells(r) if speculated else "")
         )
     lines += _confidence_lines(summary["rounds"])
     lines.append(
@@ -253,8 +283,12 @@ def _sum_stats(sessions: list[dict]) -> dict:
         for key, value in s["engine_stats"].items():
             if isinstance(value, (int, float)) and key not in ("kv_bytes_per_block", "kv_bytes_per_token"):
                 total[key] = total.get(key, 0) + value
+            elif isinstance(value, list) and isinstance(total.get(key), list):  # per position: added up
+                total[key] = [a + b for a, b in zip(total[key], value)]
             else:
                 total.setdefault(key, value)
+    if all(name in total for name in SPEC_DECODE_COUNTS):  # the ratios of the sums, not sums of ratios
+        total.update(spec_decode_ratios(total))
     return total
 
 

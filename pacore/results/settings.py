@@ -6,6 +6,10 @@ naming each setting, unless ``--override-settings`` is given: then the change is
 schedule, seed, shuffle and pool are checked per checkpoint instead (resume.py: a round run with other
 ones is run again), and ``--runs`` may grow. An output written before settings were recorded has none
 to compare: its first resume records them.
+
+--speculative-config is not a setting: speculation is exact (the tokens decoding without it draws,
+engine/spec/verify.py; with --batch-invariant bit for bit, otherwise up to the float noise of batching),
+so a resume may turn it on or off.
 """
 from __future__ import annotations
 

@@ -114,12 +114,27 @@ def test_the_old_single_kv_scale_sets_both(tiny_model_dir, tmp_path):
     assert scales_of(LLM(path, num_kv_blocks=8, max_model_len=128, kv_cache_dtype="fp8_e5m2")) == [(0.25, 0.25)] * 2
 
 
-@pytest.mark.parametrize("value, match", [(torch.ones(2), "only per-tensor"), (torch.tensor(0.0), "positive and finite"),
-                                          (torch.tensor(float("inf")), "positive and finite")])
-def test_bad_kv_scales_are_refused(value, match, tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("value, match", [(torch.ones(2), "only per-tensor"), (torch.tensor(0.0), "must be in"),
+                                          (torch.tensor(float("inf")), "must be in"), (torch.tensor(1e30), "must be in"),
+                                          (torch.tensor(1e-30), "must be in")])
+def test_bad_kv_scales_are_refused_naming_the_tensor_and_the_way_out(value, match, tiny_model_dir, tmp_path):
     path = str(with_tensors(tiny_model_dir("llama"), tmp_path / "bad", {"model.layers.1.self_attn.k_scale": value}))
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=match) as e:
         LLM(path, num_kv_blocks=8, max_model_len=128, kv_cache_dtype="fp8_e4m3")
+    assert "'model.layers.1.self_attn.k_scale'" in str(e.value) and "--kv-cache-dtype auto" in str(e.value)
+    # An FP8 cache alone uses the scales: in the model's dtype they are neither read nor checked.
+    assert scales_of(LLM(path, num_kv_blocks=8, max_model_len=128)) == [(1.0, 1.0)] * 2
+
+
+def test_the_per_k_and_v_names_win_over_the_old_kv_scale_and_it_is_said_once(tiny_model_dir, tmp_path, caplog):
+    extra = {f"model.layers.{i}.self_attn.kv_scale": torch.tensor(0.25) for i in range(2)}
+    extra |= {f"model.layers.{i}.self_attn.k_scale": torch.tensor(0.5) for i in range(2)}
+    path = str(with_tensors(tiny_model_dir("llama"), tmp_path / "both", extra))
+    with caplog.at_level("WARNING", logger="engine"):
+        llm = LLM(path, num_kv_blocks=8, max_model_len=128, kv_cache_dtype="fp8_e4m3")
+    assert scales_of(llm) == [(0.5, 0.25)] * 2  # K from k_scale, V from kv_scale (no v_scale given)
+    said = [r.getMessage() for r in caplog.records if "twice" in r.getMessage()]
+    assert len(said) == 1 and "using self_attn.k_scale" in said[0] and "over self_attn.kv_scale" in said[0]
 
 
 # --- every engine feature on FP8 blocks ----------------------------------------------------------------

@@ -238,6 +238,35 @@ def test_tp2_logprobs_equal_tp1(tmp_path):
         assert a.keys() == b.keys() and all(abs(a[t].logprob - b[t].logprob) < 1e-5 for t in a)
 
 
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+
+
+@pytest.mark.parametrize("spec,options", [
+    (NGRAM, dict(cascade_attention=True, cascade_min_prefix=16, cascade_min_shared_tokens=16)),
+    (NGRAM, dict(num_kv_blocks=12, max_num_seqs=8)),  # preemption, reused table rows, trimmed and regrown
+    # the model drafts over a window of its own KV: every rank runs the draft steps
+    ({"method": "self_window", "num_speculative_tokens": 3, "window": 8, "sink": 4}, dict()),
+], ids=["ngram-cascade", "ngram-preempt", "self_window"])
+def test_tp2_speculative_greedy_equals_tp1_without(tmp_path, spec, options):
+    # Drafts are chosen on rank 0 (the plan is made there); the workers get the verify rows' packed
+    # queries (decode_cu_seqlens_q) in the step's inputs and the block-table entries a trim rewrites.
+    folder = make_tiny_model(tmp_path / "m", "qwen3")
+    params = SamplingParams(n=4, temperature=0, max_tokens=32, ignore_eos=True)
+    with LLM(str(folder), num_kv_blocks=256) as plain:
+        expected = [[c.token_ids for c in o.outputs] for o in plain.generate(PROMPTS, params, use_tqdm=False)]
+    with LLM(str(folder), **{"num_kv_blocks": 96, **options}, tensor_parallel_size=2,
+             speculative_config=spec) as llm:
+        got = [[c.token_ids for c in o.outputs] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+        stats = llm.stats()
+    assert got == expected
+    assert 0 < stats["spec_decode_num_accepted_tokens"] < stats["spec_decode_num_draft_tokens"]  # both paths
+    assert stats["kv_blocks_used"] == 0
+    if "cascade_attention" in options:
+        assert stats["cascade_decode_steps"] > 0
+    if "max_num_seqs" in options:
+        assert stats["preemptions"] > 0
+
+
 def test_an_nccl_group_binds_its_device_at_init(monkeypatch):
     """The NCCL communicator is created when the group is, on the rank's device, not lazily by the first
     collective (which could otherwise fall inside a CUDA-graph capture). Faked: no GPU, no NCCL here."""

@@ -23,6 +23,15 @@ def test_help_answers_without_torch():
     assert out.stdout.strip().endswith("False") and "pacore run" in out.stdout
 
 
+def test_checking_the_engine_options_loads_no_torch():
+    # `pacore run` refuses bad flags (a bad --speculative-config key among them) before torch loads
+    code = ("import sys; from pacore.config import RunConfig; "
+            "RunConfig('d', 'o', engine_options={'speculative_config': {'num_speculative_tokens': 3}}); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def _module_name(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)

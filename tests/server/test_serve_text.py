@@ -4,6 +4,7 @@ import random
 import pytest
 
 from engine.serve.text import IncrementalText
+from engine.stop_strings import StopStrings
 
 
 def _final(tokenizer, ids, stops):
@@ -14,7 +15,7 @@ def _final(tokenizer, ids, stops):
 
 
 def _check_stream(tokenizer, ids, stops):
-    inc, sent = IncrementalText(tokenizer, stops), ""
+    inc, sent = IncrementalText(tokenizer, StopStrings(stops)), ""
     final = _final(tokenizer, ids, stops)
     for i, token in enumerate(ids):
         sent += inc.feed([token])
@@ -26,7 +27,7 @@ def _check_stream(tokenizer, ids, stops):
 def test_a_tail_that_may_become_a_stop_string_is_held_until_decided(tiny_model_dir):
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(tiny_model_dir("llama"))  # one token per character
-    inc = IncrementalText(tok, ["STOP"])
+    inc = IncrementalText(tok, StopStrings(["STOP"]))
     assert inc.feed(tok.encode("abcSTO")) == "abc"  # "STO" may be the start of "STOP"
     assert inc.feed(tok.encode("X")) == "STOX"
     assert inc.feed(tok.encode("ST")) == ""

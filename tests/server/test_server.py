@@ -379,8 +379,9 @@ def test_serve_flags_reach_the_engine_and_the_app(monkeypatch, capsys):
         def describe(self):
             return "engine: the fake model, its KV cache and context"
     monkeypatch.setattr(engine, "LLM", FakeLLM)
-    monkeypatch.setattr(serve_app, "create_app", lambda llm, name, key, queue, body, aliases: seen.update(
-        app=(name, key, queue), body=body, aliases=aliases))
+    monkeypatch.setattr(serve_app, "create_app", lambda llm, name, key, queue, body, **kw: seen.update(
+        app=(name, key, queue), body=body, aliases=kw["aliases"], origins=kw["allowed_origins"],
+        limits=(kw["max_logprob_entries"], kw["max_stop_strings"], kw["max_stop_chars"])))
     monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kw: seen.update(bind=(host, port), uvicorn=kw))
     monkeypatch.setenv("PACORE_API_KEY", "from-env")
     assert main(["serve", "--model", "/m/PaCoRe-8B/", "--dtype", "bfloat16", "--max-model-len", "64",
@@ -397,9 +398,12 @@ def test_serve_flags_reach_the_engine_and_the_app(monkeypatch, capsys):
     assert capsys.readouterr().err.splitlines()[0] == ("engine: the fake model, its KV cache and context; "
                                                        "served as PaCoRe-8B (or /m/PaCoRe-8B/)")
     assert seen["body"] == 32 * 2 ** 20 and seen["uvicorn"]["timeout_graceful_shutdown"] == 30.0
+    assert seen["limits"] == (1_000_000, 64, 1024) and seen["origins"] is None
     assert main(["serve", "--served-model-name", "x", "--api-key", "k", "--max-queue", "2", "--max-body-bytes", "7",
-                 "--shutdown-timeout", "0.5"]) == 0
+                 "--shutdown-timeout", "0.5", "--max-logprob-entries", "9", "--max-stop-strings", "4",
+                 "--max-stop-chars", "30", "--allowed-origins", '["http://localhost:3000"]']) == 0
     assert seen["model"] is None and seen["app"] == ("x", "k", 2) and seen["body"] == 7
+    assert seen["limits"] == (9, 4, 30) and seen["origins"] == ["http://localhost:3000"]
     assert seen["uvicorn"]["timeout_graceful_shutdown"] == 0.5
     assert main(["serve"]) == 0 and seen["app"][0] == "smollm2-135m" and seen["aliases"] == ("default",)
 

@@ -1,0 +1,82 @@
+"""When to speculate, and how far: each step's draft depth (0 = a plain decode step), chosen from the
+acceptance measured online and the modelled cost of the step's passes at its real context lengths.
+
+With per-token acceptance a, a row carrying n drafts emits (1 - a^(n+1)) / (1 - a) tokens per verify
+(geometric acceptance, MagicDec's model) for n draft steps and one verify pass of n + 1 queries. The
+policy takes the n that maximises tokens per second, against one token per plain step. Long contexts
+favour deep drafts (a draft step reads a window, a verify or plain step every token of KV), short
+contexts and compute-bound batches none: there the policy turns speculation off by itself. While it is
+off it still drafts one token every ``probe_every`` steps, so the acceptance it relies on stays measured.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable
+
+# (the batch's context lengths, depth n) -> (seconds of one draft step, seconds of the verify pass with
+# n drafts per row); n = 0: (0, a plain decode step)
+StepSeconds = Callable[[list[int], int], tuple[float, float]]
+
+
+def tokens_per_verify(a: float, n: int) -> float:
+    """Expected tokens a row emits per verify with n drafts, each accepted with probability a (while
+    the ones before it were)."""
+    return float(n + 1) if a >= 1.0 else (1.0 - a ** (n + 1)) / (1.0 - a)
+
+
+@dataclass(slots=True)
+class DepthPolicy:
+    """Chooses each step's draft depth (``choose``) and learns the acceptance (``observe``)."""
+
+    max_depth: int
+    step_seconds: StepSeconds
+    prior: float = 0.6          # acceptance assumed before any is measured...
+    prior_weight: float = 8.0   # ...worth this many verified drafts
+    half_life: float = 512.0    # verified drafts after which an observation weighs half
+    probe_every: int = 64
+    accepted: float = 0.0       # decayed counts: drafts accepted, drafts that were verified
+    reached: float = 0.0
+    steps_off: int = 0
+    chosen: Counter = field(default_factory=Counter)  # depth -> steps that took it
+    _cache: tuple = ()          # (key, depth): a choice holds while the batch barely changes
+
+    @property
+    def acceptance(self) -> float:
+        return (self.accepted + self.prior * self.prior_weight) / (self.reached + self.prior_weight)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """One verified row: ``accepted`` of its ``drafted`` drafts kept. A draft after a rejected one
+        was never tested, so it counts for nothing (the estimate of a geometric rate)."""
+        reached = min(accepted + 1, drafted)
+        decay = 0.5 ** (reached / self.half_life)
+        self.accepted = self.accepted * decay + accepted
+        self.reached = self.reached * decay + reached
+
+    def choose(self, ctx_lens: list[int]) -> int:
+        a = self.acceptance
+        # Contexts grow a token or a few per step: recompute when the batch or its KV changed by ~3%.
+        key = (len(ctx_lens), round(math.log(max(1, sum(ctx_lens))) * 32), round(a * 64))
+        if self._cache and self._cache[0] == key:
+            depth = self._cache[1]
+        else:
+            depth = self._best(ctx_lens, a)
+            self._cache = (key, depth)
+        if depth == 0:
+            self.steps_off += 1
+            if self.steps_off % self.probe_every == 0:
+                depth = 1  # keep measuring what speculation would accept
+        else:
+            self.steps_off = 0
+        self.chosen[depth] += 1
+        return depth
+
+    def _best(self, ctx_lens: list[int], a: float) -> int:
+        best, best_rate = 0, 1.0 / self.step_seconds(ctx_lens, 0)[1]
+        for n in range(1, self.max_depth + 1):
+            draft_s, verify_s = self.step_seconds(ctx_lens, n)
+            rate = tokens_per_verify(a, n) / (n * draft_s + verify_s)
+            if rate > best_rate:
+                best, best_rate = n, rate
+        return best
