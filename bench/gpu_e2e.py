@@ -1,21 +1,27 @@
-"""Command 2 of the GPU run: the engine end to end on a Qwen3-8B-shaped random bf16 checkpoint, YaRN to 131k.
+"""The engine end to end on a Qwen3-8B-shaped random bf16 checkpoint, YaRN to 131k: stages of the GPU
+plan (bench/gpu_check.sh runs it in parts with --only; a run keeps the sections of earlier runs into the
+same --out, and --checkpoint lets them share one written checkpoint).
 
-One file past 300 lines: a GPU run is one command, and every section must be in it.
+One file past 300 lines: every engine section of the GPU run is here.
 
 Sections (each is written to $OUT/gpu_e2e.json as soon as it ran, so a timeout keeps what ran):
 - load: load time, memory after loading, and the KV tokens the default sizing gives;
-- logits: a forked prompt decoded greedily with cascade and CUDA graphs on and off; every step's
-  logits against transformers teacher-forced on the same tokens (top-1 agreement, max error);
-- throughput: round 1 (512-token prompts, n=32) and round 2 (16k and 64k prompts, n=4) decode tokens/s
-  with cascade on and off; the 64k case decodes past position 65,535 and is checked against
-  transformers there;
+- logits: a forked prompt decoded greedily with cascade and CUDA graphs both on and both off; every
+  step's logits against transformers teacher-forced on the same tokens (top-1 agreement, max error);
+- throughput: round 1 (512-token prompts, n=32) and round 2 (16k prompts, n=4) decode tokens/s with
+  cascade on and off, and past_64k (a 64k prompt, n=4), which decodes past position 65,535 and is
+  checked against transformers there (--cases picks among them);
 - hf: transformers `generate` at round 1's batch, the baseline the engine is compared to;
 - fp8: round 1 and round 2 again (cascade on) with each --fp8 KV cache format: decode tokens/s next to
-  the bf16 cache's, and the KV tokens the default sizing gives (last, so a timeout costs only these).
+  the bf16 cache's, and the KV tokens the default sizing gives.
+Every engine and transformers model is dropped (shut down, its memory back to the device) before the
+next one loads, and each section prints and records the device memory free when it starts and ends
+("memory" in the json).
 $OUT/device_params.json gets the engine's numbers next to the kernels' (bench/gpu_kernels.py).
 The weights are random (shapes and dtype set the speed, not the values).
 
-    python3 -m bench.gpu_e2e [--out DIR] [--only load,logits,throughput,hf,fp8] [--fp8 fp8_e4m3,fp8_e5m2]
+    python3 -m bench.gpu_e2e [--out DIR] [--only load,logits,throughput,hf,fp8] [--cases round1,round2,past_64k]
+                             [--fp8 fp8_e4m3,fp8_e5m2] [--checkpoint DIR]
     python3 -m bench.gpu_e2e --tiny      # CPU, a 2-layer model at tiny sizes: checks the code path
 """
 from __future__ import annotations
@@ -27,6 +33,7 @@ import os
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from bench.gpu_kernels import commit, write_device_params
@@ -46,6 +53,7 @@ TINY = dict(QWEN3_8B, vocab_size=512, hidden_size=64, intermediate_size=128, num
             tie_word_embeddings=True, rope_parameters=dict(rope_type="yarn", rope_theta=1_000_000.0, factor=4.0,
                                                            original_max_position_embeddings=1024))
 SECTIONS = ("load", "logits", "throughput", "hf", "fp8")
+CASES = ("round1", "round2", "past_64k")
 
 
 def write_random_model(folder: str | Path, shape: dict = QWEN3_8B, dtype: str = "bfloat16", seed: int = 0,
@@ -88,31 +96,65 @@ def write_random_model(folder: str | Path, shape: dict = QWEN3_8B, dtype: str = 
     return folder
 
 
+def checkpoint_folder(path: Path, shape: dict, dtype: str, device: str) -> Path:
+    """The random checkpoint at path, written there first unless a complete one is (the stages of one
+    GPU plan share it; `complete` is written last)."""
+    if not (path / "complete").is_file():
+        write_random_model(path, shape, dtype, device=device)
+        (path / "complete").write_text(json.dumps(dict(shape=shape, dtype=dtype)))
+    elif json.loads((path / "complete").read_text()) != json.loads(json.dumps(dict(shape=shape, dtype=dtype))):
+        raise ValueError(f"{path} holds another model than this run's; delete it or pass another --checkpoint")
+    return path
+
+
 class Run:
     def __init__(self, args, device: str, dtype: str, shape: dict):
         self.args, self.device, self.dtype, self.shape = args, device, dtype, shape
         self.report: dict = dict(commit=commit(), dtype=dtype)
+        path = Path(args.out or "") / "gpu_e2e.json"
+        if args.out and path.is_file():  # an earlier stage's sections, unless this run redoes them
+            redo = set(args.only.split(",")) - {"throughput"}  # whose rows are redone case by case
+            redo |= {f"{s}_error" for s in args.only.split(",")}
+            if "throughput" in args.only.split(",") and "past_64k" in args.cases.split(","):
+                redo.add("past_64k_logits")
+            self.report = {k: v for k, v in json.loads(path.read_text()).items() if k not in redo}
+            self.report.update(commit=commit(), dtype=dtype)
 
     def save(self, section: str, data) -> None:
         self.report[section] = data
         print(f"== {section}: {json.dumps(data[-1] if isinstance(data, list) else data)[:2000]}", flush=True)
+        self._write()
+
+    def _write(self) -> None:
         if self.args.out:
             Path(self.args.out).mkdir(parents=True, exist_ok=True)
             (Path(self.args.out) / "gpu_e2e.json").write_text(json.dumps(self.report, indent=1))
 
     def engine(self, **kw):
+        """An LLM on the checkpoint; use it as `with run.engine(...) as llm:`, so that its memory is
+        released (shutdown) before the next engine or model loads."""
         from engine import LLM
         return LLM(str(self.folder), dtype=self.dtype, device=self.device, record_steps=True, **kw)
 
-    def free(self, *objs) -> None:
+    def free(self) -> None:
+        """After the caller dropped its engine or model: collect, give the memory back to the device."""
         import torch
-        for o in objs:
-            if hasattr(o, "shutdown"):
-                o.shutdown()
-        del objs
         gc.collect()
         if self.device == "cuda":
             torch.cuda.empty_cache()
+
+    def memory(self, label: str) -> None:
+        """Print and record the device memory free now (where each section starts and ends)."""
+        import torch
+        if self.device != "cuda":
+            entry = dict(at=label)
+        else:
+            free, total = torch.cuda.mem_get_info()
+            entry = dict(at=label, free_GB=free / 1e9, total_GB=total / 1e9,
+                         allocated_GB=torch.cuda.memory_allocated() / 1e9)
+        print(f"== memory {json.dumps(entry)}", flush=True)
+        self.report.setdefault("memory", []).append(entry)
+        self._write()
 
 
 def section_load(run: Run) -> None:
@@ -121,42 +163,50 @@ def section_load(run: Run) -> None:
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
-    llm = run.engine(enforce_eager=True)  # the default KV sizing (gpu_memory_utilization)
-    load_s = time.perf_counter() - t
-    st = llm.stats()
-    weights = sum(p.numel() * p.element_size() for p in llm.runner.model.parameters())
-    data = dict(load_s=load_s, weights_GB=weights / 1e9, kv_tokens=st["kv_blocks_total"] * llm.runner.block_size,
-                kv_blocks=st["kv_blocks_total"], kv_GB=st["kv_blocks_total"] * st["kv_bytes_per_block"] / 1e9)
-    if cuda:
-        free, total = torch.cuda.mem_get_info()
-        data.update(peak_allocated_GB=torch.cuda.max_memory_allocated() / 1e9, device_total_GB=total / 1e9,
-                    device_free_GB=free / 1e9)
+    with run.engine(enforce_eager=True) as llm:  # the default KV sizing (gpu_memory_utilization)
+        load_s = time.perf_counter() - t
+        st = llm.stats()
+        weights = sum(p.numel() * p.element_size() for p in llm.runner.model.parameters())
+        data = dict(load_s=load_s, weights_GB=weights / 1e9, kv_tokens=st["kv_blocks_total"] * llm.runner.block_size,
+                    kv_blocks=st["kv_blocks_total"], kv_GB=st["kv_blocks_total"] * st["kv_bytes_per_block"] / 1e9)
+        if cuda:
+            free, total = torch.cuda.mem_get_info()
+            data.update(peak_allocated_GB=torch.cuda.max_memory_allocated() / 1e9, device_total_GB=total / 1e9,
+                        device_free_GB=free / 1e9)
+    del llm
+    run.free()
     run.save("load", data)
     write_device_params(run.args.out, engine=dict(load_s=load_s, weights_GB=data["weights_GB"],
                                                   kv_tokens=data["kv_tokens"]))
-    run.free(llm)
+
+
+@contextmanager
+def recorded_logits(llm):
+    """Within: every sampled row's logits, as {(request id, child index): [fp32 CPU row per step]}."""
+    rows: dict[tuple[str, int], list] = {}
+    real = llm.runner.run
+
+    def spy(plan):
+        logits, scored = real(plan)
+        for seq, row in zip(plan.sample_seqs, logits):
+            rows.setdefault((seq.request.request_id, seq.index), []).append(row.float().cpu())
+        return logits, scored
+    llm.runner.run = spy
+    try:
+        yield rows
+    finally:
+        del llm.runner.run
 
 
 def _engine_logits(llm, prompt: list[int], n: int, gen: int):
     """One prompt forked n ways (seeded sampling, so the children differ); per child (by index) its
     tokens and the logits each token was drawn from."""
     from engine import SamplingParams
-    rows: dict[int, list] = {}
-    real = llm.runner.run
-
-    def spy(plan):
-        logits, scored = real(plan)
-        for seq, row in zip(plan.sample_seqs, logits):
-            rows.setdefault(seq.index, []).append(row.float().cpu())
-        return logits, scored
-    llm.runner.run = spy
-    try:
+    with recorded_logits(llm) as rows:
         out = llm.generate([prompt], SamplingParams(n=n, temperature=1.0, seed=0, max_tokens=gen, ignore_eos=True),
                            use_tqdm=False)[0]
-    finally:
-        del llm.runner.run
     outs = sorted(out.outputs, key=lambda o: o.index)
-    return [o.token_ids for o in outs], [rows[o.index] for o in outs]
+    return [o.token_ids for o in outs], [rows[out.request_id, o.index] for o in outs]
 
 
 def _hf_model(run: Run):
@@ -186,12 +236,14 @@ def section_logits(run: Run) -> None:
     prompt = torch.randint(3, run.shape["vocab_size"], (300,), generator=g).tolist()
     n, gen = 4, 24
     results = {}
-    for cascade in (True, False):
-        for graphs in ((True, False) if run.device == "cuda" else (False,)):
-            llm = run.engine(cascade_attention=cascade, cascade_min_shared_tokens=0, enforce_eager=not graphs,
-                             num_kv_blocks=512, max_num_seqs=8)
+    # Both on (the engine as it runs by default) and both off; the other pairs are the tiny engine
+    # check's (bench/gpu_engine_check.py). On CPU there are no graphs.
+    for cascade, graphs in ((True, run.device == "cuda"), (False, False)):
+        with run.engine(cascade_attention=cascade, cascade_min_shared_tokens=0, enforce_eager=not graphs,
+                        num_kv_blocks=512, max_num_seqs=8) as llm:
             results[f"cascade={cascade} graphs={graphs}"] = _engine_logits(llm, prompt, n, gen)
-            run.free(llm)
+        del llm
+        run.free()
     model = _hf_model(run)
     table = {}
     for name, (tokens, rows) in results.items():
@@ -200,8 +252,9 @@ def section_logits(run: Run) -> None:
                            max_abs_err=max(c["max_abs_err"] for c in per_child),
                            max_abs_logit=max(c["max_abs_logit"] for c in per_child),
                            same_tokens_as_first=tokens == next(iter(results.values()))[0])
+    del model
+    run.free()
     run.save("logits", table)
-    run.free(model)
 
 
 def _decode_rate(llm, prompts, n: int, gen: int) -> dict:
@@ -226,10 +279,12 @@ def _cases(tiny: bool) -> list[tuple]:
         [("round1", 512, 32, 8, 128), ("round2", 16384, 4, 2, 128), ("past_64k", 65536, 4, 1, 64)]
 
 
-def _measure(run: Run, llm, case: tuple, g, **marks) -> tuple[list, dict]:
-    """One throughput case on llm, prompts drawn from g: (prompts, its row)."""
+def _measure(run: Run, llm, case: tuple, **marks) -> tuple[list, dict]:
+    """One throughput case on llm: (its prompts, its row). The prompts depend on the case alone, so every
+    engine (cascade on and off, FP8) and every stage decodes the same ones."""
     import torch
     name, plen, n, problems, gen = case
+    g = torch.Generator().manual_seed(2 + CASES.index(name))
     prompts = torch.randint(3, run.shape["vocab_size"], (problems, plen), generator=g).tolist()
     # warm-up (compiles) on other tokens, so the prefix cache gives the measured run nothing
     _decode_rate(llm, [[(t * 7 + 1) % (run.shape["vocab_size"] - 3) + 3 for t in p[:64]] for p in prompts], n, 4)
@@ -238,26 +293,30 @@ def _measure(run: Run, llm, case: tuple, g, **marks) -> tuple[list, dict]:
 
 
 def section_throughput(run: Run) -> None:
-    import torch
-    rows, rates = [], {}
-    g = torch.Generator().manual_seed(2)
+    cases = [c for c in _cases(run.args.tiny) if c[0] in run.args.cases.split(",")]
+    rows = [r for r in run.report.get("throughput", []) if r["case"] not in run.args.cases.split(",")]
+    long_check = None
     for cascade in (True, False):
-        llm = run.engine(cascade_attention=cascade, max_num_seqs=256)
-        for case in _cases(run.args.tiny):
-            name, _, _, _, gen = case
-            prompts, r = _measure(run, llm, case, g, cascade=cascade, kv_dtype=llm.stats()["kv_cache_dtype"])
-            rows.append(r)
-            rates[f"{name}_cascade" if cascade else f"{name}_paged"] = r["decode_tok_s"]
-            if name == "past_64k" and cascade:  # the long-context decodes, checked after this engine is freed
-                long_check = (prompts[0], *_engine_logits(llm, prompts[0], 1, gen))
-            run.save("throughput", rows)
-        run.free(llm)
-    model = _hf_model(run)
-    prompt, tokens, eng_rows = long_check
-    cmp = _compare(eng_rows[0], _hf_teacher_forced(model, prompt, tokens[0]))
-    run.save("past_64k_logits", dict(first_position=len(prompt), last_position=len(prompt) + len(tokens[0]) - 1, **cmp))
-    run.free(model)
-    write_device_params(run.args.out, engine=dict(decode_tok_s=rates))
+        with run.engine(cascade_attention=cascade, max_num_seqs=256) as llm:
+            for case in cases:
+                name, _, _, _, gen = case
+                prompts, r = _measure(run, llm, case, cascade=cascade, kv_dtype=llm.stats()["kv_cache_dtype"])
+                rows.append(r)
+                run.save("throughput", rows)
+                write_device_params(run.args.out, engine=dict(decode_tok_s={
+                    f"{name}_cascade" if cascade else f"{name}_paged": r["decode_tok_s"]}))
+                if name == "past_64k" and cascade:  # the long-context decodes, checked after this engine is freed
+                    long_check = (prompts[0], *_engine_logits(llm, prompts[0], 1, gen))
+        del llm
+        run.free()
+    if long_check is not None:
+        model = _hf_model(run)
+        prompt, tokens, eng_rows = long_check
+        cmp = _compare(eng_rows[0], _hf_teacher_forced(model, prompt, tokens[0]))
+        del model
+        run.free()
+        run.save("past_64k_logits", dict(first_position=len(prompt), last_position=len(prompt) + len(tokens[0]) - 1,
+                                         **cmp))
 
 
 def section_hf(run: Run) -> None:
@@ -275,6 +334,8 @@ def section_hf(run: Run) -> None:
         if run.device == "cuda":
             torch.cuda.synchronize()
         wall = time.perf_counter() - t
+    del model, ids
+    run.free()
     data = dict(prompt_len=plen, batch=batch, gen=gen, wall_s=wall, tok_s=batch * gen / wall)
     r1 = next((r for r in run.report.get("throughput", []) if r["case"] == "round1" and r["cascade"]), None)
     if r1:
@@ -282,29 +343,27 @@ def section_hf(run: Run) -> None:
         data["engine_vs_hf"] = r1["decode_tok_s"] / data["tok_s"]
     run.save("hf", data)
     write_device_params(run.args.out, engine=dict(hf_generate_tok_s=data["tok_s"], engine_vs_hf=data.get("engine_vs_hf")))
-    run.free(model)
 
 
 def section_fp8(run: Run) -> None:
-    import torch
     auto = {r["case"]: r for r in run.report.get("throughput", []) if r["cascade"]}
     rows = []
     for fmt in run.args.fp8.split(","):
-        llm = run.engine(cascade_attention=True, max_num_seqs=256, kv_cache_dtype=fmt)
-        st = llm.stats()  # the format the engine reports, so a flag it ignored would show
-        kv_tokens = st["kv_blocks_total"] * llm.runner.block_size
-        g = torch.Generator().manual_seed(2)  # round 1's and round 2's prompts of the throughput section
-        for case in _cases(run.args.tiny)[:2]:
-            _, r = _measure(run, llm, case, g, cascade=True, kv_dtype=st["kv_cache_dtype"], kv_tokens=kv_tokens,
-                            kv_bytes_per_token=st["kv_bytes_per_token"])
-            if r["case"] in auto:
-                r["decode_vs_auto"] = r["decode_tok_s"] / auto[r["case"]]["decode_tok_s"]
-            rows.append(r)
-            run.save("fp8", rows)
-        run.free(llm)
-        write_device_params(run.args.out, engine={
-            f"decode_tok_s_{fmt}": {f"{r['case']}_cascade": r["decode_tok_s"] for r in rows[-2:]},
-            f"kv_tokens_{fmt}": kv_tokens})
+        with run.engine(cascade_attention=True, max_num_seqs=256, kv_cache_dtype=fmt) as llm:
+            st = llm.stats()  # the format the engine reports, so a flag it ignored would show
+            kv_tokens = st["kv_blocks_total"] * llm.runner.block_size
+            write_device_params(run.args.out, engine={f"kv_tokens_{fmt}": kv_tokens})
+            for case in _cases(run.args.tiny)[:2]:  # round 1's and round 2's prompts of the throughput section
+                _, r = _measure(run, llm, case, cascade=True, kv_dtype=st["kv_cache_dtype"], kv_tokens=kv_tokens,
+                                kv_bytes_per_token=st["kv_bytes_per_token"])
+                if r["case"] in auto:
+                    r["decode_vs_auto"] = r["decode_tok_s"] / auto[r["case"]]["decode_tok_s"]
+                rows.append(r)
+                run.save("fp8", rows)
+                write_device_params(run.args.out,
+                                    engine={f"decode_tok_s_{fmt}": {f"{r['case']}_cascade": r["decode_tok_s"]}})
+        del llm
+        run.free()
 
 
 def main(argv=None) -> int:
@@ -312,7 +371,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="CPU, tiny model and sizes (a check of the code path)")
     ap.add_argument("--out", default=os.environ.get("OUT") or None, help="folder for gpu_e2e.json")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
+    ap.add_argument("--cases", default=",".join(CASES), help=f"the throughput section's cases, of {','.join(CASES)}")
     ap.add_argument("--model", default=None, help="an existing checkpoint folder instead of writing one")
+    ap.add_argument("--checkpoint", default=None,
+                    help="where the random checkpoint is written once and then reused (default: a new temp folder)")
     ap.add_argument("--fp8", default="fp8_e4m3", help="KV cache formats of the fp8 section (fp8_e4m3, fp8_e5m2)")
     args = ap.parse_args(argv)
     import torch
@@ -324,20 +386,24 @@ def main(argv=None) -> int:
     else:
         run = Run(args, "cuda", "bfloat16", QWEN3_8B)
     t = time.perf_counter()
-    run.folder = Path(args.model) if args.model else write_random_model(
-        Path(tempfile.mkdtemp(prefix="pacore_e2e_")) / "qwen3", run.shape, run.dtype, device=run.device)
+    if args.model:
+        run.folder = Path(args.model)
+    else:
+        folder = Path(args.checkpoint) if args.checkpoint else Path(tempfile.mkdtemp(prefix="pacore_e2e_")) / "qwen3"
+        run.folder = checkpoint_folder(folder, run.shape, run.dtype, run.device)
     run.save("checkpoint", dict(write_s=time.perf_counter() - t, folder=str(run.folder)))
     status = 0
     for name in SECTIONS:
-        if name in args.only.split(","):
-            try:
-                globals()[f"section_{name}"](run)
-            except Exception as e:  # one failing section must not cost the others' numbers
-                status = 1
-                run.save(f"{name}_error", f"{type(e).__name__}: {e}"[:1000])
-                gc.collect()
-                if run.device == "cuda":
-                    torch.cuda.empty_cache()
+        if name not in args.only.split(","):
+            continue
+        run.memory(f"{name} start")
+        try:
+            globals()[f"section_{name}"](run)
+        except Exception as e:  # one failing section must not cost the others' numbers
+            status = 1
+            run.save(f"{name}_error", f"{type(e).__name__}: {e}"[:1000])
+        run.free()  # what a failed section held too (its traceback is gone by now)
+        run.memory(f"{name} end")
     return status
 
 

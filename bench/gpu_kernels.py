@@ -1,21 +1,28 @@
-"""Command 1 of the GPU run: the attention kernels at PaCoRe-8B's shape (Qwen3-8B heads 32/8/128, bf16).
+"""The attention kernels at PaCoRe-8B's shape (Qwen3-8B heads 32/8/128, bf16): stages of the GPU plan
+(bench/gpu_check.sh runs it in parts with --only; a run keeps the rows of earlier runs into the same
+--out for the cases it does not run).
 
-One file past 300 lines: a GPU run is one command, and every case must be in it.
+One file past 300 lines: every kernel case of the GPU run is here.
 
 Cases (each row is written to $OUT/gpu_kernels.json as soon as it ran, so a timeout keeps what ran):
 - copy: device-to-device copy bandwidth (the roofline of decode) and a bf16 matmul's TFLOP/s;
 - paged decode at B=32 x 16k and 32k, B=4 x 64k, B=1 x 131k, B=256 x 2k: time, error vs the fp32
   reference, and bytes read / time as a fraction of the copy bandwidth;
-- cascade vs paged at round 1 (32 x 512 prefix + 16k) and round 2 (4 x 64k prefix + 1k), eager and
-  replayed from a CUDA graph captured with the padded groups engine/cuda_graphs.py passes;
+- cascade vs paged at round 2 (4 x 64k prefix + 1k) and round 1 (32 x 512 prefix + 16k), eager and
+  replayed from a CUDA graph captured with the padded groups engine/cuda_graphs.py passes. Cascade
+  runs as the engine runs it: its prefix plan built once per step and reused by all LAYERS layers
+  (work_plans); the plan's own cost per step is timed apart (plan_us) and its share per layer is in
+  the speedups;
   paged and cascade run for each --kv-dtypes format (auto: the cache in bf16; fp8_e4m3 / fp8_e5m2: one
   byte per value, which bytes/s count, with per-layer scales K_SCALE / V_SCALE; the error is vs the fp32
   reference on the dequantized cache, so it is the kernel's, not the format's);
-- prefill of a 16k and a 64k prompt: Triton in 2048-token chunks over the paged cache, Triton in one
-  chunk, torch SDPA (flash) on the prompt's own K/V: TFLOP/s and error;
+- prefill of a 16k and a 64k prompt: Triton in 2048-token chunks over the paged cache and in one
+  chunk, for every bf16 tile of kernels/prefill_attention.PREFILL_TILES, and torch SDPA (flash) on the
+  prompt's own K/V: TFLOP/s and error (the fastest tile is what PREFILL_TILE should be);
 - a cache whose offsets pass 2^31 elements (store, paged, cascade, prefill on its last blocks);
 - one captured graph replayed with changed lengths, tables and groups.
-$OUT/device_params.json gets the numbers a device model reads (see write_device_params).
+Random K/V and queries are drawn on the device (a CPU generator would spend most of a stage on them).
+$OUT/device_params.json gets the numbers a device model reads (see write_device_params), after each shape.
 
     python3 -m bench.gpu_kernels [--out DIR] [--only paged,cascade,...] [--kv-dtypes auto,fp8_e4m3]
     python3 -m bench.gpu_kernels --tiny     # CPU, Triton interpreter, tiny shapes: checks the code path
@@ -34,6 +41,7 @@ from pathlib import Path
 
 CASES = ("copy", "paged", "cascade", "prefill", "offsets", "replay")
 K_SCALE, V_SCALE = 0.5, 0.25  # an FP8 cache's dequantization factors: not 1, so the folded scales run too
+LAYERS = 36  # Qwen3-8B's: the layers of a step that share one cascade prefix plan
 
 
 def parse_args(argv=None):
@@ -56,14 +64,21 @@ def commit() -> str:
 
 
 def write_device_params(out: str | None, **params) -> None:
-    """Merge params into OUT/device_params.json, the device model's inputs (both GPU scripts add theirs)."""
+    """Merge params into OUT/device_params.json, the device model's inputs (both GPU scripts add theirs,
+    stage by stage)."""
     if not out:
         return
     path = Path(out) / "device_params.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     data = json.loads(path.read_text()) if path.is_file() else {}
-    for k, v in params.items():
-        data[k] = {**data.get(k, {}), **v} if isinstance(v, dict) and isinstance(data.get(k), dict) else v
-    path.write_text(json.dumps(data, indent=1))
+    path.write_text(json.dumps(_merged(data, params), indent=1))
+
+
+def _merged(old, new):
+    """new laid over old, dicts merged at every depth (stages add their entries to one file)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return {**old, **{k: _merged(old.get(k), v) for k, v in new.items()}}
+    return new
 
 
 class Bench:
@@ -76,12 +91,22 @@ class Bench:
         self.dtype = torch.float32 if args.tiny else torch.bfloat16
         self.Hq, self.Hkv, self.D = (4, 2, 64) if args.tiny else (32, 8, 128)
         self.bs = 16
-        self.rows: list[dict] = []
-        self.copy_bw = None
+        self.rows: list[dict] = self.earlier_rows()
+        self.copy_bw = next((r["copy_bw_GBps"] * 1e9 for r in self.rows if r["case"] == "copy"), None)
         self.name = "cpu (interpreter)" if args.tiny else torch.cuda.get_device_name()
-        self.gen = torch.Generator(device="cpu").manual_seed(0)
+        self.gen = torch.Generator(device="cpu").manual_seed(0)  # block tables and permutations (small)
+        self.dgen = torch.Generator(device=self.dev).manual_seed(0)  # values: drawn where they are used
         from engine.kv_cache import resolve_kv_dtype
         self.kv_dtypes = {f: resolve_kv_dtype(f, self.dtype) for f in args.kv_dtypes.split(",")}  # refuses typos
+
+    def earlier_rows(self) -> list[dict]:
+        """Rows an earlier run wrote to --out for the cases this run does not run (the GPU plan runs
+        this script in stages into one folder)."""
+        path = Path(self.args.out or "") / "gpu_kernels.json"
+        if not self.args.out or not path.is_file():
+            return []
+        mine = set(self.args.only.split(","))
+        return [r for r in json.loads(path.read_text()).get("rows", []) if r.get("case") not in mine]
 
     def in_format(self, k, v, fmt: str):
         """The cache k, v (in self.dtype) stored in format fmt: (k, v, k_scale, v_scale)."""
@@ -103,7 +128,7 @@ class Bench:
         return statistics.median(ts)
 
     def randn(self, *shape):
-        return self.torch.randn(*shape, generator=self.gen).to(self.dtype).to(self.dev)
+        return self.torch.randn(*shape, generator=self.dgen, device=self.dev, dtype=self.dtype)
 
     def paged(self, seq_lens: list[int], prefix: int = 0, extra_blocks: int = 0):
         """Random K/V for rows of the given lengths, all sharing their first prefix tokens' blocks;
@@ -125,7 +150,7 @@ class Bench:
         v = torch.empty_like(k)
         used = ids.to(self.dev).long()
         for c in (k, v):  # only the used blocks get values (a 2^31-element cache stays cheap to fill)
-            c[used] = torch.randn(n, bs, self.Hkv, self.D, generator=self.gen).to(self.dtype).to(self.dev)
+            c[used] = self.randn(n, bs, self.Hkv, self.D)
         return k, v, tables.to(self.dev)
 
     def i32(self, xs):
@@ -183,11 +208,11 @@ def case_paged(b: Bench, kernels):
             b.add(dict(case="paged", kv_dtype=fmt, B=B, context=L, us=t * 1e6, bw_frac=frac, rel_err_vs_fp32=err))
             del k, v, run
         del k0, v0
-    for fmt, fr in fracs.items():  # auto keeps the plain names; FP8 formats get theirs as a suffix
-        sfx = "" if fmt == "auto" else f"_{fmt}"
-        long = [f for key, f in fr.items() if int(key.split("_L")[1]) >= 16384]
-        write_device_params(b.args.out, **{f"paged_decode_bw_frac{sfx}": fr,
-                                           f"paged_decode_bw_frac_min_16k{sfx}": min(long) if long else None})
+        for fmt, fr in fracs.items():  # auto keeps the plain names; FP8 formats get theirs as a suffix
+            sfx = "" if fmt == "auto" else f"_{fmt}"
+            long = [f for key, f in fr.items() if int(key.split("_L")[1]) >= 16384]
+            write_device_params(b.args.out, **{f"paged_decode_bw_frac{sfx}": fr,
+                                               f"paged_decode_bw_frac_min_16k{sfx}": min(long) if long else None})
 
 
 def _capture(b: Bench, fn):
@@ -203,11 +228,24 @@ def _capture(b: Bench, fn):
     return g.replay, out
 
 
+def _graph_time(b: Bench, fn, errors: list) -> tuple[float, object]:
+    """(seconds per replay of fn's graph, the capture's output); (nan, None) if capturing fails, the
+    error added to errors, so that a failed capture costs its own figure only, not the case's eager ones."""
+    try:
+        replay, out = _capture(b, fn)
+        return b.time(replay), out
+    except Exception as e:
+        errors.append(f"{type(e).__name__}: {e}"[:300])
+        return float("nan"), None
+
+
 def case_cascade(b: Bench, kernels):
     from engine.cuda_graphs import bucket_sizes, pad_groups
+    from kernels.cascade_decode import _block_n, cascade_prefix_plan
+    from kernels.paged_decode import fill_target
     torch = b.torch
-    shapes = {"round1": (4, 32, 40), "round2": (3, 64, 16)} if b.tiny else \
-        {"round1": (32, 512, 16384), "round2": (4, 65536, 1024)}
+    shapes = {"round2": (3, 64, 16), "round1": (4, 32, 40)} if b.tiny else \
+        {"round2": (4, 65536, 1024), "round1": (32, 512, 16384)}  # round 2's first: the plan's priority
     speed = {fmt: {} for fmt in b.kv_dtypes}
     for name, (K, P, S) in shapes.items():
         k0, v0, bt = b.paged([P + S] * K, prefix=P)
@@ -221,42 +259,52 @@ def case_cascade(b: Bench, kernels):
         q_pad = torch.cat([q, b.randn(pad, b.Hq, b.D)])
         bt_pad = torch.cat([bt, torch.zeros(pad, bt.shape[1], dtype=bt.dtype, device=b.dev)])
         sl_pad = torch.cat([sl, b.i32([1] * pad)])
+        # The prefix plan of one step: layer 1 builds it, layers 2..LAYERS reuse it (work_plans).
+        plan = lambda: cascade_prefix_plan(gs_pad, gp_pad, size, b.Hq, b.Hkv, size,  # noqa: E731
+                                           bt.shape[1] * b.bs, fill_target(q.device), _block_n(b.D))
+        t_plan, graph_errors = b.time(plan), []
+        t_plan_g, _ = _graph_time(b, plan, graph_errors)
         for fmt in b.kv_dtypes:
             k, v, ks, vs = b.in_format(k0, v0, fmt)
             sk = dict(k_scale=ks, v_scale=vs)
+            plans, graph_plans = {}, {}  # one step's, kept across the timed calls as across layers
             paged = lambda: kernels.paged_decode_triton(q, k, v, bt, sl, sc, **sk)  # noqa: E731
             paged_graph = lambda: kernels.paged_decode_triton(q_pad, k, v, bt_pad, sl_pad, sc, **sk)  # noqa: E731
             casc = lambda: kernels.cascade_decode_triton(q, k, v, bt, sl, gs, gp, sc, max_group_size=K,  # noqa: E731
-                                                         **sk)
+                                                         work_plans=plans, **sk)
             casc_graph = lambda: kernels.cascade_decode_triton(q_pad, k, v, bt_pad, sl_pad, gs_pad, gp_pad, sc,  # noqa: E731
-                                                               max_group_size=size, **sk)[:K]
+                                                               max_group_size=size, work_plans=graph_plans, **sk)[:K]
             ref = kernels.cascade_decode_ref(q.float(), k.float(), v.float(), bt, sl, gs, gp, sc, **sk)
             err = max(rel_err(casc(), ref), rel_err(casc_graph(), ref))
             t_paged, t_casc = b.time(paged), b.time(casc)
-            replay_paged, _ = _capture(b, paged_graph)
-            replay_casc, graph_out = _capture(b, casc_graph)
-            t_paged_g, t_casc_g = b.time(replay_paged), b.time(replay_casc)
-            if graph_out is not None:
-                replay_casc()
+            t_paged_g, _ = _graph_time(b, paged_graph, graph_errors)
+            t_casc_g, graph_out = _graph_time(b, casc_graph, graph_errors)
+            if graph_out is not None:  # the output of the last replay
                 err = max(err, rel_err(graph_out, ref))
             unique = kv_bytes(b, P + K * S, k)
-            speed[fmt][name] = dict(eager=t_paged / t_casc, graph=t_paged_g / t_casc_g)
+            # per layer: the kernels plus the plan's share of the step
+            speed[fmt][name] = dict(eager=t_paged / (t_casc + t_plan / LAYERS),
+                                    graph=t_paged_g / (t_casc_g + t_plan_g / LAYERS))
             b.add(dict(case="cascade", kv_dtype=fmt, shape=name, K=K, prefix=P, suffix=S, bucket=size,
                        paged_us=t_paged * 1e6, cascade_us=t_casc * 1e6, paged_graph_us=t_paged_g * 1e6,
-                       cascade_graph_us=t_casc_g * 1e6, speedup_eager=speed[fmt][name]["eager"],
+                       cascade_graph_us=t_casc_g * 1e6, plan_us=t_plan * 1e6, plan_graph_us=t_plan_g * 1e6,
+                       layers=LAYERS, speedup_eager=speed[fmt][name]["eager"],
                        speedup_graph=speed[fmt][name]["graph"],
                        paged_bw_frac=kv_bytes(b, K * (P + S), k) / t_paged / b.copy_bw,
-                       cascade_bw_frac=unique / t_casc / b.copy_bw, rel_err_vs_fp32=err))
-            del k, v, ref, graph_out, replay_paged, replay_casc, paged, paged_graph, casc, casc_graph
+                       cascade_bw_frac=unique / t_casc / b.copy_bw, rel_err_vs_fp32=err,
+                       **({"graph_errors": graph_errors} if graph_errors else {})))
+            del k, v, ref, graph_out, paged, paged_graph, casc, casc_graph
+            write_device_params(b.args.out, **{"cascade_speedup_vs_paged" + ("" if fmt == "auto" else f"_{fmt}"):
+                                               speed[fmt]})
         del k0, v0
-    for fmt, sp in speed.items():
-        write_device_params(b.args.out, **{"cascade_speedup_vs_paged" + ("" if fmt == "auto" else f"_{fmt}"): sp})
 
 
 def case_prefill(b: Bench, kernels):
-    from kernels.prefill_attention import prefill_sdpa
+    import kernels.prefill_attention as pa
     torch = b.torch
     lens, chunk = ([96, 160], 32) if b.tiny else ([16384, 65536], 2048)
+    default = pa.PREFILL_TILE
+    tiles = [default, *(t for t in pa.PREFILL_TILES if t != default)]  # the default's numbers first
     tflops = {}
     for L in lens:
         k, v, bt = b.paged([L])
@@ -274,19 +322,38 @@ def case_prefill(b: Bench, kernels):
 
         whole = lambda: kernels.prefill_attention_triton(q, k, v, bt, b.i32([0, L]), b.i32([L]), sc,  # noqa: E731
                                                          sdpa=False)
-        sdpa = lambda: prefill_sdpa(q, kn, vn, [0, L], sc)  # noqa: E731
-        ref = kernels.prefill_attention_ref(q.float(), k.float(), v.float(), bt, b.i32([0, L]), b.i32([L]), sc)
-        errs = {n: rel_err(f(), ref) for n, f in (("chunked", chunked), ("whole", whole), ("sdpa", sdpa))}
-        del ref
+        sdpa = lambda: pa.prefill_sdpa(q, kn, vn, [0, L], sc)  # noqa: E731
+        # The error is measured on the last `tail` queries, which see the most keys: the fp32 reference of
+        # a whole 64k prompt could run SDPA's math path (fp32 has no flash kernel), 64k x 64k scores.
+        tail = min(L, 256)
+        ref = kernels.prefill_attention_ref(q[-tail:].float(), k.float(), v.float(), bt, b.i32([0, tail]), b.i32([L]),
+                                            sc)
         flops = 4 * b.Hq * b.D * L * (L + 1) / 2  # causal: QK^T and PV over keys 0..=i for each query i
-        ts = {n: b.time(f) for n, f in (("chunked", chunked), ("whole", whole), ("sdpa", sdpa))}
-        for n in ts:
-            tflops[f"{n}_{L}"] = flops / ts[n] / 1e12
-        b.add(dict(case="prefill", prompt=L, chunk=chunk, **{f"{n}_ms": t * 1e3 for n, t in ts.items()},
-                   **{f"{n}_tflops": flops / t / 1e12 for n, t in ts.items()},
-                   **{f"{n}_rel_err_vs_fp32": e for n, e in errs.items()}))
-        del k, v
-    write_device_params(b.args.out, prefill_tflops=tflops)
+        row = dict(case="prefill", prompt=L, chunk=chunk, err_rows=tail)
+        for tile in tiles:  # the prefill bf16 tiles against each other (PREFILL_TILE picks the kernel's)
+            pa.PREFILL_TILE = tile
+            try:
+                for n, f in (("chunked", chunked), ("whole", whole)):
+                    err, t = rel_err(f()[-tail:], ref), b.time(f)
+                    tflops[f"{n}_{L}" if tile == default else f"{n}_{tile}_{L}"] = flops / t / 1e12
+                    row.update({f"{n}_{tile}_ms": t * 1e3, f"{n}_{tile}_tflops": flops / t / 1e12,
+                                f"{n}_{tile}_rel_err_vs_fp32": err})
+            finally:
+                pa.PREFILL_TILE = default
+            b.add(dict(row, tile=tile))  # after each tile, so a timeout keeps what ran
+        out = sdpa()
+        if out is None:  # flash cannot run these inputs (the engine runs the Triton kernel then)
+            row.update(sdpa_tflops=float("nan"), sdpa_unavailable=True)
+        else:
+            t = b.time(sdpa)
+            tflops[f"sdpa_{L}"] = flops / t / 1e12
+            row.update(sdpa_ms=t * 1e3, sdpa_tflops=flops / t / 1e12, sdpa_rel_err_vs_fp32=rel_err(out[-tail:], ref))
+        del out
+        fastest = max(tiles, key=lambda t: row[f"whole_{t}_tflops"])
+        b.rows = [r for r in b.rows if not (r["case"] == "prefill" and r.get("prompt") == L)]
+        b.add(dict(row, tiles=tiles, default_tile=default, fastest_tile=fastest))
+        write_device_params(b.args.out, prefill_tflops=dict(tflops), **{f"prefill_fastest_tile_{L}": fastest})
+        del k, v, ref
 
 
 def case_offsets(b: Bench, kernels):
@@ -376,12 +443,17 @@ def format_table(rows) -> str:
                          f"bw {r['bw_frac']:.2f}  err {r['rel_err_vs_fp32']:.1e}")
         elif c == "cascade":
             lines.append(f"cascade {r['kv_dtype']:<8} {r['shape']} K={r['K']} P={r['prefix']} S={r['suffix']}: "
-                         f"paged {r['paged_us']:.1f} us, "
-                         f"cascade {r['cascade_us']:.1f} us ({r['speedup_eager']:.2f}x); graph {r['paged_graph_us']:.1f} "
-                         f"vs {r['cascade_graph_us']:.1f} us ({r['speedup_graph']:.2f}x)  err {r['rel_err_vs_fp32']:.1e}")
-        elif c == "prefill":
-            lines.append(f"prefill {r['prompt']:>6}: chunked {r['chunked_tflops']:.0f}  whole {r['whole_tflops']:.0f}  "
-                         f"sdpa {r['sdpa_tflops']:.0f} TFLOP/s  err {max(r[k] for k in r if k.endswith('fp32')):.1e}")
+                         f"paged {r['paged_us']:.1f} us, cascade {r['cascade_us']:.1f} us + plan "
+                         f"{r['plan_us']:.1f}/{r['layers']} ({r['speedup_eager']:.2f}x); "
+                         f"graph {r['paged_graph_us']:.1f} "
+                         f"vs {r['cascade_graph_us']:.1f} + {r['plan_graph_us']:.1f}/{r['layers']} us "
+                         f"({r['speedup_graph']:.2f}x)  err {r['rel_err_vs_fp32']:.1e}")
+        elif c == "prefill" and "fastest_tile" in r:
+            per_tile = "  ".join(f"{t}: chunked {r[f'chunked_{t}_tflops']:.0f} whole {r[f'whole_{t}_tflops']:.0f}"
+                                 for t in r["tiles"])
+            lines.append(f"prefill {r['prompt']:>6}: {per_tile}  sdpa {r['sdpa_tflops']:.0f} TFLOP/s  "
+                         f"(fastest {r['fastest_tile']}, default {r['default_tile']})  "
+                         f"err {max(r[k] for k in r if k.endswith('fp32')):.1e}")
         elif c == "offsets":
             lines.append(f"offsets past 2^31: {r['past_2_31']}  stored {r['stored_exactly']}  err "
                          f"{max(r[k] for k in r if k.endswith('fp32')):.1e}")

@@ -13,6 +13,8 @@ whose rows attend to a sink and a recent window. On CPU the same buffers drive a
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from engine.attention import AttentionMetadata
@@ -39,7 +41,9 @@ class DecodeGraphs:
                  draft_steps: bool = False):
         """verify_queries: query slots per row of the verify-step graphs (num_speculative_tokens + 1;
         1: no verify graphs); draft_steps: capture self-drafting steps' graphs too."""
-        self.runner = runner
+        # The runner owns its graphs: a strong reference back would make a cycle that only a gc pass
+        # breaks, keeping the KV cache and the weights alive after the last LLM reference goes.
+        self.runner = weakref.proxy(runner)
         self.sizes = bucket_sizes(max_batch)
         self.emulate = emulate
         self.verify_queries = verify_queries

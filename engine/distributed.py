@@ -11,6 +11,7 @@ process can hold several engines (tests do) and a user's own torch.distributed s
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 from dataclasses import dataclass
 
@@ -68,9 +69,24 @@ def connect(port: int, rank: int, size: int, device: torch.device) -> TPGroup:
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = _TIMEOUT
         pg = dist.ProcessGroupNCCL(store, rank, size, options)
+        # Bind the communicator to this rank's device now (init_process_group(device_id=...) does the
+        # same), not lazily inside the first collective: a failing NCCL setup shows here, at LLM(), and
+        # the communicator exists before any CUDA graph captures an all-reduce (ncclCommInitRank
+        # cannot run under capture). PyTorch >= 2.4; before, the graphs' warm-up creates it.
+        if hasattr(pg, "eager_connect_single_device"):
+            pg.eager_connect_single_device(device)
     else:
         pg = dist.ProcessGroupGloo(store, rank, size, _TIMEOUT)
     return TPGroup(rank, size, pg)
+
+
+def check_graph_capture_env() -> None:
+    """Refuse to capture all-reduces into CUDA graphs under NCCL blocking waits: ranks are reported to
+    hang for good before the capture starts (waiting for pending NCCL work, with no timeout)."""
+    for name in ("TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT"):
+        if os.environ.get(name, "0").strip().lower() not in ("", "0", "false"):
+            raise RuntimeError(f"{name}={os.environ[name]} makes capturing the tensor-parallel decode graphs hang; "
+                               f"unset it, or run without CUDA graphs: LLM(..., enforce_eager=True), --enforce-eager")
 
 
 @dataclass(slots=True, frozen=True)

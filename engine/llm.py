@@ -152,7 +152,8 @@ class LLM:
         return self.hooks.log
 
     def shutdown(self) -> None:
-        """Stop the tensor-parallel worker processes (idempotent; also done when the LLM is collected)."""
+        """Stop the tensor-parallel worker processes and release the model, KV cache and CUDA graphs at
+        once (idempotent; also done when the LLM is collected). The LLM runs no more requests after it."""
         self.runner.shutdown()
 
     def __enter__(self) -> "LLM":

@@ -26,7 +26,7 @@ import torch
 from engine.attention import AttentionMetadata, batch_invariant_backend, get_backend, with_ranges
 from engine.config import ModelConfig
 from engine.cuda_graphs import DecodeGraphs
-from engine.distributed import Shard, TPGroup
+from engine.distributed import Shard, TPGroup, check_graph_capture_env
 from engine.kv_cache import allocate_kv_cache, bytes_per_block, copy_blocks, resolve_kv_dtype
 from engine.loader import load_model
 from engine.logprobs import LogprobRows, compute_logprobs
@@ -115,9 +115,12 @@ class ModelRunner:
                                self.kv_dtype)
 
     def free_kv_bytes(self, gpu_memory_utilization: float) -> int:
-        """Bytes this rank's GPU can give the cache, its weights loaded."""
+        """Bytes this rank's GPU can give the cache, its weights loaded. Memory torch's allocator keeps
+        cached but unused (an earlier engine's, freed) counts as free: the allocator hands it back to
+        the driver when an allocation needs it."""
         free, total = torch.cuda.mem_get_info(self.device)
-        return int(free - total * (1 - gpu_memory_utilization))
+        cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        return int(free + cached - total * (1 - gpu_memory_utilization))
 
     def min_free_kv_bytes(self, gpu_memory_utilization: float) -> int:
         """Bytes every rank's GPU can give the cache: the smallest rank's room decides."""
@@ -143,15 +146,29 @@ class ModelRunner:
         return blocks
 
     # -- the group of ranks ------------------------------------------------------------------
+    closed = False  # set by shutdown (a class default: RehearsalRunner skips __init__)
+
     def shutdown(self) -> None:
-        """Stop the tensor-parallel worker ranks (idempotent; nothing to do on one rank)."""
+        """Stop the tensor-parallel worker ranks and release this rank's decode graphs, KV cache and
+        weights at once (idempotent). On CUDA the freed memory goes back to the device, so a next
+        LLM in this process sizes its cache from it."""
         if self.workers is not None:
             self.workers.shutdown()
+        self.closed = True
+        self.graphs = self.kv_cache = self.model = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def check_alive(self) -> None:
-        """Raise WorkerDied (engine/tp_workers.py) if a worker rank is gone."""
+        """Raise WorkerDied (engine/tp_workers.py) if a worker rank is gone, RuntimeError after shutdown."""
+        self._check_open()
         if self.workers is not None:
             self.workers.check()
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise RuntimeError("this LLM was shut down (shutdown() or the end of its `with` block) and holds no "
+                               "model or KV cache any more; create a new one")
 
     @property
     def dead(self) -> bool:
@@ -179,6 +196,8 @@ class ModelRunner:
     def capture_decode_graphs(self, max_batch: int, emulate: bool = False) -> None:
         """Capture decode graphs on every rank, in the same order: their all-reduces pair up at replay.
         emulate=True drives the graphs' static buffers eagerly (for CPU tests)."""
+        if self.tp_size > 1 and not emulate:
+            check_graph_capture_env()
         if self.workers is not None:
             self.workers.call("capture_decode_graphs", max_batch, emulate, wait=False)
         self.graphs = DecodeGraphs(self, max_batch, cascade=self.cascade, emulate=emulate,
@@ -339,6 +358,7 @@ class ModelRunner:
 
     def _execute_all(self, inputs: StepInputs) -> tuple[torch.Tensor | None, LogprobRows | None]:
         """execute() on every rank (the workers first, then this one), a worker's death explained."""
+        self._check_open()
         if self.workers is None:
             return self.execute(inputs)
         self.workers.call("execute", inputs, wait=False)

@@ -28,7 +28,10 @@ Triton kernel notes:
   (flash-attn's paged varlen kernel needs 256-token blocks; the engine uses 16). The prefill kernel
   packs a kv head's q heads into one block and masks only the diagonal key tiles; its tile map and
   cascade's prefix plan are built once per step (the work_plans dict of AttentionMetadata).
-- fp32 inputs use exact fp32 dots (input_precision="ieee"), not TF32.
+- fp32 inputs use exact fp32 dots (input_precision="ieee"), not TF32. Under the interpreter
+  (TRITON_INTERPRET=1 when _utils is imported) the attention dots take fp32 operands, since the
+  interpreter's bf16 tl.dot multiplies raw bits: bf16 kernels run there with bf16 storage and
+  roundings, only the bf16 MMA itself is left to a GPU (_utils.attn_dot).
 - FP8 caches (float8_e4m3fn / float8_e5m2, engine/kv_cache.py): store_kvcache takes k_scale / v_scale and
   writes saturate(x / scale); the attention kernels take the same scales and upcast each K/V tile in
   registers (fp32 accumulation). The interpreter reads FP8 exactly but rounds float -> FP8 wrongly, so

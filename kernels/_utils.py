@@ -2,6 +2,8 @@
 and the Triton device functions of the attention kernels (online softmax over paged K/V)."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 # FP8 caches (engine/kv_cache.py): values stored as saturate(x / scale), read as stored * scale.
@@ -105,6 +107,20 @@ except Exception:  # pragma: no cover - exercised only on hosts without triton
 # in the log2 domain: callers fold log2(e) into qk_scale, so exp2 replaces exp.
 
 _LN2 = tl.constexpr(0.6931471805599453) if HAS_TRITON else None  # lse is reported in natural log
+# Under the CPU interpreter (TRITON_INTERPRET=1 when this module is imported, which is also when @triton.jit
+# picks the interpreter) tl.dot's bf16 path returns garbage. There the attention dots take their operands
+# upcast to fp32 with exact products, which is what a GPU's bf16 MMA computes (exact products, fp32
+# accumulation) up to the summation order; everything else (bf16 loads and stores, p rounded to q's dtype
+# before PV, the FP8 upcast) runs as compiled. Compiled kernels never take this branch.
+_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1") if HAS_TRITON else None
+
+
+@triton.jit
+def attn_dot(a, b, DOT_PREC: tl.constexpr):
+    """a @ b with fp32 accumulation: a and b in one dtype (fp32, fp16 or bf16)."""
+    if _INTERPRETED:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision=DOT_PREC)
 
 
 @triton.jit
@@ -129,7 +145,7 @@ def online_softmax_tile(q, k, v, keep, qk_scale, m_i, l_i, acc, DOT_PREC: tl.con
     A row that has kept no key yet (max still -inf, possible only with a mask) stays at l_i = 0, acc = 0."""
     # An FP8 tile is upcast here, in registers, to q's dtype (exact: every FP8 value is a bf16/fp16
     # value); its K scale is folded into qk_scale and its V scale applied to the output by the caller.
-    s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PREC) * qk_scale
+    s = attn_dot(q, tl.trans(k.to(q.dtype)), DOT_PREC) * qk_scale
     if keep is not None:
         s = tl.where(keep, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -139,7 +155,7 @@ def online_softmax_tile(q, k, v, keep, qk_scale, m_i, l_i, acc, DOT_PREC: tl.con
     alpha = tl.exp2(m_i - m_sub)
     p = tl.exp2(s - m_sub[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PREC)
+    acc = acc * alpha[:, None] + attn_dot(p.to(q.dtype), v.to(q.dtype), DOT_PREC)
     return m_new, l_i, acc
 
 

@@ -134,11 +134,21 @@ def _check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_len
                       cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens)
 
 
+# The bf16/fp16 tile: (rows = query positions x padded q heads per kv head, keys, warps). On sm_90 (Triton
+# 3.9) "128x64" compiles to 255 registers per thread with a little spilled to the stack: one 256-thread
+# block per SM; "64x32" to 229 registers, no spill, two 128-thread blocks per SM. Which is faster is the
+# GPU's to say: bench/gpu_kernels.py times every tile at 16k and 64k ("prefill" rows, tile=...), and the
+# winner becomes PREFILL_TILE here in a commit that cites the row.
+PREFILL_TILES = {"128x64": (128, 64, 8), "64x32": (64, 32, 4)}
+PREFILL_TILE = "128x64"
+
+
 def prefill_blocks(dtype: torch.dtype, qpk: int, D: int) -> tuple[int, int, int]:
     """(BLOCK_M rows = query positions x padded q heads per kv head, BLOCK_N keys, num_warps)."""
     if dtype == torch.float32:  # fp32 tiles are twice the bytes: smaller ones stay inside shared memory
         return max(64, next_pow2(qpk)), 64 if D <= 64 else 32, 4
-    return max(128, next_pow2(qpk)), 64, 8
+    rows, keys, warps = PREFILL_TILES[PREFILL_TILE]
+    return max(rows, next_pow2(qpk)), keys, warps
 
 
 def prefill_tile_map(cu_seqlens_q: torch.Tensor, num_tokens: int, block_q: int):
@@ -166,8 +176,11 @@ def _whole_prompts(cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor) -> list[i
 def prefill_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: list[int], sm_scale: float) -> torch.Tensor | None:
     """Causal attention of whole prompts on their own K/V through torch SDPA. q [Tq, Hq, D], k/v [Tq, Hkv, D];
     cu: host sequence boundaries. On CUDA only the flash kernel is allowed (its GQA needs no repeated
-    K/V, and the math fallback would materialise L x L scores): None where it cannot run."""
+    K/V, and the math fallback would materialise L x L scores): None where it cannot run, which
+    includes every fp32 input (flash has no fp32 kernel), so fp32 prefill on CUDA is the Triton kernel's."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
+    if q.is_cuda and q.dtype not in (torch.float16, torch.bfloat16):
+        return None
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     backends = [SDPBackend.FLASH_ATTENTION] if q.is_cuda else [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
     try:

@@ -3,8 +3,13 @@
 - PACORE_TEST_DEVICE=cuda|cpu picks the device (default: cuda when available). On cpu the Triton
   interpreter runs the kernels (TRITON_INTERPRET must be set before the kernels are created, hence
   this module).
-- PACORE_TEST_DTYPES="bfloat16,float16" restricts the dtypes (default: fp32+fp16 on CPU — the
-  interpreter's bf16 tl.dot is wrong — and fp32+fp16+bf16 on CUDA).
+- PACORE_TEST_DTYPES="bfloat16,float16" sets the dtypes (default: fp32+fp16+bf16 on CPU, bf16+fp16 on
+  CUDA). On CPU the bf16 kernels run with bf16 storage (q, K/V cache, outputs, p rounded to bf16 to
+  nearest even) while the attention dots take fp32 operands (kernels/_utils.py attn_dot: the
+  interpreter's bf16 tl.dot is wrong), so only the bf16 MMA itself is left to a GPU. A GPU skips fp32:
+  every fp32 variant is compiled for sm_90 by test_kernels_compile and run on a GPU end to end by
+  bench/gpu_engine_check.py (fp32 Triton + graphs vs torch), and each would be one more compile
+  (tests/kernels/compile_count.py counts them).
 Also holds the shared builders for paged caches whose unused slots and padding block are NaN, so any
 unmasked read poisons the output.
 """
@@ -25,11 +30,52 @@ if DEVICE == "cpu":
     for _name in [m for m in sys.modules if m == "kernels" or m.startswith("kernels.")]:
         del sys.modules[_name]
 
-_default = "float32,float16" if DEVICE == "cpu" else "float32,float16,bfloat16"
+
+def _round_bf16_like_a_gpu() -> None:
+    """The interpreter converts fp32 -> bf16 by dropping mantissa bits; a GPU rounds to nearest even
+    (cvt.rn.bf16.f32), as torch does. Its cast is replaced by torch's, so bf16 kernels round where and as
+    they will on a GPU and their tests can demand it (an interpreter without this cast is left alone)."""
+    try:
+        import numpy as np
+        import triton.language as tl
+        from triton.runtime.interpreter import InterpreterBuilder, TensorHandle
+        real = InterpreterBuilder.cast_impl
+    except (ImportError, AttributeError):
+        return
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            rounded = torch.tensor(np.asarray(src.data, dtype=np.float32)).to(torch.bfloat16)
+            return TensorHandle(rounded.view(torch.int16).numpy().view(np.uint16), tl.bfloat16)
+        return real(self, src, dst_type)
+    InterpreterBuilder.cast_impl = cast_impl
+
+
+if DEVICE == "cpu":
+    _round_bf16_like_a_gpu()
+
+_default = "float32,float16,bfloat16" if DEVICE == "cpu" else "bfloat16,float16"
 DTYPES = [getattr(torch, n.strip()) for n in os.environ.get("PACORE_TEST_DTYPES", _default).split(",") if n.strip()]
-# fp32 paths are always checked (tight tolerance); the env var only adds/removes the low-precision ones.
 LOW_DTYPES = [d for d in DTYPES if d != torch.float32]
+DTYPE = DTYPES[0]  # the one dtype of the tests that check logic rather than precision
 TOL = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 3e-2}
+
+
+def grid(cases: list, gpu_other: list[int] | None = None, gpu_first: list[int] | None = None) -> list[tuple]:
+    """(dtype, *case) rows for a kernel test's parametrize. On CPU: every dtype x every case. On a GPU,
+    where each distinct specialisation is one more compile (~0.5-1 s), the first dtype (bf16, the
+    engine's) runs the cases at indices gpu_first (default: all) and the other dtypes those at gpu_other
+    (default: all). The subsets are chosen so that every compiled tile shape and kernel branch (head
+    dim, BLOCK_M, cache format, split or direct output) still runs on the GPU in every dtype; what only
+    changes index arithmetic (GQA ratios, block sizes) runs there in bf16 and under the interpreter in
+    every dtype. PACORE_TEST_GRID=gpu picks the GPU's rows on a CPU (tests/kernels/compile_count.py)."""
+    if DEVICE == "cpu" and os.environ.get("PACORE_TEST_GRID") != "gpu":
+        return [(d, *c) for d in DTYPES for c in cases]
+    rows = []
+    for i, d in enumerate(DTYPES):
+        keep = gpu_first if i == 0 else gpu_other
+        rows += [(d, *c) for j, c in enumerate(cases) if keep is None or j in keep]
+    return rows
 
 
 def have_triton() -> bool:
@@ -136,3 +182,36 @@ def poison_fixture():
     def _poison(monkeypatch):
         poison_allocations(monkeypatch)
     return _poison
+
+
+def record_compile_keys(setattr_fn, seen: dict) -> None:
+    """Make every interpreted kernel launch add its compile key to seen[kernel name] (a set): the key the
+    CUDA launcher computes (constexprs, launch options, and each other argument's ==1 / %16 / dtype
+    specialisation unless do_not_specialize), so len(seen[name]) is the compiles a GPU run would make.
+    setattr_fn: monkeypatch.setattr in a test, setattr elsewhere."""
+    import inspect
+
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime import interpreter
+
+    backend = type(make_backend(GPUTarget("cuda", 90, 32)))
+    real_run = interpreter.InterpretedFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        sig = inspect.signature(self.fn)
+        fixed = set(self.kwargs.get("do_not_specialize") or ())
+        bound = sig.bind_partial(*args, **{k: v for k, v in kwargs.items() if k in sig.parameters}).arguments
+        key = []
+        for name, p in sig.parameters.items():
+            v = bound.get(name, p.default)
+            if "constexpr" in str(p.annotation):
+                key.append(repr(v))
+            else:
+                key.append(str(native_specialize_impl(backend, v, False, name not in fixed, name not in fixed)))
+        key.append(repr(sorted((k, v) for k, v in kwargs.items() if k not in sig.parameters)))
+        seen.setdefault(self.fn.__name__, set()).add(tuple(key))
+        return real_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    setattr_fn(interpreter.InterpretedFunction, "run", run)

@@ -1,4 +1,7 @@
 """The CUDA-graph decode path's static buffers and padding, emulated on CPU (same inputs, eager call)."""
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -59,3 +62,54 @@ def test_verify_step_graphs_give_eager_tokens(tiny_model_dir, cascade):
     assert verify and any(b not in (1, 2, 4, 8) for b, _ in verify)  # padded rows
     assert any(t < 4 * b for b, t in verify)                           # ragged: unused query slots
     assert llm.stats()["spec_decode_num_accepted_tokens"] > 0
+
+
+def _with_graphs(model: str, **options):
+    llm = LLM(model, num_kv_blocks=64, cascade_attention=True, cascade_min_prefix=16, **options)
+    llm.runner.capture_decode_graphs(4, emulate=True)
+    llm.generate([list(range(3, 40))], SamplingParams(n=3, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    return llm
+
+
+@pytest.mark.parametrize("spec", [None, dict(method="self_window", num_speculative_tokens=2, window=8, sink=4)])
+def test_dropping_an_llm_with_graphs_frees_its_runner_at_once(tiny_model_dir, spec):
+    # Without a gc pass: a notebook's `del llm; llm = LLM(...)` must not keep the old KV cache and weights
+    # (with speculative decoding too: verify and draft graphs).
+    llm = _with_graphs(str(tiny_model_dir("qwen3")), speculative_config=spec)
+    runner, cache = weakref.ref(llm.runner), weakref.ref(llm.runner.kv_cache)
+    gc.collect()
+    gc.disable()
+    try:
+        del llm
+        assert runner() is None and cache() is None
+    finally:
+        gc.enable()
+
+
+def test_shutdown_releases_the_cache_graphs_and_weights(tiny_model_dir):
+    with _with_graphs(str(tiny_model_dir("qwen3"))) as llm:
+        cache, weight = weakref.ref(llm.runner.kv_cache), weakref.ref(llm.runner.model.embed_tokens.weight)
+        graphs = weakref.ref(llm.runner.graphs)
+    gc.disable()  # released by shutdown itself, while `llm` is still held
+    try:
+        assert cache() is None and weight() is None and graphs() is None
+    finally:
+        gc.enable()
+    assert llm.stats()["kv_blocks_total"] == 64  # the bookkeeping stays readable
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2), use_tqdm=False)
+    llm.shutdown()  # idempotent
+
+
+def test_kv_sizing_counts_memory_torch_keeps_cached_as_free(monkeypatch):
+    """An earlier engine's memory, freed but still cached by torch's allocator, is room for the next
+    cache (the allocator returns it to the device when an allocation needs it). Faked: no GPU here."""
+    from types import SimpleNamespace
+
+    from engine.model_runner import ModelRunner
+    gb = 1 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10 * gb, 100 * gb))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 50 * gb)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 20 * gb)
+    runner = SimpleNamespace(device=torch.device("cuda", 0))
+    assert ModelRunner.free_kv_bytes(runner, 0.9) == (10 + 30 - 10) * gb

@@ -57,7 +57,7 @@ def test_fp8_cache_is_one_byte_a_value_and_holds_twice_the_tokens(tiny_model_dir
 def test_the_startup_line_says_how_many_tokens_fit(tiny_model_dir, caplog):
     with caplog.at_level("INFO", logger="engine"):
         LLM(str(tiny_model_dir("llama")), num_kv_blocks=40, max_model_len=256, kv_cache_dtype="fp8_e4m3")
-    assert "KV cache: 40 blocks x 16 tokens = 640 tokens, fp8_e4m3, 128 bytes per token" in caplog.text
+    assert "KV cache fp8_e4m3: 640 tokens (40 blocks of 16), 128 bytes per token" in caplog.text
 
 
 def test_rehearsal_counts_one_byte_per_kv_value(tiny_model_dir):

@@ -63,7 +63,7 @@ def test_a_prompt_is_admitted_only_when_its_whole_prefill_fits():
         if running.num_generated:
             break
         plan = sched.schedule()
-        sched.postprocess(plan, [5] * len(plan.sample_seqs))
+        sched.postprocess(plan, [(seq, [5], i) for i, seq in enumerate(plan.sample_seqs)])
     assert running.num_generated == 1
     waiting = add("b", 16 * 48, first=5000)  # 49 blocks are free: its first 64-token chunk fits, the whole prompt would leave 1
     plan = sched.schedule()

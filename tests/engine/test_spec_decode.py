@@ -158,12 +158,12 @@ def test_unseeded_sampling_keeps_the_distribution(tiny_model_dir, plain_samples,
     assert min(same_distribution(plain_samples, ours)) > 1e-3
 
     # A wrong rule, accepting every draft, is caught: the test has power.
-    import engine.llm as engine_llm
+    from engine.spec import verify
 
     def accept_every_draft(plan, tokens):
         return [(s, (plan.drafts.get(s.seq_id, []) + run)[:len(plan.drafts.get(s.seq_id, [])) + 1], i)
                 for s, run, i in accepted_runs(plan, tokens)]
-    monkeypatch.setattr(engine_llm, "accepted_runs", accept_every_draft)
+    monkeypatch.setattr(verify, "accepted_runs", accept_every_draft)
     wrong, _ = samples(model, spec)
     assert max(same_distribution(plain_samples, wrong)) < 1e-3
 

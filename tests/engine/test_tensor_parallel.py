@@ -265,3 +265,38 @@ def test_tp2_speculative_greedy_equals_tp1_without(tmp_path, spec, options):
         assert stats["cascade_decode_steps"] > 0
     if "max_num_seqs" in options:
         assert stats["preemptions"] > 0
+
+
+def test_an_nccl_group_binds_its_device_at_init(monkeypatch):
+    """The NCCL communicator is created when the group is, on the rank's device, not lazily by the first
+    collective (which could otherwise fall inside a CUDA-graph capture). Faked: no GPU, no NCCL here."""
+    import engine.distributed as d
+    made = []
+
+    class FakeNCCL:
+        class Options:
+            _timeout = None
+
+        def __init__(self, store, rank, size, options):
+            self.connected = []
+            made.append(self)
+
+        def eager_connect_single_device(self, device):
+            self.connected.append(device)
+
+    monkeypatch.setattr(d.dist, "ProcessGroupNCCL", FakeNCCL, raising=False)
+    monkeypatch.setattr(d.dist, "TCPStore", lambda *a, **k: object())
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    tp = d.connect(1234, 1, 2, torch.device("cuda", 1))
+    assert tp.pg is made[0] and made[0].connected == [torch.device("cuda", 1)]
+
+
+@pytest.mark.parametrize("value, refused", [("1", True), ("true", True), ("0", False), ("", False)])
+def test_graph_capture_refuses_nccl_blocking_wait(monkeypatch, value, refused):
+    from engine.distributed import check_graph_capture_env
+    monkeypatch.setenv("TORCH_NCCL_BLOCKING_WAIT", value)
+    if refused:
+        with pytest.raises(RuntimeError, match="enforce_eager=True"):
+            check_graph_capture_env()
+    else:
+        check_graph_capture_env()

@@ -11,7 +11,6 @@ import kernels.cascade_decode as cd  # noqa: E402
 from kernels.cascade_decode import cascade_decode_ref, cascade_decode_triton  # noqa: E402
 
 DEV = env.DEVICE
-DTYPES = [torch.float32] + env.LOW_DTYPES
 _poison = env.poison_fixture()  # autouse: torch.empty/empty_like return NaN-filled tensors
 
 
@@ -38,8 +37,8 @@ CASES = [(64, 1, 16, None, None, None, 64), (128, 2, 32, 16, 3, 2, 64), (64, 4, 
          (128, 8, 16, 16, 64, 1, 16), (64, 8, 32, 32, 2, 7, 64), (128, 4, 32, None, 5, 3, 32)]
 
 
-@pytest.mark.parametrize("D,qpk,bs,min_split,programs,s2,max_m", CASES)
-@pytest.mark.parametrize("dtype", DTYPES)
+# fp16 on a GPU: both head dims and every prefix BLOCK_M (64, 16, 32)
+@pytest.mark.parametrize("dtype,D,qpk,bs,min_split,programs,s2,max_m", env.grid(CASES, gpu_other=[1, 2, 5]))
 def test_cascade_decode_triton(D, qpk, bs, min_split, programs, s2, max_m, dtype, monkeypatch):
     monkeypatch.setattr(cd, "_MAX_BLOCK_M", max_m)  # 16 forces tiling groups over members
     if min_split:
@@ -56,22 +55,22 @@ def test_cascade_decode_triton(D, qpk, bs, min_split, programs, s2, max_m, dtype
 def test_cascade_decode_triton_one_big_group():
     # a PaCoRe-like fork: one prompt, many members, prefix longer than the suffixes, given max_group_size
     bs, D, qpk = 16, 64, 4
-    args = _batch(bs, [12], [4], [1, 2, 17, 0], 1, D, qpk, torch.float32)
+    args = _batch(bs, [12], [4], [1, 2, 17, 0], 1, D, qpk, env.DTYPE)
     out = cascade_decode_triton(*args, 0.125, max_group_size=12, num_programs=3)
-    assert env.rel_err(out, cascade_decode_ref(*args, 0.125)) < 1e-3
+    assert env.rel_err(out, cascade_decode_ref(*args, 0.125)) < env.TOL[env.DTYPE]
 
 
 def test_cascade_padded_groups_and_upper_bound_hint():
     # The CUDA-graph decode pads the batch with empty groups and passes its bucket size as the hint.
     bs, D, qpk = 16, 64, 2
-    q, kc, vc, bt, sl, gs, gp = _batch(bs, [3, 2], [2, 1], [1, 5, 0], 1, D, qpk, torch.float32)
+    q, kc, vc, bt, sl, gs, gp = _batch(bs, [3, 2], [2, 1], [1, 5, 0], 1, D, qpk, env.DTYPE)
     i32 = dict(dtype=torch.int32, device=DEV)
     gs_pad = torch.cat([gs, torch.full((3,), int(gs[-1]), **i32)])
     gp_pad = torch.cat([gp, torch.zeros(3, **i32)])
     ref = cascade_decode_ref(q, kc, vc, bt, sl, gs, gp, 0.125)
     assert torch.equal(cascade_decode_ref(q, kc, vc, bt, sl, gs_pad, gp_pad, 0.125), ref)
     out = cascade_decode_triton(q, kc, vc, bt, sl, gs_pad, gp_pad, 0.125, max_group_size=8)
-    assert env.rel_err(out, ref) < 1e-3
+    assert env.rel_err(out, ref) < env.TOL[env.DTYPE]
 
 
 def test_cascade_decode_triton_validates():
@@ -82,9 +81,8 @@ def test_cascade_decode_triton_validates():
         cascade_decode_triton(q, kc, vc, bt, sl, gs, gp.float(), 0.1)
 
 
-@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("D,qpk,bs,min_split,programs,s2,max_m", [CASES[1], CASES[4]])
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])  # on a GPU fp16: head dim 128
+@pytest.mark.parametrize("dtype,D,qpk,bs,min_split,programs,s2,max_m", env.grid([CASES[1], CASES[4]], gpu_other=[0]))
 def test_cascade_decode_fp8_triton_matches_reference(fp8, dtype, D, qpk, bs, min_split, programs, s2, max_m,
                                                     monkeypatch):
     """FP8 caches read as stored * scale: Triton (upcast in registers) == the reference (dequantized

@@ -108,9 +108,15 @@ def _compile_all() -> int:
                          NUM_PROGRAMS=264, qk_scale=0.1, v_scale=1.0),
                     dict(QPK=qpk, MT=block_m // qpk, D=D, BS=16, BLOCK_M=block_m, BLOCK_N=64 if D <= 64 else 32,
                          BLOCK_D=D, DOT_PREC=paged_decode.dot_precision(dt), **paged_decode.launch_opts(dt)))
-    for dt, kv, D, qpk in [(torch.bfloat16, torch.bfloat16, 128, 4), (f32, f32, 128, 4),
-                           (torch.float16, torch.float16, 64, 3), (torch.bfloat16, torch.bfloat16, 128, 1),
-                           (torch.bfloat16, e4m3, 128, 4), (torch.bfloat16, e5m2, 128, 1), (f32, e4m3, 128, 4)]:
+    default_tile = prefill_attention.PREFILL_TILE
+    other_tiles = [(torch.bfloat16, kv, 128, 4, t) for t in prefill_attention.PREFILL_TILES if t != default_tile
+                   for kv in (torch.bfloat16, e4m3)]  # the tiles the GPU plan times against the default
+    for dt, kv, D, qpk, tile in [(torch.bfloat16, torch.bfloat16, 128, 4, default_tile), (f32, f32, 128, 4, None),
+                                 (torch.float16, torch.float16, 64, 3, default_tile),
+                                 (torch.bfloat16, torch.bfloat16, 128, 1, default_tile),
+                                 (torch.bfloat16, e4m3, 128, 4, default_tile), (torch.bfloat16, e5m2, 128, 1, default_tile),
+                                 (f32, e4m3, 128, 4, None), *other_tiles]:
+        prefill_attention.PREFILL_TILE = tile or default_tile
         block_m, block_n, warps = prefill_attention.prefill_blocks(dt, qpk, D)
         compile_one(prefill_attention._prefill_kernel,
                     dict(q_ptr=dt, kc_ptr=kv, vc_ptr=kv, bt_ptr=i32, cu_ptr=i32, seq_ptr=i32, tile_seq_ptr=i32,
@@ -119,6 +125,7 @@ def _compile_all() -> int:
                     dict(QPK=qpk, QPK_P2=1 << (qpk - 1).bit_length(), D=D, BS=16, BLOCK_M=block_m, BLOCK_N=block_n,
                          BLOCK_D=D, DOT_PREC=paged_decode.dot_precision(dt), num_warps=warps,
                          num_stages=paged_decode.launch_opts(dt)["num_stages"]))
+    prefill_attention.PREFILL_TILE = default_tile
     for dt, kv, fp8_max in [(bf, bf, 0.0), (bf, e4m3, 448.0), (bf, e5m2, 57344.0), (f32, e4m3, 448.0),
                             (torch.float16, e5m2, 57344.0)]:
         compile_one(store_kvcache._store_kvcache_kernel,

@@ -100,7 +100,7 @@ def test_cascade_multi_query_equals_paged_multi_query(dtype):
 
 # --- Triton (interpreter on CPU) vs the references -------------------------------------------------------
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton does not import")
-DTYPES = [torch.float32] + env.LOW_DTYPES
+DTYPES = env.DTYPES
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 _poison = env.poison_fixture()  # autouse: torch.empty/empty_like return NaN-filled tensors
 
@@ -125,9 +125,8 @@ MQ_CASES = [(64, 1, 16, 1, False), (64, 4, 16, 3, True), (128, 8, 32, 12, False)
             (64, 2, 32, None, True)]
 
 
-@needs_triton
-@pytest.mark.parametrize("D,ratio,bs,splits,with_start", MQ_CASES)
-@pytest.mark.parametrize("dtype", DTYPES)
+@needs_triton  # fp16 on a GPU: head dims 64 and 128, direct output and splits, a start
+@pytest.mark.parametrize("dtype,D,ratio,bs,splits,with_start", env.grid(MQ_CASES, gpu_other=[0, 1, 2]))
 def test_multi_query_triton_matches_reference(D, ratio, bs, splits, with_start, dtype):
     from kernels.paged_decode import paged_decode_triton
     gen = torch.Generator().manual_seed(10)
@@ -155,12 +154,12 @@ def test_multi_query_triton_max_query_len_is_a_bound_not_a_promise():
     from kernels.paged_decode import paged_decode_triton
     gen = torch.Generator().manual_seed(11)
     seq, qlens = [50, 9, 70], [7, 2, 3]
-    kc, vc, bt = env.make_paged(seq, 16, 2, 64, torch.float32, gen=gen)
-    q, cu = _queries(seq, qlens, 8, 64, torch.float32, gen)  # 4 q heads per kv head: a pass of 4 queries
+    kc, vc, bt = env.make_paged(seq, 16, 2, 64, env.DTYPE, gen=gen)
+    q, cu = _queries(seq, qlens, 8, 64, env.DTYPE, gen)  # 4 q heads per kv head: a pass of 4 queries
     ref = paged_decode_ref(q, kc, vc, bt, _i32(seq), 0.125, cu_seqlens_q=cu)
     for hint in (1, 2, 7, 16):
         out = paged_decode_triton(q, kc, vc, bt, _i32(seq), 0.125, num_splits=2, cu_seqlens_q=cu, max_query_len=hint)
-        assert env.rel_err(out, ref) < 1e-3, hint
+        assert env.rel_err(out, ref) < env.TOL[env.DTYPE], hint
 
 
 @needs_triton
@@ -185,9 +184,9 @@ def test_one_query_per_row_through_cu_seqlens_q_equals_plain_decode(dtype):
 
 
 # Sink + window (draft steps): (q_len per row, num_splits). D 128: BLOCK_N = 32, so a 40-token sink crosses a tile.
-@needs_triton
-@pytest.mark.parametrize("qlens,splits", [([1, 1, 1, 1, 1], 1), ([1, 1, 1, 1, 1], 5), ([3, 1, 2, 5, 1], 2)])
-@pytest.mark.parametrize("dtype", DTYPES)
+@needs_triton  # fp16 on a GPU: split, several queries per row
+@pytest.mark.parametrize("dtype,qlens,splits", env.grid([([1, 1, 1, 1, 1], 1), ([1, 1, 1, 1, 1], 5),
+                                                         ([3, 1, 2, 5, 1], 2)], gpu_other=[2]))
 def test_sink_and_window_triton_matches_reference(qlens, splits, dtype):
     from kernels.paged_decode import paged_decode_triton
     gen = torch.Generator().manual_seed(13)
@@ -247,9 +246,9 @@ def _cascade_batch(bs, groups, prefix_blocks, suffixes, qlens, Hkv, D, qpk, dtyp
 
 # (q heads per kv head, max BLOCK_M of the prefix stage (16: groups tiled over query rows), prefix programs,
 # suffix splits)
-@needs_triton
-@pytest.mark.parametrize("qpk,max_m,programs,s2", [(4, 64, None, None), (2, 16, 3, 2), (8, 16, 1, 7)])
-@pytest.mark.parametrize("dtype", DTYPES)
+@needs_triton  # fp16 on a GPU: prefix BLOCK_M 64 and 16
+@pytest.mark.parametrize("dtype,qpk,max_m,programs,s2", env.grid([(4, 64, None, None), (2, 16, 3, 2), (8, 16, 1, 7)],
+                                                                 gpu_other=[0, 1]))
 def test_cascade_multi_query_triton_matches_reference(qpk, max_m, programs, s2, dtype, monkeypatch):
     import kernels.cascade_decode as cd
     monkeypatch.setattr(cd, "_MAX_BLOCK_M", max_m)

@@ -10,7 +10,6 @@ triton = pytest.importorskip("triton")
 from kernels.paged_decode import paged_decode_ref, paged_decode_triton  # noqa: E402
 
 DEV = env.DEVICE
-DTYPES = [torch.float32] + env.LOW_DTYPES
 _poison = env.poison_fixture()  # autouse: torch.empty/empty_like return NaN-filled tensors
 
 # (head_dim, gqa ratio, block size, num_splits, with start_lens): a sample of the grid in which every
@@ -19,8 +18,8 @@ CASES = [(64, 1, 16, None, False), (64, 2, 32, 3, True), (128, 4, 16, 1, True), 
          (64, 8, 16, 2, True), (128, 1, 32, 5, False), (64, 4, 32, 12, True), (128, 2, 16, 3, False)]
 
 
-@pytest.mark.parametrize("D,ratio,bs,splits,with_start", CASES)
-@pytest.mark.parametrize("dtype", DTYPES)
+# fp16 on a GPU: head dims 64 and 128, split and direct output, a start and empty splits
+@pytest.mark.parametrize("dtype,D,ratio,bs,splits,with_start", env.grid(CASES, gpu_other=[1, 2, 3]))
 def test_paged_decode_triton(D, ratio, bs, splits, dtype, with_start):
     Hkv = 2 if ratio < 8 else 1
     seq = [1, bs, bs + 1, 3 * bs - 5, 4 * bs + 7]
@@ -66,9 +65,9 @@ def _dequantized(cache, scale):
     return cache.float() * scale
 
 
-@pytest.mark.parametrize("fp8", FP8)
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("D,ratio,bs,splits,with_start", [CASES[1], CASES[3], CASES[6]])
+@pytest.mark.parametrize("fp8", FP8)  # on a GPU: both head dims in bf16, fp16 the 128 one
+@pytest.mark.parametrize("dtype,D,ratio,bs,splits,with_start",
+                         env.grid([CASES[1], CASES[3], CASES[6]], gpu_first=[0, 1], gpu_other=[1]))
 def test_paged_decode_fp8_triton_matches_reference(fp8, dtype, D, ratio, bs, splits, with_start):
     Hkv = 2 if ratio < 8 else 1
     seq = [1, bs, bs + 1, 3 * bs - 5, 4 * bs + 7]

@@ -10,19 +10,19 @@ from kernels.rmsnorm import rmsnorm_ref, rmsnorm_triton  # noqa: E402
 from kernels.rope import rope_ref, rope_triton  # noqa: E402
 
 DEV = env.DEVICE
-DTYPES = [torch.float32] + env.LOW_DTYPES
+DTYPES = env.DTYPES
 _poison = env.poison_fixture()  # autouse: torch.empty/empty_like return NaN-filled tensors
 
 
-def _close(out, ref):
-    """fp32: tight; half types: at most one rounding step apart (fp32 rsqrt/exp may differ by an ulp)."""
+def _close(out, ref, steps: int = 1):
+    """fp32: tight; half types: at most `steps` rounding steps apart (fp32 rsqrt/exp may differ by an ulp)."""
     assert out.dtype == ref.dtype and out.shape == ref.shape
     assert not torch.isnan(out).any()
     if ref.dtype == torch.float32:
         assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5)
     else:
         ulp = torch.finfo(ref.dtype).eps
-        assert ((out.float() - ref.float()).abs() <= ulp * ref.float().abs() + 1e-6).all()
+        assert ((out.float() - ref.float()).abs() <= steps * ulp * ref.float().abs() + 1e-6).all()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -62,10 +62,12 @@ def test_rope_triton(dtype, D, Hq, Hkv):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("I", [48, 1536])
 def test_silu_and_mul_triton(dtype, I):
+    # Two steps: an fp32 exp an ulp apart can round the silu to its neighbouring half value, which the
+    # mul then carries (seen about once in 200 fp16 draws under the interpreter).
     x = torch.randn(3, 2 * I, device=DEV).to(dtype)
-    _close(silu_and_mul_triton(x), silu_and_mul_ref(x))
+    _close(silu_and_mul_triton(x), silu_and_mul_ref(x), steps=2)
     x3 = torch.randn(2, 2, 2 * I, device=DEV).to(dtype)
-    _close(silu_and_mul_triton(x3), silu_and_mul_ref(x3))
+    _close(silu_and_mul_triton(x3), silu_and_mul_ref(x3), steps=2)
 
 
 def test_pointwise_validate():

@@ -4,7 +4,6 @@ specialisation key (an int == 1, or divisible by 16, is part of the key unless d
 under the interpreter the keys are computed the way the CUDA launcher does, from the same arguments."""
 import _triton_env as env  # noqa: F401  (must come first)
 
-import inspect
 import math
 
 import pytest
@@ -21,31 +20,8 @@ from kernels.prefill_attention import prefill_attention_triton  # noqa: E402
 @pytest.fixture
 def variants(monkeypatch):
     """kernel name -> set of specialisation keys of its launches."""
-    from triton._C.libtriton import native_specialize_impl
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.runtime import interpreter
-
-    backend = type(make_backend(GPUTarget("cuda", 90, 32)))
-    real_run = interpreter.InterpretedFunction.run
     seen: dict[str, set] = {}
-
-    def run(self, *args, grid, warmup, **kwargs):
-        sig = inspect.signature(self.fn)
-        fixed = set(self.kwargs.get("do_not_specialize") or ())
-        bound = sig.bind_partial(*args, **{k: v for k, v in kwargs.items() if k in sig.parameters}).arguments
-        key = []
-        for name, p in sig.parameters.items():
-            v = bound.get(name, p.default)
-            if "constexpr" in str(p.annotation):
-                key.append(repr(v))
-            else:
-                key.append(str(native_specialize_impl(backend, v, False, name not in fixed, name not in fixed)))
-        key.append(repr(sorted((k, v) for k, v in kwargs.items() if k not in sig.parameters)))
-        seen.setdefault(self.fn.__name__, set()).add(tuple(key))
-        return real_run(self, *args, grid=grid, warmup=warmup, **kwargs)
-
-    monkeypatch.setattr(interpreter.InterpretedFunction, "run", run)
+    env.record_compile_keys(monkeypatch.setattr, seen)
     return seen
 
 

@@ -9,7 +9,7 @@ from kernels.store_kvcache import store_kvcache_ref, store_kvcache_triton  # noq
 DEV = env.DEVICE
 
 
-@pytest.mark.parametrize("dtype", [torch.float32] + env.LOW_DTYPES)
+@pytest.mark.parametrize("dtype", env.DTYPES)
 @pytest.mark.parametrize("Hkv,D,bs,slot_dtype", [(2, 64, 16, torch.int32), (1, 128, 32, torch.int64),
                                                   (3, 64, 32, torch.int64)])
 def test_store_kvcache_triton(dtype, Hkv, D, bs, slot_dtype):
@@ -81,7 +81,7 @@ def test_store_fp8_saturates_out_of_range_values(fp8):
 
 
 @pytest.mark.parametrize("fp8", FP8)
-@pytest.mark.parametrize("dtype", [torch.float32] + env.LOW_DTYPES)
+@pytest.mark.parametrize("dtype", env.DTYPES)
 def test_store_fp8_triton_matches_reference(fp8, dtype):
     """Same bytes as the reference. Under the interpreter the values are chosen on the FP8 grid (times a
     power-of-two scale) or out of range: its float -> FP8 conversion rounds wrongly (round half up, and a
