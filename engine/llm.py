@@ -119,7 +119,8 @@ class LLM:
         self.block_manager = BlockManager(num_blocks, opts.block_size, opts.enable_prefix_caching)
         log.info("%s", self.describe())
         self.stop_checker = StopChecker(self.tokenizer, cfg.eos_token_ids, self.max_model_len)
-        self.speculator = Speculator(spec, self.block_manager, self.max_model_len) if spec else None
+        self.speculator = Speculator(spec, self.block_manager, self.max_model_len, self._depth_policy(spec)) \
+            if spec else None
         self.scheduler = Scheduler(self.block_manager, self.stop_checker, opts.max_num_seqs,
                                    opts.max_num_batched_tokens, cascade, enable_fork=opts.enable_fork,
                                    on_release=self.runner.release, speculator=self.speculator,
@@ -416,6 +417,18 @@ class LLM:
         to measure one round's peak."""
         self.block_manager.reset_peak()
 
+    def _depth_policy(self, spec: SpeculativeConfig | None):
+        """Self-drafting's adaptive depth (engine/spec/policy.py), its costs from the rehearsal's device
+        model of ``spec.cost_model`` at this model's shape and KV format."""
+        if spec is None or spec.method != "self_window" or spec.policy != "adaptive":
+            return None
+        from engine.rehearsal.device_model import DeviceParams, speculation_seconds
+        from engine.spec.policy import DepthPolicy
+        from engine.step_shape import ModelShape
+        shape = ModelShape.from_config(self.config, self.dtype.itemsize, self.runner.kv_dtype.itemsize)
+        seconds = speculation_seconds(shape, DeviceParams.named(spec.cost_model), spec.window, spec.sink)
+        return DepthPolicy(spec.num_speculative_tokens, seconds)
+
     def describe(self) -> str:
         """One line for a person starting the engine: the model, dtype, KV cache (format, tokens that
         fit, bytes per token), context length and devices. The pacore commands print it at start-up."""
@@ -459,7 +472,7 @@ class LLM:
             cascade_decode_steps=self._cascade_steps,
             num_waiting=len(sch.waiting),
             num_running=len(sch.running),
-        ) | (self.speculator.stats.as_dict() if self.speculator is not None else {})
+        ) | (self.speculator.stats.as_dict(self.speculator.policy) if self.speculator is not None else {})
 
 
 def _load_tokenizer(path):

@@ -279,3 +279,19 @@ def step_cost(work: StepWork, shape: ModelShape, dev: DeviceParams,
     for c in per.values():  # the floor shared out like the time
         c.limit = limit * c.total / cost.total
     return cost, per
+
+
+def speculation_seconds(shape: ModelShape, dev: DeviceParams, window: int, sink: int):
+    """The self-drafting depth policy's costs (engine/spec/policy.py) from this model: for a batch's
+    context lengths and a depth n, (a draft step: the weights, and per row the sink and window of KV;
+    the verify pass: every row's KV once for its n + 1 queries); n = 0: (0, a plain decode step)."""
+    def seconds(ctx: list[int], n: int) -> tuple[float, float]:
+        rows = len(ctx)
+        if n == 0:
+            return 0.0, step_cost(StepWork(decodes=[DecodeGroup("", ctx)], sampled=rows), shape, dev)[0].total
+        seen = [min(c, window + sink) for c in ctx]
+        draft = step_cost(StepWork(decodes=[DecodeGroup("", seen)], sampled=rows), shape, dev)[0].total
+        verify = step_cost(StepWork(decodes=[DecodeGroup("", [c + n for c in ctx], queries=[n + 1] * rows)],
+                                    sampled=rows * (n + 1)), shape, dev)[0].total
+        return draft, verify
+    return seconds

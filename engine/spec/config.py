@@ -3,7 +3,9 @@
 vLLM's keys where vLLM has them: ``method``, ``num_speculative_tokens``, ``prompt_lookup_min``,
 ``prompt_lookup_max``. Ours: ``lookup_siblings`` (the n-gram corpus includes the other trajectories of
 the same request, PaCoRe's K siblings), and for method ``self_window`` (the model drafts for itself
-over a sink and a recent window of its own KV, MagicDec-style): ``window``, ``sink``, ``acceptance``.
+over a sink and a recent window of its own KV, MagicDec-style): ``window``, ``sink``, ``acceptance``;
+and ``policy`` / ``cost_model`` (each step's draft depth chosen from the measured acceptance and the
+modelled device, engine/spec/policy.py).
 """
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ from dataclasses import dataclass, fields
 
 METHODS = ("ngram", "self_window")
 ACCEPTANCE = ("coupled", "rejection")
+POLICIES = ("adaptive", "fixed")
 _ONLY = {"ngram": {"prompt_lookup_min", "prompt_lookup_max", "lookup_siblings"},
-         "self_window": {"window", "sink", "acceptance"}}
+         "self_window": {"window", "sink", "acceptance", "policy", "cost_model"}}
 
 
 @dataclass(slots=True, frozen=True)
@@ -28,7 +31,10 @@ class SpeculativeConfig:
     "coupled" (the draft is drawn with the noise of the target's own draw at that position and kept
     while they agree: the output is token for token the trajectory without speculation) or
     "rejection" (textbook speculative sampling: kept with probability min(1, p/q), else drawn from
-    norm(max(0, p - q)): the same distribution, different tokens, a higher acceptance)."""
+    norm(max(0, p - q)): the same distribution, different tokens, a higher acceptance). ``policy``
+    "adaptive" (the default) drafts, per step, the depth that maximises the expected tokens per second
+    on the device ``cost_model`` describes ("h200", or a parameters JSON a GPU run wrote), 0 where
+    speculation does not pay; "fixed" always drafts num_speculative_tokens."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 4
@@ -38,6 +44,8 @@ class SpeculativeConfig:
     window: int = 512
     sink: int = 16
     acceptance: str = "coupled"
+    policy: str = "adaptive"
+    cost_model: str = "h200"
 
     @classmethod
     def from_dict(cls, raw: dict | None) -> "SpeculativeConfig | None":
@@ -72,6 +80,11 @@ class SpeculativeConfig:
                              f"prompt_lookup_max ({cfg.prompt_lookup_max})")
         if not isinstance(cfg.lookup_siblings, bool):
             raise ValueError(f"speculative_config: lookup_siblings must be true or false, got {cfg.lookup_siblings!r}")
+        if cfg.policy not in POLICIES:
+            raise ValueError(f"speculative_config: policy must be one of {list(POLICIES)}, got {cfg.policy!r}")
+        if not isinstance(cfg.cost_model, str):
+            raise ValueError(f"speculative_config: cost_model must be 'h200' or the path of a device parameters "
+                             f"JSON, got {cfg.cost_model!r}")
         if cfg.acceptance not in ACCEPTANCE:
             raise ValueError(f"speculative_config: acceptance must be one of {list(ACCEPTANCE)}, got {cfg.acceptance!r}")
         return cfg

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from engine.spec.config import SpeculativeConfig
 from engine.spec.ngram import NgramDrafter
+from engine.spec.policy import DepthPolicy
 from engine.spec.self_window import self_draft
 
 if TYPE_CHECKING:
@@ -37,9 +38,11 @@ class SpecStats:
     # corpus -> [drafts, draft tokens, accepted tokens]
     by_corpus: dict[str, list[int]] = field(default_factory=lambda: {c: [0, 0, 0] for c in CORPORA})
 
-    def as_dict(self) -> dict:
-        """LLM.stats()'s keys."""
-        return dict(spec_decode_num_drafts=self.num_drafts, spec_decode_num_draft_tokens=self.num_draft_tokens,
+    def as_dict(self, policy: DepthPolicy | None = None) -> dict:
+        """LLM.stats()'s keys; with a depth policy, the steps it gave each depth and its acceptance."""
+        chosen = {} if policy is None else dict(spec_decode_depth_steps=dict(sorted(policy.chosen.items())),
+                                                spec_decode_acceptance_estimate=policy.acceptance)
+        return chosen | dict(spec_decode_num_drafts=self.num_drafts, spec_decode_num_draft_tokens=self.num_draft_tokens,
                     spec_decode_num_accepted_tokens=self.num_accepted_tokens,
                     spec_decode_acceptance_rate=self.num_accepted_tokens / max(1, self.num_draft_tokens),
                     spec_decode_num_emitted_tokens=self.num_emitted_tokens,
@@ -48,8 +51,10 @@ class SpecStats:
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, block_manager: BlockManager, max_model_len: int):
+    def __init__(self, config: SpeculativeConfig, block_manager: BlockManager, max_model_len: int,
+                 policy: DepthPolicy | None = None):
         self.config = config
+        self.policy = policy  # each step's depth (self-drafting, policy "adaptive"); None: num_speculative_tokens
         self.bm = block_manager
         self.max_model_len = max_model_len
         self.drafter = NgramDrafter(config.prompt_lookup_min, config.prompt_lookup_max, config.lookup_siblings)
@@ -64,7 +69,9 @@ class Speculator:
         preempt anything."""
         k, bm, bs = self.config.num_speculative_tokens, self.bm, self.bm.block_size
         self._corpus.clear()
-        for seq in plan.decodes:
+        if self.policy is not None:
+            k = self.policy.choose([s.num_computed + 1 for s in plan.decodes])
+        for seq in plan.decodes if k else ():
             room = min(k, budget, seq.params.max_tokens - seq.num_generated - 1,
                        self.max_model_len - seq.num_tokens - 1,
                        (len(seq.block_table) + bm.num_free) * bs - seq.num_computed - 1)
@@ -99,6 +106,8 @@ class Speculator:
         st.num_drafts += 1
         st.num_draft_tokens += len(draft)
         st.num_accepted_tokens += accepted
+        if self.policy is not None:
+            self.policy.observe(len(draft), matched)
         st.num_emitted_tokens += kept
         for j in range(accepted):
             st.accepted_per_pos[j] += 1

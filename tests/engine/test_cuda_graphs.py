@@ -71,7 +71,7 @@ def _with_graphs(model: str, **options):
     return llm
 
 
-@pytest.mark.parametrize("spec", [None, dict(method="self_window", num_speculative_tokens=2, window=8, sink=4)])
+@pytest.mark.parametrize("spec", [None, dict(method="self_window", num_speculative_tokens=2, window=8, sink=4, policy="fixed")])
 def test_dropping_an_llm_with_graphs_frees_its_runner_at_once(tiny_model_dir, spec):
     # Without a gc pass: a notebook's `del llm; llm = LLM(...)` must not keep the old KV cache and weights
     # (with speculative decoding too: verify and draft graphs).

@@ -9,7 +9,7 @@ from engine import LLM, SamplingParams
 from spec_samples import same_distribution, samples
 from test_spec_decode import PROMPTS, _exercised, _tokens
 
-SW = {"method": "self_window", "num_speculative_tokens": 3, "window": 8, "sink": 2}
+SW = {"method": "self_window", "num_speculative_tokens": 3, "window": 8, "sink": 2, "policy": "fixed"}
 
 
 def _both(model, prompts, params, spec=SW, **options):
@@ -96,3 +96,43 @@ def test_rejection_accepts_more_than_coupled_and_changes_the_tokens(tiny_model_d
 def test_bad_config_is_refused_naming_the_key(tiny_model_dir, bad, match):
     with pytest.raises(ValueError, match=match):
         LLM(str(tiny_model_dir("qwen3")), speculative_config=bad)
+
+
+def _context_free_copy(src, dst):
+    """The model with every attention output projection zeroed: its next token depends on the current
+    token only, so a draft over any window is the model itself (acceptance ~1)."""
+    import shutil
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(src, dst)
+    for f in dst.glob("*.safetensors"):
+        weights = load_file(f)
+        for name, w in weights.items():
+            if "o_proj" in name:
+                w.zero_()
+        save_file(weights, f, metadata={"format": "pt"})
+    return dst
+
+
+def test_the_adaptive_depth_speculates_where_it_pays_and_stops_where_it_does_not(tiny_model_dir, tmp_path):
+    """On a modelled device where reading KV costs 1000x reading weights, a draft step over a 2-token window
+    is nearly free beside a verify pass over every token: with drafts that are right the policy drafts
+    as deep as it may; with a random model's (~1% accepted) it turns speculation off by itself, probing
+    now and then; with a window over the whole context a draft step costs a plain one and speculation
+    cannot win at any acceptance. The tokens are the same every time."""
+    device = tmp_path / "kv_bound.json"
+    device.write_text('{"attention_bw_eff": 0.001, "step_overhead_s": 0}')
+    params = SamplingParams(n=4, temperature=0, max_tokens=40, ignore_eos=True)
+    adaptive = dict(SW, policy="adaptive", cost_model=str(device), window=2, sink=0)
+
+    def depths(model, spec):
+        plain, spec_out, llm = _both(model, PROMPTS, params, spec=spec)
+        assert _tokens(spec_out) == _tokens(plain)
+        st = llm.stats()
+        return st["spec_decode_depth_steps"], st["spec_decode_acceptance_estimate"]
+
+    right, a = depths(_context_free_copy(tiny_model_dir("qwen3"), tmp_path / "context_free"), adaptive)
+    assert a > 0.9 and right[3] > 0.8 * sum(right.values())
+    wrong, a = depths(tiny_model_dir("qwen3"), adaptive)
+    assert a < 0.2 and wrong[0] > 0.6 * sum(wrong.values()) and wrong.get(1, 0) > 0  # off, with probes
+    full, _ = depths(tiny_model_dir("qwen3"), dict(adaptive, window=4096))
+    assert full[0] > 0.9 * sum(full.values())
