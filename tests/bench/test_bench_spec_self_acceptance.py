@@ -1,0 +1,57 @@
+"""bench.spec_self_acceptance --quick: self-drafting's acceptance profile has its shape, agrees with a real
+engine run, a window over the whole context drafts the model itself, and the rehearsal reads it back."""
+import json
+
+import pytest
+
+from bench.spec_self_acceptance import main
+
+
+def test_quick_profile_has_its_shape(tiny_model_dir, tmp_path):
+    out = tmp_path / "acc"
+    assert main(["--quick", "--model", str(tiny_model_dir("qwen3_sharp")), "--out", str(out)]) == 0
+    sec = json.loads((out / "profile.json").read_text())["self_window"]
+    assert "135M" in sec["note"] and sec["full_window_max_abs_diff"] < 1e-5
+    for temp in ("1.0", "0.6"):
+        for rule in ("coupled", "rejection", "gumbel"):
+            for ws in ("16/2", "64/2"):
+                bins = sec["profiles"][temp][rule][ws]
+                assert [b["context"] for b in bins] == [[448, 640], [640, 960]]
+                for b in bins:
+                    assert len(b["accept"]) == len(b["tokens_per_verify"]) == 4 and b["chunks"] > 0
+                    assert all(0 <= a <= 1 for a in b["accept"])
+                    assert b["tokens_per_verify"] == sorted(b["tokens_per_verify"]) and b["tokens_per_verify"][0] >= 1
+    # rejection accepts at least what coupled does, position by position (min(1, q/p) >= the CDF overlap)
+    for temp in ("1.0", "0.6"):
+        for c, r in zip(sec["profiles"][temp]["coupled"]["64/2"], sec["profiles"][temp]["rejection"]["64/2"]):
+            assert r["tokens_per_verify"][-1] >= c["tokens_per_verify"][-1] - 1e-9
+    check = json.loads((out / "report.json").read_text())["check"]
+    assert check["coupled"]["same_as_plain"] == check["coupled"]["trajectories"]  # coupled: plain decoding's tokens
+    for rule in ("coupled", "rejection"):
+        assert check[rule]["counters"]["spec_decode_num_drafts"] > 0
+        # the engine's own acceptance of the first draft is the figure's, up to sampling noise
+        assert check[rule]["run"][0] == pytest.approx(check["predicted"][rule]["run"][0], abs=0.25)
+
+
+def test_acceptance_chances_are_the_rules_own():
+    """Each rule's closed form against draws of the rule itself, on a small vocabulary: inverse-CDF coupling
+    with one uniform, speculative sampling's min(1, q/p), one Gumbel noise per token."""
+    import torch
+
+    from bench.spec_self_acceptance import acceptance
+    g = torch.Generator().manual_seed(0)
+    p, q = (torch.softmax(torch.randn(1, 6, generator=g, dtype=torch.float64) * 1.5, -1) for _ in range(2))
+    n = 400_000
+    u = torch.rand(n, generator=g, dtype=torch.float64)
+    target = torch.searchsorted(p.cumsum(-1)[0], u, right=True).clamp(max=5)
+    coupled = torch.searchsorted(q.cumsum(-1)[0], u, right=True).clamp(max=5)
+    gum = -torch.log(-torch.log(torch.rand(n, 6, generator=g, dtype=torch.float64)))
+    t_g, d_g = (p.log() + gum).argmax(-1), (q.log() + gum).argmax(-1)
+    d = torch.multinomial(q[0].float(), n, replacement=True, generator=g)
+    keep = torch.rand(n, generator=g, dtype=torch.float64) < (p[0, d] / q[0, d]).clamp(max=1)
+    for y in range(6):
+        a = acceptance(p, q, torch.tensor([y]))
+        assert a["coupled"].item() == pytest.approx((coupled[target == y] == y).double().mean().item(), abs=0.01)
+        assert a["gumbel"].item() == pytest.approx((d_g[t_g == y] == y).double().mean().item(), abs=0.01)
+        # speculative sampling emits y from an accepted draft with chance min(p, q)(y), y itself with p(y)
+        assert a["rejection"].item() * p[0, y].item() == pytest.approx((keep & (d == y)).double().mean().item(), abs=0.004)
