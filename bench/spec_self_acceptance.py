@@ -401,8 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.max_model_len, args.refs_k, args.refs_tokens, args.bins, args.k, args.max_tokens = 1024, 16, 16, \
             [(448, 640), (640, 960)], 2, 24
-        args.temperatures, args.windows, args.sinks, args.depth, args.stride = [1.0, 0.6], [16, 64], [2], 4, 2
-        args.full_window_chunks, args.check_window = 8, (64, 2)
+        args.temperatures, args.windows, args.sinks, args.depth, args.stride = [1.0, 0.6], [16, 64, 512], [16], 4, 2
+        args.full_window_chunks, args.check_window = 8, (64, 16)
     from bench.profile_run import apply_threads
     apply_threads(args.threads)
     out = Path(args.out)

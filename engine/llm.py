@@ -419,14 +419,16 @@ class LLM:
 
     def _depth_policy(self, spec: SpeculativeConfig | None):
         """Self-drafting's adaptive depth (engine/spec/policy.py), its costs from the rehearsal's device
-        model of ``spec.cost_model`` at this model's shape and KV format."""
+        model of ``spec.cost_model`` at this model's shape and KV format; a rehearsal's own modelled
+        device in a rehearsal (the device it charges the steps to)."""
         if spec is None or spec.method != "self_window" or spec.policy != "adaptive":
             return None
         from engine.rehearsal.device_model import DeviceParams, speculation_seconds
         from engine.spec.policy import DepthPolicy
         from engine.step_shape import ModelShape
         shape = ModelShape.from_config(self.config, self.dtype.itemsize, self.runner.kv_dtype.itemsize)
-        seconds = speculation_seconds(shape, DeviceParams.named(spec.cost_model), spec.window, spec.sink)
+        device = self.runner.device_params if self.options.device_model else DeviceParams.named(spec.cost_model)
+        seconds = speculation_seconds(shape, device, spec.window, spec.sink)
         return DepthPolicy(spec.num_speculative_tokens, seconds)
 
     def describe(self) -> str:

@@ -340,6 +340,10 @@ class ModelRunner:
         included); its K/V go into the row's own slot, which the verify pass overwrites. fp32 logits
         [rows, V]. Batch-invariant engines draft with the plain ops: a draft only decides which
         positions are verified, never which token is emitted."""
+        return self._execute_all(self.prepare_draft(seqs, tokens, offset, window, sink))[0]
+
+    def prepare_draft(self, seqs: list[Sequence], tokens: list[int], offset: int, window: int, sink: int) -> StepInputs:
+        """run_draft's inputs (the rehearsal's runner prepares them and models the step)."""
         bs = self.block_size
         pos = [s.num_computed + offset for s in seqs]
         lens = [p + 1 for p in pos]
@@ -352,9 +356,8 @@ class ModelRunner:
         tables = {"decode": self._table_rows(seqs, lens)}
         writes, self.writes = self.writes, []
         graph = self.graphs is not None and self.graphs.can_run(len(seqs), draft=True)
-        inputs = StepInputs(torch.tensor(tokens), torch.tensor(pos), meta, torch.arange(len(seqs)), [], graph,
-                            tables, writes, draft=True)
-        return self._execute_all(inputs)[0]
+        return StepInputs(torch.tensor(tokens), torch.tensor(pos), meta, torch.arange(len(seqs)), [], graph,
+                          tables, writes, draft=True)
 
     def _execute_all(self, inputs: StepInputs) -> tuple[torch.Tensor | None, LogprobRows | None]:
         """execute() on every rank (the workers first, then this one), a worker's death explained."""

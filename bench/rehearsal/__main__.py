@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from engine.config import positive_int, seed_int
-from engine.rehearsal.device_model import DeviceParams
+from engine.rehearsal.device_model import DeviceParams, StepCost
 
 from bench.rehearsal import report
 from bench.rehearsal.checks import (BLOCK_SIZE, MAX_KV_TOKENS, Refused, check_args, check_cache, positive_number,
@@ -30,6 +30,7 @@ from bench.rehearsal.shapes import SHAPES, model_folder
 from bench.rehearsal.workload import CONTEXT, PaperLengths, ReplayLengths, mean_trajectory_tokens
 
 PRESETS = {"low": (4,), "medium": (16,), "high": (32, 4)}
+SELF_WINDOW = {"method": "self_window", "num_speculative_tokens": 6, "window": 512, "sink": 16}
 # name -> engine options; "engine" is this engine's default, "vllm-style" what a server without
 # fork or prefix caching does with K requests of one prompt.
 CONFIGS = {
@@ -42,6 +43,10 @@ CONFIGS = {
     "spec-ngram": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4}},
     "fp8+spec-ngram": {"kv_cache_dtype": "fp8_e4m3",
                        "speculative_config": {"method": "ngram", "num_speculative_tokens": 4}},
+    # self-drafting over a sink and a window of the model's own KV (MagicDec's 512-token budget), each
+    # step's depth (up to 6) chosen by the depth policy against the rehearsed device
+    "spec-self": {"speculative_config": SELF_WINDOW},
+    "fp8+spec-self": {"kv_cache_dtype": "fp8_e4m3", "speculative_config": SELF_WINDOW},
 }
 
 
@@ -55,6 +60,13 @@ def problems_file(folder: Path, ids: list[str], prompt_tokens: int) -> Path:
             body = " ".join(words[(i + j) % len(words)] for j in range(int(prompt_tokens * 0.9)))
             f.write(json.dumps({"id": pid, "messages": [{"role": "user", "content": f"Problem {i}. {body}"}]}) + "\n")
     return path
+
+
+def sum_costs(costs) -> StepCost:
+    total = StepCost()
+    for c in costs:
+        total.add(c)
+    return total
 
 
 class Failed(RuntimeError):
@@ -127,32 +139,42 @@ def rehearse(args, name: str, options: dict, out: Path, device: DeviceParams) ->
         "loop_ms_per_step": 1e3 * (wall - sum(host)) / max(1, steps),
         "occupancy": [(s.start_s, s.kv_blocks_used) for s in ledger.steps[:: max(1, steps // 400)]],
         "spec": {k: v for k, v in llm.stats().items() if k.startswith("spec_")},
+        "draft_parts": report.parts(sum_costs(ledger.drafts.values())),  # self-drafting's draft steps, in total
     }
     (out / "report.json").write_text(json.dumps(res, indent=1))
     return res
 
 
-def spec_profiles(args, options: dict, temperature: float) -> dict | None:
+def spec_profiles(args, options: dict, temperature: float):
     """The acceptance profiles of a speculative configuration (None for the others): the measured
-    ones (--spec-profile; round 1's for round 1, round 2's for the rounds whose prompt holds
-    references), or flat with --spec-acceptance. Refused when the profile cannot be read."""
-    from engine.rehearsal.drafter import KINDS, DraftProfile, load_profiles
+    ones (--spec-profile: n-gram drafts, round 1's for round 1, round 2's for the rounds whose prompt
+    holds references; self-drafting, by context at its window and sink, for --spec-self-rule), or flat
+    with --spec-acceptance. Refused when the profile cannot be read."""
+    from engine.rehearsal.drafter import KINDS, DraftProfile, WindowProfile, load_profiles, load_self_window
     spec = options.get("speculative_config")
     if spec is None:
         return None
-    nst = spec["num_speculative_tokens"]
+    nst, self_window = spec["num_speculative_tokens"], spec["method"] == "self_window"
     if args.spec_acceptance is not None:
+        if self_window:
+            return WindowProfile.flat(args.spec_acceptance, nst)
         return dict.fromkeys(KINDS, DraftProfile.flat(args.spec_acceptance, nst))
     try:
+        if self_window:
+            return load_self_window(args.spec_profile, spec["window"], spec["sink"], args.spec_self_rule, temperature)
         return load_profiles(args.spec_profile, nst, temperature)
     except (OSError, ValueError, KeyError) as e:
         raise Refused(f"--spec-profile {args.spec_profile}: {e}") from None
 
 
-def scripted_drafts(llm, profiles: dict, seed: int) -> None:
-    """The rehearsal's drafter in place of the n-gram one: a scripted trajectory has no text to match."""
-    from engine.rehearsal.drafter import use_scripted_drafter
-    use_scripted_drafter(llm, profiles, lambda rid: "round1" if round_of(rid) == 1 else "round2", seed=seed)
+def scripted_drafts(llm, profiles, seed: int) -> None:
+    """The rehearsal's drafts: a scripted trajectory has no text to match (n-gram) and no model runs
+    (self-drafting: the draft steps' draws)."""
+    from engine.rehearsal.drafter import use_scripted_drafter, use_scripted_self_drafts
+    if llm.speculator.self_drafting:
+        use_scripted_self_drafts(llm, profiles, seed=seed)
+    else:
+        use_scripted_drafter(llm, profiles, lambda rid: "round1" if round_of(rid) == 1 else "round2", seed=seed)
 
 
 def _parts(request_id: str) -> tuple[str, object, int]:
@@ -205,7 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spec-profile", default=str(Path(__file__).parent / "spec_profile.json"),
                    help="acceptance profile of the spec-* configs (python -m bench.spec_acceptance writes it)")
     p.add_argument("--spec-acceptance", type=probability, metavar="P",
-                   help="instead: every row drafts num_speculative_tokens, each accepted with probability P")
+                   help="instead: every row drafts num_speculative_tokens (self-drafting: the depth its policy "
+                        "chooses), each accepted with probability P")
+    p.add_argument("--spec-self-rule", choices=("coupled", "rejection", "gumbel"), default="coupled",
+                   help="the acceptance rule whose measured self-drafting profile the spec-self configs take (the "
+                        "rehearsal verifies as 'coupled' does: only the acceptance differs; 'gumbel' is a what-if)")
     p.add_argument("--out", default="runs/rehearsal")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)

@@ -9,31 +9,42 @@ from engine.rehearsal.device_model import PARTS, StepCost
 
 
 def by_round(ledger) -> dict[int, dict]:
-    """{round: {tokens, seconds, tokens_per_s, limit_tokens_per_s, parts: {part: seconds}}}, from a
-    ledger whose accounts are rounds (RehearsalRunner.account_by)."""
-    return {r: _figures(ledger.by_account[r], ledger.generated.get(r, 0)) for r in sorted(ledger.by_account)}
+    """{round: {tokens, seconds, tokens_per_s, limit_tokens_per_s, draft_seconds, parts: {part: seconds}}},
+    from a ledger whose accounts are rounds (RehearsalRunner.account_by)."""
+    return {r: _figures(ledger.by_account[r], ledger.generated.get(r, 0), _seconds(ledger.drafts.get(r)))
+            for r in sorted(ledger.by_account)}
 
 
 def overall(ledger) -> dict:
-    return _figures(ledger.total, sum(ledger.generated.values()))
+    return _figures(ledger.total, sum(ledger.generated.values()), sum(c.total for c in ledger.drafts.values()))
 
 
-def _figures(cost: StepCost, tokens: int) -> dict:
+def parts(cost: StepCost) -> dict:
+    return {p: getattr(cost, p) for p in PARTS}
+
+
+def _seconds(cost: StepCost | None) -> float:
+    return cost.total if cost is not None else 0.0
+
+
+def _figures(cost: StepCost, tokens: int, draft_seconds: float = 0.0) -> dict:
+    """draft_seconds: the share of the seconds self-drafting's draft steps took (in the parts too)."""
     return {"tokens": tokens, "seconds": cost.total, "limit_seconds": cost.limit,
             "tokens_per_s": tokens / cost.total if cost.total else 0.0,
             "limit_tokens_per_s": tokens / cost.limit if cost.limit else 0.0,
-            "parts": {p: getattr(cost, p) for p in PARTS}}
+            "draft_seconds": draft_seconds, "parts": parts(cost)}
 
 
 def markdown_table(results: dict[str, dict]) -> str:
     """One row per (configuration, round): tokens/s, the floor's tokens/s, and the time split."""
-    head = ["config", "round", "tokens", "virtual s", "tok/s", "limit tok/s", *PARTS, "preempt", "recompute %",
-            "cascade steps"]
+    head = ["config", "round", "tokens", "virtual s", "tok/s", "limit tok/s", *PARTS, "draft steps", "preempt",
+            "recompute %", "cascade steps"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, res in results.items():
         rows = [(str(r), f) for r, f in res["rounds"].items()] + [("all", res["overall"])]
         for r, f in rows:
             parts = [f"{100 * f['parts'][p] / f['seconds']:.0f}%" if f["seconds"] else "-" for p in PARTS]
+            parts.append(f"{100 * f['draft_seconds'] / f['seconds']:.0f}%" if f["draft_seconds"] else "")
             tail = ([str(res["preemptions"]), f"{100 * res['recompute_fraction']:.1f}", str(res["cascade_steps"])]
                     if r == "all" else ["", "", ""])
             lines.append("| " + " | ".join([name, r, f"{f['tokens']:,}", f"{f['seconds']:.1f}", f"{f['tokens_per_s']:,.0f}",

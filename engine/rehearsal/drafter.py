@@ -11,6 +11,12 @@ and the device model's cost of each verify step all run for real.
 
 Profiles come from ``bench/spec_acceptance.py`` (the embedded 135M model: far less predictable than
 an 8B reasoning model) or are flat (``DraftProfile.flat``: the textbook i.i.d. acceptance).
+
+Self-drafting (method "self_window") drafts with the model itself: the engine's own self_draft runs
+its draft steps (RehearsalRunner.run_draft charges each) and ``ScriptedSelfDrafts`` is their sampler:
+how many of a row's drafts the target accepts is drawn from the acceptance by position at the row's
+context (``WindowProfile``, from ``bench/spec_self_acceptance.py``), and the draft steps propose the
+script's tokens that far and a wrong one after. Every row drafts the depth the policy chose.
 """
 from __future__ import annotations
 
@@ -94,15 +100,84 @@ class ScriptedDrafter:
             return [], ""
         cdf = self._cdf[kind]
         d = min(k, 1 + min(bisect.bisect_right(cdf, rng.random() * cdf[-1]), len(cdf) - 1))
-        a = 0
-        while a < d and rng.random() < prof.accept[a]:
-            a += 1
+        a = _accepted(rng, prof.accept[:d])
         g = seq.num_generated
         draft = [self.script.token(seq, g + j) for j in range(d)]
         if a < d:  # the first rejected token: anything but the script's
-            t = draft[a]
-            draft[a] = t + 1 if t + 1 < self.script.vocab else t - 1
+            draft[a] = _other(draft[a], self.script.vocab)
         return draft, "scripted"
+
+
+def _accepted(rng: random.Random, accept) -> int:
+    """How many leading drafts the target accepts: draft j with chance accept[j] once the ones before were."""
+    a = 0
+    while a < len(accept) and rng.random() < accept[a]:
+        a += 1
+    return a
+
+
+def _other(token: int, vocab: int) -> int:
+    return token + 1 if token + 1 < vocab else token - 1
+
+
+@dataclass(slots=True, frozen=True)
+class WindowProfile:
+    """Self-drafting's acceptance by position, per context bin: ``accept[i]`` holds for contexts up to
+    ``bounds[i]`` tokens (the last bin for any longer one)."""
+
+    bounds: tuple[int, ...]
+    accept: tuple[tuple[float, ...], ...]
+
+    @classmethod
+    def flat(cls, p: float, k: int) -> "WindowProfile":
+        """Every draft token accepted with probability p once the ones before it were, at any context."""
+        DraftProfile.flat(p, k)  # the same range check
+        return cls((1 << 62,), ((p,) * k,))
+
+    def at(self, context: int) -> tuple[float, ...]:
+        return self.accept[min(bisect.bisect_left(self.bounds, context), len(self.bounds) - 1)]
+
+
+def load_self_window(path: str | Path, window: int, sink: int, rule: str, temperature: float) -> WindowProfile:
+    """The self_window section of a profile JSON (``python -m bench.spec_self_acceptance`` writes it) for
+    this window, sink and acceptance rule, at the measured temperature nearest ``temperature``."""
+    raw = json.loads(Path(path).read_text()).get("self_window")
+    if not raw or not raw.get("profiles"):
+        raise ValueError(f"{path}: no self_window profile in it; write one with python -m bench.spec_self_acceptance")
+    by_temp = raw["profiles"]
+    t = min(by_temp, key=lambda key: abs(float(key) - temperature))
+    if rule not in by_temp[t]:
+        raise ValueError(f"{path}: no self_window profile for the rule {rule!r} (it has {sorted(by_temp[t])})")
+    key = f"{window}/{sink}"
+    if key not in by_temp[t][rule]:
+        raise ValueError(f"{path}: no self_window profile for window {window} and sink {sink} (it has window/sink "
+                         f"{sorted(by_temp[t][rule], key=lambda k: tuple(map(int, k.split('/'))))}); measure it with "
+                         f"python -m bench.spec_self_acceptance --windows ... --sinks ...")
+    bins = sorted(by_temp[t][rule][key], key=lambda b: b["context"][1])
+    return WindowProfile(tuple(b["context"][1] for b in bins), tuple(tuple(map(float, b["accept"])) for b in bins))
+
+
+class ScriptedSelfDrafts:
+    """Self-drafting's draws in a rehearsal (Speculator.draft_sampler): at a row's first draft step of a
+    verify step, how many of its drafts the target will accept is drawn from the profile at the row's
+    context; its draft steps then propose the script's tokens that far and a wrong one after. Seeded."""
+
+    def __init__(self, profile: WindowProfile, script: ScriptedSampler, seed: int = 0):
+        self.profile, self.script = profile, script
+        self.rng = random.Random(seed)
+        self._runs: dict[int, int] = {}  # seq id -> drafts its verify step will accept
+
+    def uniforms(self, seqs, offsets=None):
+        return self.script.uniforms(seqs, offsets)
+
+    def __call__(self, logits, seqs: list[Sequence], offsets: list[int] | None = None, u=None) -> list[int]:
+        out = []
+        for s, j in zip(seqs, offsets or [0] * len(seqs)):
+            if j == 0:
+                self._runs[s.seq_id] = _accepted(self.rng, self.profile.at(s.num_computed + 1))
+            t = self.script.token(s, s.num_generated + j)
+            out.append(_other(t, self.script.vocab) if j == self._runs[s.seq_id] else t)
+        return out
 
 
 def use_scripted_drafter(llm, profiles: dict[str, DraftProfile], kind_of: Callable[[str], str] = lambda rid: "round1",
@@ -116,3 +191,14 @@ def use_scripted_drafter(llm, profiles: dict[str, DraftProfile], kind_of: Callab
     spec.drafter = drafter = ScriptedDrafter(profiles, llm.sampler, kind_of, seed)
     spec.stats.by_corpus.setdefault("scripted", [0, 0, 0])
     return drafter
+
+
+def use_scripted_self_drafts(llm, profile: WindowProfile, seed: int = 0) -> ScriptedSelfDrafts:
+    """Give a rehearsed LLM with self-drafting (speculative_config method "self_window") a
+    ScriptedSelfDrafts as the sampler of its draft steps."""
+    spec = llm.speculator
+    if spec is None or not spec.self_drafting or not hasattr(llm.sampler, "plan_for"):
+        raise ValueError("scripted self-drafts need a rehearsed LLM with self-drafting: LLM(..., device_model='h200', "
+                         "speculative_config={'method': 'self_window', ...})")
+    spec.draft_sampler = drafts = ScriptedSelfDrafts(profile, llm.sampler, seed)
+    return drafts

@@ -76,6 +76,8 @@ class Ledger:
     generated: dict[object, int] = field(default_factory=dict)  # account -> tokens sampled
     steps: list[StepSample] = field(default_factory=list)
     recompute_tokens: int = 0
+    # self-drafting's draft steps (already in total and by_account): their share, by account
+    drafts: dict[object, StepCost] = field(default_factory=dict)
 
 
 class RehearsalRunner(ModelRunner):
@@ -105,6 +107,7 @@ class RehearsalRunner(ModelRunner):
         self.used_blocks: Callable[[], int] = lambda: 0
         self.shared_prefix: Callable[[object], int] = lambda req: 0  # tokens a request's running rows share
         self._plain_ops = self.ops = None
+        self._drafted = (StepCost(), 0.0)  # this step's draft steps so far: their cost, their host time
         # seq id -> positions it has computed once (a forked child: from its first decode); a prefill
         # below that mark is recompute, after a preemption
         self._computed: dict[int, int] = {}
@@ -175,6 +178,34 @@ class RehearsalRunner(ModelRunner):
                                             cascade, queries))
         return work
 
+    def _charge(self, cost: StepCost, per: dict[object, StepCost]) -> None:
+        self.ledger.total.add(cost)
+        for k, c in per.items():
+            self.ledger.by_account.setdefault(k, StepCost()).add(c)
+        self.clock.now_s += cost.total
+
+    @torch.inference_mode()
+    def run_draft(self, seqs: list[Sequence], tokens: list[int], offset: int, window: int, sink: int) -> torch.Tensor:
+        """A self-drafting step: its inputs prepared for real (ModelRunner.prepare_draft), its cost
+        modelled (the weights once; per row the KV of its sink and window, what the kernel reads, and
+        its store; its logits sampled) and folded into the step's sample. The drafts' tokens are the
+        draft sampler's (engine/rehearsal/drafter.py), so the logits are placeholders."""
+        t0 = time.perf_counter()
+        self.prepare_draft(seqs, tokens, offset, window, sink)
+        prepare_s = time.perf_counter() - t0
+        work = StepWork(sampled=len(seqs))
+        for i, j in request_runs(seqs):
+            work.decodes.append(DecodeGroup(seqs[i].request.request_id,
+                                            [min(s.num_computed + offset + 1, window + sink) for s in seqs[i:j]]))
+        cost, per = step_cost(work, self.shape, self.device_params, self.account_by)
+        self._charge(cost, per)
+        for k, c in per.items():
+            self.ledger.drafts.setdefault(k, StepCost()).add(c)
+        drafted, host = self._drafted
+        drafted.add(cost)
+        self._drafted = drafted, host + prepare_s
+        return torch.empty(len(seqs), 0)
+
     @torch.inference_mode()
     def run(self, plan: StepPlan) -> tuple[torch.Tensor, None]:
         t0 = time.perf_counter()
@@ -182,19 +213,22 @@ class RehearsalRunner(ModelRunner):
         prepare_s = time.perf_counter() - t0
         cost, per = step_cost(self.work(plan), self.shape, self.device_params, self.account_by)
         ledger = self.ledger
-        if self.keep_steps:
-            ledger.steps.append(StepSample(len(ledger.steps), self.clock.now_s, cost, prepare_s, len(plan.decodes),
-                                           sum(n for _, n in plan.prefills), self.used_blocks(), plan.cascade))
-        ledger.total.add(cost)
-        for k, c in per.items():
-            ledger.by_account.setdefault(k, StepCost()).add(c)
+        if self.keep_steps:  # one sample per engine step: its draft steps' cost and host time with it
+            drafted, host = self._drafted
+            step = StepCost()
+            step.add(cost)
+            step.add(drafted)
+            ledger.steps.append(StepSample(len(ledger.steps), self.clock.now_s - drafted.total, step, prepare_s + host,
+                                           len(plan.decodes), sum(n for _, n in plan.prefills), self.used_blocks(),
+                                           plan.cascade))
+        self._drafted = (StepCost(), 0.0)
+        self._charge(cost, per)
         generated, offsets = ledger.generated, plan.sample_offsets
         for i, seq in enumerate(plan.sample_seqs):
             if offsets and offsets[i]:
                 continue  # a verify row's later queries: the tokens it keeps are counted by trimmed()
             k = self.account_by(seq.request.request_id)
             generated[k] = generated.get(k, 0) + 1
-        self.clock.now_s += cost.total
         return torch.empty(len(plan.sample_seqs), 0), None  # the scripted sampler reads no logits; no logprobs
 
 
@@ -243,10 +277,15 @@ class ScriptedSampler:
             return self.end_think[g - think_end]
         return self.filler
 
+    def uniforms(self, seqs: list[Sequence], offsets: list[int] | None = None) -> torch.Tensor:
+        """As Sampler.uniforms (self-drafting asks for them): zeros, the script decides."""
+        return torch.zeros(len(seqs), dtype=torch.float64)
+
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence], offsets: list[int] | None = None,
                  u: torch.Tensor | None = None) -> list[int]:
         """As Sampler: entry i is seqs[i]'s token ``offsets[i]`` positions after its next one (``u``, the
-        draws, unused: the script decides)."""
+        draws, unused: the script decides). As self-drafting's draw, it drafts the script's tokens: every
+        draft right (engine/rehearsal/drafter.py's ScriptedSelfDrafts makes some wrong)."""
         if not offsets:
             return [self.token(s, s.num_generated) for s in seqs]
         return [self.token(s, s.num_generated + o) for s, o in zip(seqs, offsets)]

@@ -59,6 +59,7 @@ class Speculator:
         self.max_model_len = max_model_len
         self.drafter = NgramDrafter(config.prompt_lookup_min, config.prompt_lookup_max, config.lookup_siblings)
         self.self_drafting = config.method == "self_window"
+        self.draft_sampler = None  # self-drafting's draws; None: the engine's sampler (a rehearsal scripts them)
         self.stats = SpecStats(accepted_per_pos=[0] * config.num_speculative_tokens)
         self._corpus: dict[int, str] = {}  # seq id -> where this step's draft came from
 
@@ -96,7 +97,7 @@ class Speculator:
         verification needs of them (engine/spec/self_window.py). None for n-gram drafts."""
         if not (self.self_drafting and plan.drafts):
             return None
-        return self_draft(plan, self.config, runner, sampler)
+        return self_draft(plan, self.config, runner, self.draft_sampler or sampler)
 
     def count(self, seq: Sequence, draft: list[int], matched: int, kept: int) -> None:
         """One verified row: ``matched`` leading drafts agreed with the target's draws, ``kept`` tokens

@@ -4,17 +4,19 @@ import json
 
 import pytest
 
+from bench.rehearsal.__main__ import main as rehearsal_main
 from bench.spec_self_acceptance import main
+from engine.rehearsal.drafter import load_self_window
 
 
-def test_quick_profile_has_its_shape(tiny_model_dir, tmp_path):
+def test_quick_profile_has_its_shape_and_the_rehearsal_reads_it(tiny_model_dir, tmp_path):
     out = tmp_path / "acc"
     assert main(["--quick", "--model", str(tiny_model_dir("qwen3_sharp")), "--out", str(out)]) == 0
     sec = json.loads((out / "profile.json").read_text())["self_window"]
     assert "135M" in sec["note"] and sec["full_window_max_abs_diff"] < 1e-5
     for temp in ("1.0", "0.6"):
         for rule in ("coupled", "rejection", "gumbel"):
-            for ws in ("16/2", "64/2"):
+            for ws in ("16/16", "64/16", "512/16"):
                 bins = sec["profiles"][temp][rule][ws]
                 assert [b["context"] for b in bins] == [[448, 640], [640, 960]]
                 for b in bins:
@@ -23,7 +25,7 @@ def test_quick_profile_has_its_shape(tiny_model_dir, tmp_path):
                     assert b["tokens_per_verify"] == sorted(b["tokens_per_verify"]) and b["tokens_per_verify"][0] >= 1
     # rejection accepts at least what coupled does, position by position (min(1, q/p) >= the CDF overlap)
     for temp in ("1.0", "0.6"):
-        for c, r in zip(sec["profiles"][temp]["coupled"]["64/2"], sec["profiles"][temp]["rejection"]["64/2"]):
+        for c, r in zip(sec["profiles"][temp]["coupled"]["64/16"], sec["profiles"][temp]["rejection"]["64/16"]):
             assert r["tokens_per_verify"][-1] >= c["tokens_per_verify"][-1] - 1e-9
     check = json.loads((out / "report.json").read_text())["check"]
     assert check["coupled"]["same_as_plain"] == check["coupled"]["trajectories"]  # coupled: plain decoding's tokens
@@ -31,6 +33,24 @@ def test_quick_profile_has_its_shape(tiny_model_dir, tmp_path):
         assert check[rule]["counters"]["spec_decode_num_drafts"] > 0
         # the engine's own acceptance of the first draft is the figure's, up to sampling noise
         assert check[rule]["run"][0] == pytest.approx(check["predicted"][rule]["run"][0], abs=0.25)
+    # a wider window drafts closer to the model (the widest covers these contexts)
+    for temp in ("1.0", "0.6"):
+        tpv = [sec["profiles"][temp]["rejection"][ws][1]["tokens_per_verify"][-1] for ws in ("16/16", "512/16")]
+        assert tpv[1] > tpv[0]
+
+    profile = load_self_window(out / "profile.json", 512, 16, "coupled", temperature=0.7)
+    assert profile.bounds == (640, 960) and profile.at(100) == profile.accept[0] and profile.at(10**6) == profile.accept[1]
+    with pytest.raises(ValueError, match="window 256 and sink 16"):
+        load_self_window(out / "profile.json", 256, 16, "coupled", temperature=1.0)
+    r = tmp_path / "r"
+    assert rehearsal_main(["--shape", "tiny", "--preset", "low", "--problems", "1", "--prompt-tokens", "64",
+                           "--mean-tokens", "200", "--conclusion-tokens", "20", "--kv-tokens", "20000",
+                           "--config", "engine", "--config", "spec-self", "--spec-profile", str(out / "profile.json"),
+                           "--out", str(r), "--quiet"]) == 0
+    engine, spec = (json.loads((r / n / "report.json").read_text()) for n in ("engine", "spec-self"))
+    assert spec["overall"]["tokens"] == engine["overall"]["tokens"]
+    assert spec["spec"]["spec_decode_num_drafts"] > 0 and spec["overall"]["draft_seconds"] > 0
+    assert 0 < sum(spec["spec"]["spec_decode_depth_steps"].values()) <= spec["steps"]  # the policy chose each step's depth
 
 
 def test_acceptance_chances_are_the_rules_own():

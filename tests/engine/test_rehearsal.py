@@ -4,7 +4,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.observers import StepObserver
-from engine.rehearsal.drafter import KINDS, DraftProfile, use_scripted_drafter
+from engine.rehearsal.drafter import KINDS, DraftProfile, WindowProfile, use_scripted_drafter, use_scripted_self_drafts
 
 
 class Plans(StepObserver):
@@ -120,3 +120,53 @@ def test_a_rehearsal_with_speculation_emits_the_scripted_tokens_once_each(tiny_m
         assert llm.clock() < plain.clock()  # fewer reads of the weights and the KV
     if p == 1.0:  # only a draft that runs past its trajectory's EOS loses tokens
         assert st["spec_decode_acceptance_rate"] > 0.8
+
+
+SELF = {"method": "self_window", "num_speculative_tokens": 4, "window": 16, "sink": 4}
+
+
+def _self_drafted(model, table, spec, p, **options):
+    llm = LLM(model, device_model=options.pop("device_model", "h200"), speculative_config=spec, **(OPTIONS | options))
+    llm.sampler.workload = Lengths(table)
+    if spec:
+        use_scripted_self_drafts(llm, WindowProfile.flat(p, spec["num_speculative_tokens"]))
+    outs, _ = _run(llm, StepObserver())
+    return llm, {rid: [c.token_ids for c in out.outputs] for rid, out in outs.items()}
+
+
+@pytest.mark.parametrize("p", [0.0, 0.7, 1.0])
+def test_a_rehearsal_with_self_drafting_charges_its_draft_steps(tiny_model_dir, p):
+    """The engine's own self-drafting (fixed depth 4) with scripted draws: the same trajectories as without
+    speculation, drafts accepted at p, each draft step charged to the clock and folded into its engine
+    step's sample (one sample per step), every block back."""
+    model = str(tiny_model_dir("qwen3"))
+    table = {(f"q{i}", c): 30 + 7 * c + i for i in range(len(PROMPTS)) for c in range(3)}
+    plain, want = _self_drafted(model, table, None, p)
+    llm, got = _self_drafted(model, table, SELF | {"policy": "fixed"}, p)
+    assert got == want
+    led, st = llm.runner.ledger, llm.stats()
+    assert sum(led.generated.values()) == sum(plain.runner.ledger.generated.values())
+    assert st["kv_blocks_used"] == 0 and st["preemptions"] > 0 and st["spec_decode_num_drafts"] > 0
+    first = st["spec_decode_num_accepted_tokens_per_pos"][0] / st["spec_decode_num_drafts"]
+    assert first == pytest.approx(p, abs=0.1)  # the first draft of a verify step is accepted at p
+    drafted = sum(c.total for c in led.drafts.values())
+    assert drafted > 0 and len(led.steps) == st["steps"]
+    assert sum(s.cost.total for s in led.steps) == pytest.approx(led.total.total) == pytest.approx(llm.clock())
+    if p == 0.0:  # four draft steps and a verify pass for each token a plain step would give
+        assert st["steps"] == plain.stats()["steps"] and llm.clock() > plain.clock() + drafted * 0.99
+
+
+def test_a_rehearsals_depth_policy_prices_the_rehearsed_device(tiny_model_dir, tmp_path):
+    """The policy's costs are the rehearsed device's, whatever cost_model says: on a device where reading
+    KV costs 1000x reading weights, drafts that are always right are drafted as deep as allowed; on the
+    assumed H200 the tiny model's steps are all launch overhead, and speculation stays off."""
+    device = tmp_path / "kv_bound.json"
+    device.write_text('{"attention_bw_eff": 0.001, "step_overhead_s": 0}')
+    model = str(tiny_model_dir("qwen3"))
+    table = {(f"q{i}", c): 60 for i in range(len(PROMPTS)) for c in range(3)}
+    depths = {}
+    for name in ("h200", str(device)):
+        llm, _ = _self_drafted(model, table, SELF | {"window": 2, "sink": 0}, 1.0, device_model=name)
+        steps = llm.stats()["spec_decode_depth_steps"]
+        depths[name] = steps.get(4, 0) / sum(steps.values())
+    assert depths[str(device)] > 0.7 and depths["h200"] < 0.1
