@@ -6,7 +6,10 @@ With per-token acceptance a, a row carrying n drafts emits (1 - a^(n+1)) / (1 - 
 policy takes the n that maximises tokens per second, against one token per plain step. Long contexts
 favour deep drafts (a draft step reads a window, a verify or plain step every token of KV), short
 contexts and compute-bound batches none: there the policy turns speculation off by itself. While it is
-off it still drafts one token every ``probe_every`` steps, so the acceptance it relies on stays measured.
+off it still drafts one token now and then, so the acceptance it relies on stays measured: every
+``probe_every`` steps, or more rarely, so that the probes cost at most ``probe_budget`` of the time, and
+never where even drafts that are always right would not pay (the policy is then never slower than
+plain decoding by more than that budget: bench/spec_policy.py, tests/engine/test_spec_policy.py).
 """
 from __future__ import annotations
 
@@ -36,11 +39,12 @@ class DepthPolicy:
     prior_weight: float = 8.0   # ...worth this many verified drafts
     half_life: float = 512.0    # verified drafts after which an observation weighs half
     probe_every: int = 64
+    probe_budget: float = 0.002  # the most of the time probes may add while speculation is off
     accepted: float = 0.0       # decayed counts: drafts accepted, drafts that were verified
     reached: float = 0.0
     steps_off: int = 0
     chosen: Counter = field(default_factory=Counter)  # depth -> steps that took it
-    _cache: tuple = ()          # (key, depth): a choice holds while the batch barely changes
+    _cache: tuple = ()          # (key, depth, steps between probes): a choice holds while the batch barely changes
 
     @property
     def acceptance(self) -> float:
@@ -59,18 +63,27 @@ class DepthPolicy:
         # Contexts grow a token or a few per step: recompute when the batch or its KV changed by ~3%.
         key = (len(ctx_lens), round(math.log(max(1, sum(ctx_lens))) * 32), round(a * 64))
         if self._cache and self._cache[0] == key:
-            depth = self._cache[1]
+            depth, every = self._cache[1:]
         else:
             depth = self._best(ctx_lens, a)
-            self._cache = (key, depth)
+            every = self._probe_interval(ctx_lens) if depth == 0 else 0
+            self._cache = (key, depth, every)
         if depth == 0:
             self.steps_off += 1
-            if self.steps_off % self.probe_every == 0:
-                depth = 1  # keep measuring what speculation would accept
+            if every and self.steps_off >= every:
+                self.steps_off, depth = 0, 1  # keep measuring what speculation would accept
         else:
             self.steps_off = 0
         self.chosen[depth] += 1
         return depth
+
+    def _probe_interval(self, ctx_lens: list[int]) -> int:
+        """Steps between probes (0: none, drafts always right would not pay here either)."""
+        if self._best(ctx_lens, 1.0) == 0:
+            return 0
+        plain = self.step_seconds(ctx_lens, 0)[1]
+        draft_s, verify_s = self.step_seconds(ctx_lens, 1)
+        return max(self.probe_every, math.ceil((draft_s + verify_s - plain) / (self.probe_budget * plain)))
 
     def _best(self, ctx_lens: list[int], a: float) -> int:
         best, best_rate = 0, 1.0 / self.step_seconds(ctx_lens, 0)[1]
