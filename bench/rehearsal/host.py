@@ -12,6 +12,9 @@ is filler, so every row drafts from its own tokens and every draft is accepted, 
 match of a run of one repeated token is followed by one token only: the drafts are 1 token long. With
 ``--spec-acceptance 1`` the rehearsal's scripted drafter proposes full drafts instead, all accepted:
 the most tokens a step can append and check per row. The device step is then a verify step's.
+With self-drafting (method "self_window") the engine's draft steps run with their inputs prepared for
+real and their draws scripted: every draft right (the script's tokens), or accepted with probability
+P (``--spec-acceptance P``); the device step then includes its draft steps.
 """
 from __future__ import annotations
 
@@ -53,8 +56,29 @@ def filled_engine(batch: int, context: int, folder: Path, shape: str = "qwen3-8b
     return llm
 
 
+class _Timed:
+    """Seconds spent in a callable (time.perf_counter, which --cpu-time replaces)."""
+
+    def __init__(self, fn):
+        self.fn, self.s = fn, 0.0
+
+    def __call__(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.s += time.perf_counter() - t0
+
+
 def measure(llm, steps: int = 64) -> dict:
-    """Mean milliseconds per decode step of each host phase, and of the modelled device step."""
+    """Mean milliseconds per decode step of each host phase, and of the modelled device step. With
+    self-drafting, "draft" is its draft steps' host work outside their inputs (drawing, bookkeeping:
+    engine/spec/self_window.py); the inputs of each draft step are in "prepare"."""
+    spec, runner = llm.speculator, llm.runner
+    drafting = spec is not None and spec.self_drafting
+    if drafting:  # the draft steps run inside the engine's model phase: timed on their own
+        spec.draft_with_model = outer = _Timed(spec.draft_with_model)
+        runner.run_draft = inner = _Timed(runner.run_draft)
     first = len(llm.step_log)
     for _ in range(steps):
         llm.step()
@@ -63,8 +87,11 @@ def measure(llm, steps: int = 64) -> dict:
     prepare = statistics.mean(s.prepare_s for s in ledger) * 1e3
     sample = statistics.mean(r.sample_s for r in log) * 1e3
     device = statistics.mean(s.cost.total for s in ledger) * 1e3
-    host = schedule + prepare + sample
-    return {"schedule_ms": schedule, "prepare_ms": prepare, "sample_ms": sample, "host_ms": host,
+    draft = (outer.s - inner.s) * 1e3 / steps if drafting else 0.0
+    if drafting:
+        del spec.draft_with_model, runner.run_draft
+    host = schedule + prepare + sample + draft
+    return {"schedule_ms": schedule, "prepare_ms": prepare, "sample_ms": sample, "draft_ms": draft, "host_ms": host,
             "device_ms": device, "host_share": host / device, "decodes": log[-1].num_decode_seqs}
 
 
@@ -81,22 +108,27 @@ def main(argv: list[str] | None = None) -> int:
                    help="time the phases in this thread's CPU time, not the wall clock (which on a shared VM "
                         "counts the time other jobs hold the cores)")
     args = p.parse_args(argv)
-    print("| batch | context | schedule ms | prepare ms | sample+postprocess ms | host ms | modelled H200 step ms "
-          "| host / device |\n|---|---|---|---|---|---|---|---|")
+    print("| batch | context | schedule ms | prepare ms | sample+postprocess ms | draft ms | host ms | modelled H200 "
+          "step ms | host / device |\n|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for batch, context in CASES:
             if args.batch and batch not in args.batch:
                 continue
             llm = filled_engine(batch, context, Path(tmp), speculative_config=args.speculative_config)
             if args.spec_acceptance is not None:
-                from engine.rehearsal.drafter import KINDS, DraftProfile, use_scripted_drafter
+                from engine.rehearsal.drafter import (KINDS, DraftProfile, WindowProfile, use_scripted_drafter,
+                                                      use_scripted_self_drafts)
                 nst = llm.speculator.config.num_speculative_tokens
-                use_scripted_drafter(llm, dict.fromkeys(KINDS, DraftProfile.flat(args.spec_acceptance, nst)))
+                if llm.speculator.self_drafting:
+                    use_scripted_self_drafts(llm, WindowProfile.flat(args.spec_acceptance, nst))
+                else:
+                    use_scripted_drafter(llm, dict.fromkeys(KINDS, DraftProfile.flat(args.spec_acceptance, nst)))
             # the engine's step timers call time.perf_counter
             with mock.patch("time.perf_counter", time.thread_time) if args.cpu_time else contextlib.nullcontext():
                 m = measure(llm, args.steps)
             print(f"| {batch} | {context:,} | {m['schedule_ms']:.2f} | {m['prepare_ms']:.2f} | {m['sample_ms']:.2f} | "
-                  f"{m['host_ms']:.2f} | {m['device_ms']:.1f} | {100 * m['host_share']:.1f}% |", flush=True)
+                  f"{m['draft_ms']:.2f} | {m['host_ms']:.2f} | {m['device_ms']:.1f} | {100 * m['host_share']:.1f}% |",
+                  flush=True)
     return 0
 
 

@@ -1,6 +1,8 @@
 """bench.rehearsal: the PaCoRe loop on a rehearsed engine, and a real run's lengths replayed."""
 import json
 
+import pytest
+
 from engine import LLM
 from pacore.config import RunConfig
 from pacore.runner import run_pacore
@@ -70,3 +72,18 @@ def test_the_command_replays_a_results_file_by_its_own_problem_ids(tmp_path, cap
     records = [json.loads(line) for line in (out / "engine" / "results.jsonl").read_text().splitlines()]
     assert [r["request_id"] for r in records] == ["apples", "pencils"] and not any("error" in r for r in records)
     assert _tokens(out / "engine" / "results.jsonl")[("pencils", 1, 3)] == 70
+
+
+def test_host_time_counts_self_drafting(tmp_path):
+    """bench.rehearsal.host with self-drafting: its draft steps' host work has its own column, and the
+    modelled device step includes the draft steps."""
+    from bench.rehearsal.host import filled_engine, measure
+    spec = {"method": "self_window", "num_speculative_tokens": 3, "window": 64, "sink": 4, "policy": "fixed"}
+    plain = measure(filled_engine(4, 1000, tmp_path, shape="tiny"), steps=8)
+    llm = filled_engine(4, 1000, tmp_path, shape="tiny", speculative_config=spec)
+    m = measure(llm, steps=8)
+    assert plain["draft_ms"] == 0 and m["draft_ms"] > 0
+    assert m["host_ms"] == pytest.approx(m["schedule_ms"] + m["prepare_ms"] + m["sample_ms"] + m["draft_ms"])
+    assert m["device_ms"] > plain["device_ms"]  # three draft steps and a verify pass of four queries per step
+    assert llm.stats()["spec_decode_num_draft_tokens"] >= 8 * 4 * 3
+    assert llm.speculator.draft_with_model.__func__ is type(llm.speculator).draft_with_model  # unwrapped again
