@@ -38,10 +38,13 @@ CASES = [(32, 24_000), (128, 6_000), (256, 3_000), (4, 128_000)]
 def filled_engine(batch: int, context: int, folder: Path, shape: str = "qwen3-8b",
                   speculative_config: dict | None = None):
     """A rehearsed engine decoding ``batch`` sequences of ``context`` tokens, its cache nearly full
-    (with speculative_config: each request's prompt indexed by the drafter already)."""
+    (with speculative_config: each request's prompt indexed by the drafter already; with self-drafting,
+    room for 64 steps of full drafts, which start once every prompt is in)."""
     from engine import LLM, SamplingParams
     model = model_folder(shape, folder)
-    per_seq = -(-context // 16) + 8  # room for a few blocks of growth each
+    self_drafting = (speculative_config or {}).get("method") == "self_window"
+    growth = 4 * (speculative_config.get("num_speculative_tokens", 4) + 1) if self_drafting else 0
+    per_seq = -(-context // 16) + 8 + growth  # room for a few blocks of growth each
     blocks = batch * per_seq * 102 // 100 + 16  # and the 1% the scheduler keeps free when it admits
     llm = LLM(str(model), tokenizer=str(model / "tokenizer"), device_model="h200", num_kv_blocks=blocks,
               max_num_seqs=max(batch, 1), max_num_batched_tokens=16384, record_steps=True,
@@ -49,8 +52,12 @@ def filled_engine(batch: int, context: int, folder: Path, shape: str = "qwen3-8b
     for i in range(batch):
         prompt = [100 + (i * 7919 + j) % 40000 for j in range(context - 1)]  # distinct: no prefix hits
         llm.add_request(prompt, SamplingParams(max_tokens=1024, ignore_eos=True), request_id=f"s{i}")
+    speculator = llm.scheduler.speculator
+    if self_drafting:  # a row decoding while the others' prompts go in would draft past its room
+        llm.scheduler.speculator = None
     while len(llm.scheduler.running) < batch or any(s.num_generated == 0 for s in llm.scheduler.running):
         llm.step()
+    llm.scheduler.speculator = speculator
     if speculative_config:
         llm.step()  # the first drafts index each prompt once (per request, not per step)
     return llm
