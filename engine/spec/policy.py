@@ -80,3 +80,15 @@ class DepthPolicy:
             if rate > best_rate:
                 best, best_rate = n, rate
         return best
+
+
+def adaptive_policy(spec, model_config, dtype, kv_dtype) -> DepthPolicy | None:
+    """Self-drafting's adaptive depth (speculative_config policy "adaptive"), its costs from the rehearsal's
+    device model of ``spec.cost_model`` at this model's shape and KV format; None otherwise."""
+    if spec.method != "self_window" or spec.policy != "adaptive":
+        return None
+    from engine.rehearsal.device_model import DeviceParams, speculation_seconds
+    from engine.step_shape import ModelShape
+    shape = ModelShape.from_config(model_config, dtype.itemsize, kv_dtype.itemsize)
+    seconds = speculation_seconds(shape, DeviceParams.named(spec.cost_model), spec.window, spec.sink)
+    return DepthPolicy(spec.num_speculative_tokens, seconds)
