@@ -31,7 +31,7 @@ def test_speculative_triton_graphs_give_the_torch_tokens(tiny_model_dir, spec):
     """Verify and draft steps through the Triton kernels, replayed from (emulated) graph buffers with cascade
     on: ragged rows and a bucket's padding queries past the last row's (a cascade plan once failed there)."""
     prompts = [[5, 6, 7, 8] * 5, [9, 10, 11] * 6]
-    params = SamplingParams(n=3, temperature=0, max_tokens=10, ignore_eos=True)
+    params = SamplingParams(n=3, temperature=0, max_tokens=7, ignore_eos=True)
     kw = dict(num_kv_blocks=64, cascade_attention=True, cascade_min_prefix=16, device="cpu")
     torch_out = LLM(str(tiny_model_dir("qwen3")), attention_backend="torch", **kw).generate(prompts, params,
                                                                                             use_tqdm=False)
