@@ -182,20 +182,25 @@ def section_load(run: Run) -> None:
 
 @contextmanager
 def recorded_logits(llm):
-    """Within: every sampled row's logits, as {(request id, child index): [fp32 CPU row per step]}."""
-    rows: dict[tuple[str, int], list] = {}
+    """Within: every sampled row's logits, as {(request id, child index): [fp32 CPU row per token]} once
+    the block ends. With speculation a verify step samples several positions of a row, and a rejected
+    draft's position is sampled again the next step: the last row of each position is the token's."""
+    rows: dict[tuple[str, int], dict[int, torch.Tensor]] = {}
     real = llm.runner.run
 
     def spy(plan):
         logits, scored = real(plan)
-        for seq, row in zip(plan.sample_seqs, logits):
-            rows.setdefault((seq.request.request_id, seq.index), []).append(row.float().cpu())
+        offsets = plan.sample_offsets or [0] * len(plan.sample_seqs)
+        for seq, off, row in zip(plan.sample_seqs, offsets, logits):
+            rows.setdefault((seq.request.request_id, seq.index), {})[seq.num_generated + off] = row.float().cpu()
         return logits, scored
     llm.runner.run = spy
     try:
         yield rows
     finally:
         del llm.runner.run
+        for key, by_position in rows.items():
+            rows[key] = [by_position[p] for p in sorted(by_position)]
 
 
 def _engine_logits(llm, prompt: list[int], n: int, gen: int):

@@ -88,6 +88,15 @@ def main(argv=None) -> int:
         if not args.cpu:
             checks.append((f"bf16 graphs == eager (triton), cascade {cascade}", "bfloat16", 0.0,
                            dict(base, attention_backend="triton"), dict(base, attention_backend="triton", graphs=True)))
+    # Speculative decoding (greedy, cascade on): verify steps and self-drafting's draft steps from their
+    # graphs against the torch path without speculation; positions past a run's end are sampled again,
+    # so the recorded row of a token is the one it was drawn from.
+    ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}
+    window = {"method": "self_window", "num_speculative_tokens": 3, "window": 16, "sink": 4, "policy": "fixed"}
+    base = dict(cascade_attention=True, cascade_min_shared_tokens=0)
+    for label, spec in (("ngram", ngram), ("self_window", window)):
+        checks.append((f"fp32 triton + graphs + {label} == torch", "float32", 0.0, dict(base, attention_backend="torch"),
+                       dict(base, attention_backend="triton", graphs=True, speculative_config=spec)))
     sampled = dict(cascade_attention=True, cascade_min_shared_tokens=0, attention_backend="triton")
     if args.cpu:
         checks.append(("fp32 seeded sampling, triton + graphs == torch", "float32", 1.0,

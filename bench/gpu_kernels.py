@@ -475,19 +475,27 @@ def main(argv=None) -> int:
     b = Bench(args)
     print(f"device: {b.name}; {b.dtype}, Hq={b.Hq} Hkv={b.Hkv} D={b.D} bs={b.bs}", flush=True)
     only = set(args.only.split(","))
+    if b.copy_bw is None:
+        only.add("copy")  # every bandwidth needs the copy's
+    cases = {name: globals()[f"case_{name}"] for name in CASES if name in only}
+    return run_cases(b, kernels, cases, format_table, Path(args.out) / "gpu_kernels_table.txt" if args.out else None)
+
+
+def run_cases(bench, kernels, cases: dict, format_table, table_file: Path | None) -> int:
+    """Run each case (name -> fn(bench, kernels)); a failing case is recorded and the others still run.
+    Prints the table of the rows that worked (and writes it to table_file); 1 if any case failed."""
     status = 0
-    for name in CASES:
-        if name in only or (name == "copy" and b.copy_bw is None):  # every bandwidth needs the copy's
-            try:
-                globals()[f"case_{name}"](b, kernels)
-            except Exception as e:  # one failing case must not cost the others' numbers
-                status = 1
-                b.add(dict(case=name, error=f"{type(e).__name__}: {e}"[:500]))
-            if b.dev == "cuda":
-                torch.cuda.empty_cache()
-    table = format_table([r for r in b.rows if "error" not in r])
-    if args.out:
-        (Path(args.out) / "gpu_kernels_table.txt").write_text(table + "\n")
+    for name, case in cases.items():
+        try:
+            case(bench, kernels)
+        except Exception as e:  # one failing case must not cost the others' numbers
+            status = 1
+            bench.add(dict(case=name, error=f"{type(e).__name__}: {e}"[:500]))
+        if bench.dev == "cuda":
+            torch.cuda.empty_cache()
+    table = format_table([r for r in bench.rows if "error" not in r])
+    if table_file is not None:
+        table_file.write_text(table + "\n")
     print(table)
     return status
 

@@ -27,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.gpu_kernels import commit, rel_err, write_device_params
+from bench.gpu_kernels import commit, rel_err, run_cases, write_device_params
 
 CASES = ("verify", "draft", "cascade")
 K_SCALE, V_SCALE = 0.5, 0.25  # an FP8 cache's scales: not 1, so the folded scales run too
@@ -255,22 +255,8 @@ def main(argv=None) -> int:
     print(f"device: {s.name}; {s.dtype}, Hq={s.Hq} Hkv={s.Hkv} D={s.D} bs={s.bs}", flush=True)
     s.measure_copy()
     only = set(args.only.split(","))
-    status = 0
-    for name in CASES:
-        if name not in only:
-            continue
-        try:
-            globals()[f"case_{name}"](s, kernels)
-        except Exception as e:  # one failing case must not cost the others' numbers
-            status = 1
-            s.add(dict(case=name, error=f"{type(e).__name__}: {e}"[:500]))
-        if s.dev == "cuda":
-            torch.cuda.empty_cache()
-    table = format_table([r for r in s.rows if "error" not in r])
-    if args.out:
-        (Path(args.out) / "gpu_spec_kernels_table.txt").write_text(table + "\n")
-    print(table)
-    return status
+    cases = {name: globals()[f"case_{name}"] for name in CASES if name in only}
+    return run_cases(s, kernels, cases, format_table, Path(args.out) / "gpu_spec_kernels_table.txt" if args.out else None)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,15 @@
 """LLM: the public engine. Requests in, a continuous-batching step loop, RequestOutputs out.
 
-A step is glue between its parts: the Scheduler plans it (and owns every sequence's life), the
-ModelRunner turns the plan into tensors and runs the model (on every tensor-parallel rank), the
-Sampler picks the tokens (and records the logprobs of the rows that ask), the
-Scheduler's postprocess appends them and finishes what stopped, and
-the StepHooks (engine/observers.py) time it for the observers. What add_request refuses is in
-engine/checks.py; a Request assembles its own outputs (engine/sequence.py). The file is a little
-over 300 lines because it is the whole public API, each method with its docstring.
+A step is glue between its parts: the Scheduler plans it (and owns every sequence's life, with the
+Speculator's drafts when speculative decoding is on, engine/spec/), the ModelRunner turns the plan into
+tensors and runs the model (on every tensor-parallel rank; self-drafting's draft steps first), the
+Sampler picks the tokens and verification keeps the drafts they agree with (engine/spec/verify.py),
+the Scheduler's postprocess appends them and finishes what stopped, the logprobs of the rows that
+ask are recorded, and the StepHooks (engine/observers.py) time it for the observers. What add_request
+refuses is in engine/checks.py; a Request assembles its own outputs (engine/sequence.py). The file is
+past 300 lines because it is the whole public API, each method with its docstring, and the step's
+failure handling (a failed step, a request whose logits are not finite) that keeps every other
+request running.
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ from engine.sampling_params import SamplingParams
 from engine.scheduler import CascadePolicy, Scheduler, StepPlan
 from engine.sequence import Partial, Request, RequestMetrics, RequestOutput
 from engine.spec.config import SpeculativeConfig
+from engine.spec.policy import adaptive_policy
 from engine.spec.speculator import Speculator
 from engine.spec.verify import sample_runs
 from engine.stopping import StopChecker
@@ -119,8 +123,9 @@ class LLM:
         self.block_manager = BlockManager(num_blocks, opts.block_size, opts.enable_prefix_caching)
         log.info("%s", self.describe())
         self.stop_checker = StopChecker(self.tokenizer, cfg.eos_token_ids, self.max_model_len)
-        self.speculator = Speculator(spec, self.block_manager, self.max_model_len, self._depth_policy(spec)) \
-            if spec else None
+        self.speculator = None if spec is None else Speculator(  # a rehearsal's policy prices its own device
+            spec, self.block_manager, self.max_model_len, adaptive_policy(
+                spec, cfg, self.dtype, self.runner.kv_dtype, self.runner.device_params if opts.device_model else None))
         self.scheduler = Scheduler(self.block_manager, self.stop_checker, opts.max_num_seqs,
                                    opts.max_num_batched_tokens, cascade, enable_fork=opts.enable_fork,
                                    on_release=self.runner.release, speculator=self.speculator,
@@ -416,20 +421,6 @@ class LLM:
         """Restart stats()'s KV peaks (kv_blocks_peak, kv_blocks_peak_saved) from the present, e.g.
         to measure one round's peak."""
         self.block_manager.reset_peak()
-
-    def _depth_policy(self, spec: SpeculativeConfig | None):
-        """Self-drafting's adaptive depth (engine/spec/policy.py), its costs from the rehearsal's device
-        model of ``spec.cost_model`` at this model's shape and KV format; a rehearsal's own modelled
-        device in a rehearsal (the device it charges the steps to)."""
-        if spec is None or spec.method != "self_window" or spec.policy != "adaptive":
-            return None
-        from engine.rehearsal.device_model import DeviceParams, speculation_seconds
-        from engine.spec.policy import DepthPolicy
-        from engine.step_shape import ModelShape
-        shape = ModelShape.from_config(self.config, self.dtype.itemsize, self.runner.kv_dtype.itemsize)
-        device = self.runner.device_params if self.options.device_model else DeviceParams.named(spec.cost_model)
-        seconds = speculation_seconds(shape, device, spec.window, spec.sink)
-        return DepthPolicy(spec.num_speculative_tokens, seconds)
 
     def describe(self) -> str:
         """One line for a person starting the engine: the model, dtype, KV cache (format, tokens that

@@ -133,8 +133,11 @@ def cascade_prefix_plan(group_starts: torch.Tensor, group_prefix_lens: torch.Ten
     cum = torch.cumsum(tiles * splits * num_kv_heads, 0).to(torch.int32)
     row_splits = torch.repeat_interleave(splits.to(torch.int32), sizes, output_size=num_rows)  # sync-free
     row_prefix = torch.repeat_interleave(group_prefix_lens, sizes, output_size=num_rows)
-    query_splits = row_splits if qlens is None else torch.repeat_interleave(row_splits, qlens.long(),
-                                                                           output_size=num_queries)
+    query_splits = row_splits
+    if qlens is not None:  # a graph's bucket may hold padding queries past cu[-1]: no prefix slots for them
+        pad = (num_queries - cu_seqlens_q[-1:]).long()
+        query_splits = torch.repeat_interleave(torch.cat([row_splits, row_splits.new_zeros(1)]),
+                                               torch.cat([qlens.long(), pad]), output_size=num_queries)
     return CascadePrefixPlan(splits.to(torch.int32), query_splits, row_prefix, query_starts.to(torch.int32), cum,
                              mt, block_m, max_splits, target)
 

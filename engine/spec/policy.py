@@ -9,7 +9,7 @@ contexts and compute-bound batches none: there the policy turns speculation off 
 off it still drafts one token now and then, so the acceptance it relies on stays measured: every
 ``probe_every`` steps, or more rarely, so that the probes cost at most ``probe_budget`` of the time, and
 never where even drafts that are always right would not pay (the policy is then never slower than
-plain decoding by more than that budget: bench/spec_policy.py, tests/engine/test_spec_policy.py).
+plain decoding by more than that budget: bench/spec_policy.py, tests/bench/test_bench_spec_policy.py).
 """
 from __future__ import annotations
 
@@ -93,3 +93,17 @@ class DepthPolicy:
             if rate > best_rate:
                 best, best_rate = n, rate
         return best
+
+
+def adaptive_policy(spec, model_config, dtype, kv_dtype, device=None) -> DepthPolicy | None:
+    """Self-drafting's adaptive depth (speculative_config policy "adaptive"), its costs from the rehearsal's
+    device model of ``spec.cost_model`` (or ``device``, a DeviceParams: a rehearsal's own) at this model's
+    shape and KV format; None otherwise."""
+    if spec.method != "self_window" or spec.policy != "adaptive":
+        return None
+    from engine.rehearsal.device_model import DeviceParams, speculation_seconds
+    from engine.step_shape import ModelShape
+    shape = ModelShape.from_config(model_config, dtype.itemsize, kv_dtype.itemsize)
+    device = device or DeviceParams.named(spec.cost_model)
+    seconds = speculation_seconds(shape, device, spec.window, spec.sink)
+    return DepthPolicy(spec.num_speculative_tokens, seconds)

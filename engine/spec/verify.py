@@ -44,16 +44,21 @@ def accepted_runs(plan: StepPlan, tokens: list[int]) -> list[Run]:
     runs: list[Run] = []
     seqs, i = plan.sample_seqs, 0
     while i < len(tokens):
-        seq = seqs[i]
-        draft = drafts.get(seq.seq_id, ())
-        run = [tokens[i]]
-        for j, d in enumerate(draft):
-            if run[-1] != d:
-                break
-            run.append(tokens[i + j + 1])
-        runs.append((seq, run, i))
+        draft = drafts.get(seqs[i].seq_id, ())
+        runs.append((seqs[i], _kept(tokens, i, draft), i))
         i += len(draft) + 1
     return runs
+
+
+def _kept(tokens: list[int], at: int, draft) -> list[int]:
+    """The run of a row whose positions sampled tokens[at:at + len(draft) + 1]: each sampled token, while
+    the one before it equalled its draft."""
+    run = [tokens[at]]
+    for j, d in enumerate(draft):
+        if run[-1] != d:
+            break
+        run.append(tokens[at + j + 1])
+    return run
 
 
 def rejection_runs(plan: StepPlan, logits: torch.Tensor, q: dict[int, torch.Tensor], sampler: Sampler) -> list[Run]:
@@ -74,12 +79,7 @@ def rejection_runs(plan: StepPlan, logits: torch.Tensor, q: dict[int, torch.Tens
         tokens = sampler(logits[torch.tensor(idx, device=logits.device)], [s for s, _ in sub], [o for _, o in sub])
         at = 0
         for seq, first, draft in plain:
-            run = [tokens[at]]
-            for j, d in enumerate(draft):
-                if run[-1] != d:
-                    break
-                run.append(tokens[at + j + 1])
-            out[first] = run
+            out[first] = _kept(tokens, at, draft)
             at += len(draft) + 1
     if spec:
         out |= _speculative_sampling(spec, logits, q, sampler)

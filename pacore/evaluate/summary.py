@@ -279,14 +279,20 @@ def write_summary(cfg: RunConfig, wall: float, sessions: list[dict], dispatch: d
 def _sum_stats(sessions: list[dict]) -> dict:
     """Engine counters added up over replicas (bytes per block and per token are the same for all)."""
     total: dict = {}
+    estimates: dict[str, list] = {}  # per-replica estimates (self-drafting's acceptance): their mean
     for s in sessions:
         for key, value in s["engine_stats"].items():
-            if isinstance(value, (int, float)) and key not in ("kv_bytes_per_block", "kv_bytes_per_token"):
+            if key.endswith("_estimate"):
+                estimates.setdefault(key, []).append(value)
+            elif isinstance(value, (int, float)) and key not in ("kv_bytes_per_block", "kv_bytes_per_token"):
                 total[key] = total.get(key, 0) + value
             elif isinstance(value, list) and isinstance(total.get(key), list):  # per position: added up
                 total[key] = [a + b for a, b in zip(total[key], value)]
+            elif isinstance(value, dict) and isinstance(total.get(key), dict):  # steps per depth: added up
+                total[key] = {k: total[key].get(k, 0) + value.get(k, 0) for k in total[key].keys() | value.keys()}
             else:
                 total.setdefault(key, value)
+    total |= {key: sum(v) / len(v) for key, v in estimates.items()}
     if all(name in total for name in SPEC_DECODE_COUNTS):  # the ratios of the sums, not sums of ratios
         total.update(spec_decode_ratios(total))
     return total

@@ -73,9 +73,11 @@ def test_dry_run_runs_every_stage_at_tiny_shapes(tmp_path):
     assert {"load", "logits", "throughput", "hf", "fp8", "memory"} <= set(report)
     assert not [k for k in report if k.endswith("_error")]
     assert {r["case"] for r in report["throughput"]} == {"round1", "round2"}
-    # the engine's Triton path under the interpreter, with the decode graphs emulated, against torch
+    # the engine's Triton path under the interpreter, with the decode graphs emulated (speculative verify
+    # and draft steps too), against torch
     check = (out / "engine_check.log").read_text()
-    assert check.count("PASS") == 3 and "fp32 triton + graphs == torch, cascade True" in check
+    assert check.count("PASS") == 5 and "FAIL" not in check and "fp32 triton + graphs == torch, cascade True" in check
+    assert "fp32 triton + graphs + ngram == torch" in check and "fp32 triton + graphs + self_window == torch" in check
     from engine.rehearsal.device_model import DeviceParams
     params = DeviceParams.from_file(out / "device_params.json")  # the rehearsal's --device reads it
     assert params.source == str(out / "device_params.json")

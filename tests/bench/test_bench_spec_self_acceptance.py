@@ -42,14 +42,16 @@ def test_quick_profile_has_its_shape_and_the_rehearsal_reads_it(tiny_model_dir, 
     assert profile.bounds == (640, 960) and profile.at(100) == profile.accept[0] and profile.at(10**6) == profile.accept[1]
     with pytest.raises(ValueError, match="window 256 and sink 16"):
         load_self_window(out / "profile.json", 256, 16, "coupled", temperature=1.0)
-    r = tmp_path / "r"
+    r, device = tmp_path / "r", tmp_path / "kv_bound.json"
+    device.write_text('{"attention_bw_eff": 0.001, "step_overhead_s": 0}')  # drafting pays past the window
     assert rehearsal_main(["--shape", "tiny", "--preset", "low", "--problems", "1", "--prompt-tokens", "64",
-                           "--mean-tokens", "200", "--conclusion-tokens", "20", "--kv-tokens", "20000",
+                           "--mean-tokens", "2000", "--conclusion-tokens", "20", "--kv-tokens", "20000",
                            "--config", "engine", "--config", "spec-self", "--spec-profile", str(out / "profile.json"),
-                           "--out", str(r), "--quiet"]) == 0
+                           "--device", str(device), "--out", str(r), "--quiet"]) == 0
     engine, spec = (json.loads((r / n / "report.json").read_text()) for n in ("engine", "spec-self"))
     assert spec["overall"]["tokens"] == engine["overall"]["tokens"]
     assert spec["spec"]["spec_decode_num_drafts"] > 0 and spec["overall"]["draft_seconds"] > 0
+    assert spec["steps"] < engine["steps"] and spec["overall"]["seconds"] < engine["overall"]["seconds"]
     assert 0 < sum(spec["spec"]["spec_decode_depth_steps"].values()) <= spec["steps"]  # the policy chose each step's depth
 
 

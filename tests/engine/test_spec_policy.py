@@ -29,7 +29,7 @@ def test_long_contexts_speculate_deep_short_ones_not_at_all():
 
 
 def test_the_depth_follows_the_measured_acceptance_and_probes_while_off():
-    p = DepthPolicy(max_depth=6, step_seconds=_costs(), prior=0.8, probe_every=8)
+    p = DepthPolicy(max_depth=6, step_seconds=_costs(), prior=0.8, probe_every=8, probe_budget=1.0)  # no cost cap
     ctx = [20_000] * 16
     assert p.choose(ctx) > 0
     for _ in range(400):                   # nothing accepted, ever

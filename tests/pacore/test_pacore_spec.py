@@ -151,7 +151,13 @@ def test_replicas_counters_add_up_and_their_ratios_are_of_the_sums():
                                  "spec_decode_acceptance_rate": accepted / drafted,
                                  "spec_decode_mean_tokens_per_verify": emitted / drafts,
                                  "spec_decode_num_accepted_tokens_per_pos": per_pos}}
-    total = _sum_stats([session(10, 40, 20, 28, [9, 6, 4, 1]), session(30, 60, 6, 36, [5, 1, 0, 0])])
+    one, two = session(10, 40, 20, 28, [9, 6, 4, 1]), session(30, 60, 6, 36, [5, 1, 0, 0])
+    # self-drafting's adaptive depth: steps per depth, and the acceptance each replica estimates
+    one["engine_stats"] |= {"spec_decode_depth_steps": {0: 5, 4: 10}, "spec_decode_acceptance_estimate": 0.5}
+    two["engine_stats"] |= {"spec_decode_depth_steps": {0: 20, 2: 30}, "spec_decode_acceptance_estimate": 0.1}
+    total = _sum_stats([one, two])
     assert (total["spec_decode_num_drafts"], total["spec_decode_num_draft_tokens"]) == (40, 100)
     assert total["spec_decode_num_accepted_tokens_per_pos"] == [14, 7, 4, 1]
     assert total["spec_decode_acceptance_rate"] == 26 / 100 and total["spec_decode_mean_tokens_per_verify"] == 64 / 40
+    assert total["spec_decode_depth_steps"] == {0: 25, 2: 30, 4: 10}
+    assert total["spec_decode_acceptance_estimate"] == pytest.approx(0.3)
