@@ -44,11 +44,11 @@ def run(llm, prompts, tokens: int, forced: list[list[int]] | None = None):
     logits: dict[int, list] = {}
     greedy = llm.sampler
 
-    def sampler(rows, seqs, offsets=None, u=None):  # the engine's sampler signature; no speculation here
+    def sampler(rows, seqs, offsets=None, keys=None):  # the engine's sampler signature; no speculation here
         for row, seq in zip(rows, seqs):
             logits.setdefault(int(seq.request.request_id), []).append(row.float().clone())
         if forced is None:
-            return greedy(rows, seqs, offsets, u)
+            return greedy(rows, seqs, offsets, keys)
         return [forced[int(s.request.request_id)][s.num_generated] for s in seqs]
     llm.sampler = sampler
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)

@@ -50,7 +50,7 @@ class Replay:
     def __init__(self, trajectories: list[list[int]], eos: int):
         self.trajectories, self.eos = trajectories, eos
 
-    def __call__(self, logits, seqs, offsets=None, u=None):
+    def __call__(self, logits, seqs, offsets=None, keys=None):
         offsets = offsets or [0] * len(seqs)
         out = []
         for s, o in zip(seqs, offsets):

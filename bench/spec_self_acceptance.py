@@ -14,13 +14,13 @@ steps' own KV from c on, exactly as a verify step's drafts do once the drafts be
 accepted (an accepted draft is the trajectory's token). Against the full pass's distribution p at the
 same position (temperature applied), a draft from q is accepted, given the token y the target drew:
 
-- coupled (the engine's default; engine/spec/self_window.py): the draft is q's inverse CDF at the
-  uniform u the target's own draw used, so P(accept | y) = |[P(<y), P(<=y)] & [Q(<y), Q(<=y)]| / p(y)
-  (the CDFs in vocabulary order, as engine/sampler.py draws);
+- coupled (the engine's default; engine/spec/self_window.py): target and draft are each the argmax of
+  log-probability + the same Gumbel noise (kernels/gumbel_sample.py, the key of the target's draw at
+  that position), so P(accept | y) = 1 / sum_j max(p_j, q_j p_y / q_y);
 - rejection (speculative sampling): P(accept | y) = min(1, q(y) / p(y));
-- gumbel, a what-if the engine does not implement: a coupling by one Gumbel noise per token (target
-  and draft each the argmax of log-probability + noise), which keeps outputs identical to plain
-  decoding if plain decoding drew that way too: P(accept | y) = 1 / sum_j max(p_j, q_j p_y / q_y).
+- inverse_cdf, the coupling the engine had before its sampler drew by Gumbel-max (a what-if now): the
+  draft is q's inverse CDF at the uniform u the target's own draw used, so P(accept | y) =
+  |[P(<y), P(<=y)] & [Q(<y), Q(<=y)]| / p(y) (the CDFs in vocabulary order).
 
 The trajectories are draws from p, so the mean over positions of the product of these conditionals
 over draft steps 0..j is the chance that drafts 0..j are all accepted: no sampling noise of the
@@ -49,7 +49,7 @@ from bench.spec_acceptance import DEFAULT_PROFILE, SUFFIX, _commit
 
 CAVEAT = ("A 135M model sampled at temperature 1.0 is far less predictable than an 8B reasoning model, and its "
           "contexts stop at 8k: read these acceptances as the shape of the curves, not as PaCoRe-8B's figures.")
-RULES = ("coupled", "rejection", "gumbel")  # the last: a what-if (acceptance())
+RULES = ("coupled", "rejection", "inverse_cdf")  # the last: a what-if (acceptance())
 ENGINE_RULES = RULES[:2]
 
 
@@ -132,16 +132,15 @@ def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 def acceptance(p: torch.Tensor, q: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per row, the chance a draft from q is accepted given the target drew y from p, under each rule
-    (see the module docstring; "gumbel" is a coupling the engine does not have: both draws the argmax
-    of log p + g and log q + g with one Gumbel noise g per token, P(both y) = 1 / sum_j max(p_j / p_y,
-    q_j / q_y))."""
+    (see the module docstring; coupled: both draws the argmax of log p + g and log q + g with one
+    Gumbel noise g per token, P(both y) = 1 / sum_j max(p_j / p_y, q_j / q_y))."""
     P, Q = p.cumsum(-1), q.cumsum(-1)
     overlap = (torch.minimum(P, Q) - torch.maximum(P - p, Q - q)).clamp_min(0)  # uniforms drawing the same token
     py, qy = p.gather(1, y[:, None]), q.gather(1, y[:, None])
     both = torch.where(qy > 0, 1 / torch.maximum(p, q * py / qy.clamp_min(1e-300)).sum(-1, keepdim=True),
                        torch.zeros_like(py))
-    return {"coupled": overlap.gather(1, y[:, None])[:, 0] / py[:, 0], "rejection": (qy / py).clamp(max=1.0)[:, 0],
-            "gumbel": both[:, 0]}
+    return {"coupled": both[:, 0], "rejection": (qy / py).clamp(max=1.0)[:, 0],
+            "inverse_cdf": overlap.gather(1, y[:, None])[:, 0] / py[:, 0]}
 
 
 @dataclass(slots=True)

@@ -135,7 +135,7 @@ class LLM:
             self.sampler = ScriptedSampler(self.tokenizer, cfg.eos_token_ids[0] if cfg.eos_token_ids else 0)
             self.runner.bind(self.scheduler, self.block_manager)
         else:
-            self.sampler = Sampler(self.device, opts.seed)
+            self.sampler = Sampler(self.device, opts.seed, runner_kwargs["backend"])
         self.processed_logprobs = opts.logprobs_mode == "processed_logprobs"
         tok = self.tokenizer
         self._decode_token = (lambda t: tok.decode([t])) if tok is not None else None  # Logprob.decoded_token

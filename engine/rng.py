@@ -13,11 +13,13 @@ def mix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def stream_uniform(stream: int, step: int) -> float:
-    """Draw ``step`` of a seeded sequence's stream, uniform in [0, 1).
+def stream_key(stream: int, step: int) -> int:
+    """The noise key of draw ``step`` of a seeded sequence's stream, a signed 64-bit integer
+    (kernels/gumbel_sample.py makes the draw's Gumbel noise from it).
 
     Counter-based (splitmix64 at state stream + (step + 1) * golden), so a token depends on
     (seed, child, position) alone: not on what else is batched, on preemption, or on a restart,
     and no per-sequence generator launches a kernel per row per step.
     """
-    return (mix64(stream + (step + 1) * _GOLDEN64) >> 11) * 2.0 ** -53
+    x = mix64(stream + (step + 1) * _GOLDEN64)
+    return x - (1 << 64) if x >= 1 << 63 else x

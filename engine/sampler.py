@@ -7,7 +7,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.logprobs import LogprobRows, compute_logprobs, raw_logprobs
-from engine.rng import stream_uniform
+from engine.rng import stream_key
+from kernels.gumbel_sample import gumbel_argmax_ref
+
+try:
+    from kernels.gumbel_sample import gumbel_argmax_triton
+except ImportError:  # no triton: the torch draw only
+    gumbel_argmax_triton = None
 
 if TYPE_CHECKING:
     from engine.scheduler import StepPlan
@@ -15,51 +21,66 @@ if TYPE_CHECKING:
     from engine.scheduler import Run
 
 class Sampler:
-    def __init__(self, device: torch.device, seed: int = 0):
+    """Draws by Gumbel-max (kernels/gumbel_sample.py): a row's token is the argmax of its scores plus
+    noise made from one 64-bit key, so a draw is a function of (logits, params, key) alone."""
+
+    def __init__(self, device: torch.device, seed: int = 0, backend: str = "torch"):
         self.device = device
         self.generator = torch.Generator(device=device)  # unseeded requests share this stream
         self.generator.manual_seed(seed)
+        if backend == "triton" and gumbel_argmax_triton is None:
+            raise RuntimeError("the triton sampler needs triton; install it or use attention_backend='torch'")
+        self._argmax = gumbel_argmax_triton if backend == "triton" else gumbel_argmax_ref
 
     @torch.no_grad()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence], offsets: list[int] | None = None,
-                 u: torch.Tensor | None = None) -> list[int]:
+                 keys: torch.Tensor | None = None) -> list[int]:
         """logits fp32 [N, V], one row per entry to sample: entry i draws sequence seqs[i]'s token at
-        ``offsets[i]`` positions after its next one (a verified row's later queries; default 0), with the
-        uniform ``u[i]`` (default: ``uniforms(seqs, offsets)``). A seeded draw is the one plain decoding
-        makes at that position."""
+        ``offsets[i]`` positions after its next one (a verified row's later queries; default 0), with
+        the noise of ``keys[i]`` (default: ``keys(seqs, offsets)``). A seeded draw is the one plain
+        decoding makes at that position."""
         params = [s.params for s in seqs]
         if all(p.greedy for p in params):
             return logits.argmax(dim=-1).tolist()
-        if u is None:
-            u = self.uniforms(seqs, offsets)
-        # Inverse CDF: one uniform per row instead of one per vocabulary entry.
-        cdf = self.cdf(logits, params)
-        sampled = torch.searchsorted(cdf, (u.to(logits.device) * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
-        sampled = sampled.clamp_(max=cdf.shape[1] - 1)
+        if keys is None:
+            keys = self.keys(seqs, offsets)
+        sampled = self._argmax(self.scores(logits, params), keys.to(logits.device))
         greedy = torch.tensor([p.greedy for p in params], device=logits.device)
         if greedy.any():
             sampled = torch.where(greedy, logits.argmax(dim=-1), sampled)
         return sampled.tolist()
 
-    def uniforms(self, seqs: list[Sequence], offsets: list[int] | None = None) -> torch.Tensor:
-        """float64 [N]: each entry's draw in [0, 1): a seeded sequence's from its stream at its position
+    def keys(self, seqs: list[Sequence], offsets: list[int] | None = None) -> torch.Tensor:
+        """int64 [N]: each entry's noise key: a seeded sequence's from its stream at its position
         (engine/rng.py), the others' from the engine's generator. Drawn ahead, they let a self-drafting
         step draw its draft with the noise the target's own draw will use (engine/spec/self_window.py)."""
-        u = torch.rand(len(seqs), dtype=torch.float64, device=self.device, generator=self.generator)
+        keys = self.random_keys(len(seqs))
         offsets = offsets or [0] * len(seqs)
-        seeded = [(i, stream_uniform(s.stream, s.num_generated + off))
+        seeded = [(i, stream_key(s.stream, s.num_generated + off))
                   for i, (s, off) in enumerate(zip(seqs, offsets)) if s.stream is not None]
         if seeded:
             rows, draws = zip(*seeded)
-            u[list(rows)] = torch.tensor(draws, dtype=torch.float64, device=self.device)
-        return u
+            keys[list(rows)] = torch.tensor(draws, dtype=torch.int64, device=self.device)
+        return keys
+
+    def random_keys(self, n: int) -> torch.Tensor:
+        """int64 [n] keys from the engine's generator (noise no other draw shares)."""
+        return torch.randint(-2 ** 63, 2 ** 63 - 1, (n,), dtype=torch.int64, device=self.device,
+                             generator=self.generator)
 
     @classmethod
-    def cdf(cls, logits: torch.Tensor, params: list) -> torch.Tensor:
-        """float64 [N, V]: each row's unnormalised CDF after temperature and filters; a row's values
-        depend on its own logits and params only (every op is per row), not on the other rows."""
-        # float64, so that no token's share is absorbed into the running total.
-        return cls.probs(logits, params).to(torch.float64).cumsum_(dim=-1)
+    def scores(cls, logits: torch.Tensor, params: list) -> torch.Tensor:
+        """fp32 [N, V]: logits / temperature, the entries a filter (top-k, top-p, min-p) drops -inf; a
+        row's values depend on its own logits and params only (every op is per row), not on the other
+        rows. Their Gumbel argmax is a draw from normalised_probs."""
+        temps = torch.tensor([p.temperature or 1.0 for p in params], device=logits.device)
+        scores = logits / temps[:, None]
+        filtered = [i for i, p in enumerate(params) if p.top_k > 0 or p.top_p < 1 or p.min_p > 0]
+        if filtered:
+            rows = torch.tensor(filtered, device=logits.device)
+            dropped = cls.probs(logits[rows], [params[i] for i in filtered], temps[rows]) == 0
+            scores[rows] = scores[rows].masked_fill(dropped, float("-inf"))
+        return scores
 
     @classmethod
     def normalised_probs(cls, logits: torch.Tensor, params: list) -> torch.Tensor:
@@ -82,7 +103,7 @@ class Sampler:
     @classmethod
     def probs(cls, logits: torch.Tensor, params: list, temps: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 [N, V]: each row's probabilities after temperature and filters (unnormalised once
-        filtered); per row, as cdf."""
+        filtered); per row, as scores."""
         if temps is None:
             temps = torch.tensor([p.temperature or 1.0 for p in params], device=logits.device)
         probs = torch.softmax(logits / temps[:, None], dim=-1)

@@ -87,10 +87,10 @@ def recording_llm(model, logits: dict, **options):
     llm = LLM(model, **options)
     sample = llm.sampler
 
-    def recording(rows, seqs, offsets=None, u=None):
+    def recording(rows, seqs, offsets=None, keys=None):
         for row, seq, off in zip(rows, seqs, offsets or [0] * len(seqs)):
             if seq.request.request_id == "main":
                 logits[seq.index, seq.num_generated + off] = row.clone()
-        return sample(rows, seqs, offsets, u)
+        return sample(rows, seqs, offsets, keys)
     llm.sampler = recording
     return llm

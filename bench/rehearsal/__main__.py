@@ -229,9 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spec-acceptance", type=probability, metavar="P",
                    help="instead: every row drafts num_speculative_tokens (self-drafting: the depth its policy "
                         "chooses), each accepted with probability P")
-    p.add_argument("--spec-self-rule", choices=("coupled", "rejection", "gumbel"), default="coupled",
+    p.add_argument("--spec-self-rule", choices=("coupled", "rejection", "inverse_cdf"), default="coupled",
                    help="the acceptance rule whose measured self-drafting profile the spec-self configs take (the "
-                        "rehearsal verifies as 'coupled' does: only the acceptance differs; 'gumbel' is a what-if)")
+                        "rehearsal verifies as 'coupled' does: only the acceptance differs; 'inverse_cdf' is a what-if: the coupling before Gumbel-max sampling)")
     p.add_argument("--out", default="runs/rehearsal")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)

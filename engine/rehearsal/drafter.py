@@ -167,10 +167,13 @@ class ScriptedSelfDrafts:
         self.rng = random.Random(seed)
         self._runs: dict[int, int] = {}  # seq id -> drafts its verify step will accept
 
-    def uniforms(self, seqs, offsets=None):
-        return self.script.uniforms(seqs, offsets)
+    def keys(self, seqs, offsets=None):
+        return self.script.keys(seqs, offsets)
 
-    def __call__(self, logits, seqs: list[Sequence], offsets: list[int] | None = None, u=None) -> list[int]:
+    def random_keys(self, n: int):
+        return self.script.random_keys(n)
+
+    def __call__(self, logits, seqs: list[Sequence], offsets: list[int] | None = None, keys=None) -> list[int]:
         out = []
         for s, j in zip(seqs, offsets or [0] * len(seqs)):
             if j == 0:

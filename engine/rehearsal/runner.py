@@ -277,14 +277,17 @@ class ScriptedSampler:
             return self.end_think[g - think_end]
         return self.filler
 
-    def uniforms(self, seqs: list[Sequence], offsets: list[int] | None = None) -> torch.Tensor:
-        """As Sampler.uniforms (self-drafting asks for them): zeros, the script decides."""
-        return torch.zeros(len(seqs), dtype=torch.float64)
+    def keys(self, seqs: list[Sequence], offsets: list[int] | None = None) -> torch.Tensor:
+        """As Sampler.keys (self-drafting asks for them): zeros, the script decides."""
+        return torch.zeros(len(seqs), dtype=torch.int64)
+
+    def random_keys(self, n: int) -> torch.Tensor:
+        return torch.zeros(n, dtype=torch.int64)
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence], offsets: list[int] | None = None,
-                 u: torch.Tensor | None = None) -> list[int]:
-        """As Sampler: entry i is seqs[i]'s token ``offsets[i]`` positions after its next one (``u``, the
-        draws, unused: the script decides). As self-drafting's draw, it drafts the script's tokens: every
+                 keys: torch.Tensor | None = None) -> list[int]:
+        """As Sampler: entry i is seqs[i]'s token ``offsets[i]`` positions after its next one (``keys``, the
+        noise, unused: the script decides). As self-drafting's draw, it drafts the script's tokens: every
         draft right (engine/rehearsal/drafter.py's ScriptedSelfDrafts makes some wrong)."""
         if not offsets:
             return [self.token(s, s.num_generated) for s in seqs]

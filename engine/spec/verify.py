@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 def sample_runs(plan: StepPlan, logits, sampler: Sampler, drafted=None) -> list[Run]:
     """The step's tokens, a run per sampled sequence. ``drafted``: what self-drafting handed back (the
-    uniforms its drafts were coupled to, or per row the distributions q they were drawn from)."""
+    noise keys its drafts were coupled to, or per row the distributions q they were drawn from)."""
     if isinstance(drafted, dict):
         return rejection_runs(plan, logits, drafted, sampler)
     tokens = sampler(logits, plan.sample_seqs, plan.sample_offsets, drafted) if plan.sample_seqs else []

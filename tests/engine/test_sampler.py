@@ -59,14 +59,20 @@ def test_a_seeded_draw_depends_on_position_not_on_the_batch():
         [Sampler(torch.device("cpu"))(logits[:1], [seqs[0]])[0]] * 200
 
 
-def test_stream_uniforms_are_uniform_and_distinct():
-    from engine.rng import stream_uniform
+def test_stream_keys_are_distinct_per_child_and_position():
+    from engine.rng import stream_key
 
-    u = torch.tensor([stream_uniform(s, k) for s in (1, 2, 3) for k in range(4000)], dtype=torch.float64)
-    assert 0 <= float(u.min()) and float(u.max()) < 1
-    hist = torch.histc(u, bins=10, min=0, max=1) / len(u)
-    torch.testing.assert_close(hist, torch.full((10,), 0.1, dtype=torch.float64), atol=0.015, rtol=0)
-    assert len(set(u.tolist())) == len(u)
+    keys = [stream_key(s, k) for s in (1, 2, 3) for k in range(4000)]
+    assert len(set(keys)) == len(keys) and all(-2 ** 63 <= k < 2 ** 63 for k in keys)
+
+
+def test_the_same_key_draws_the_same_token_and_greedy_rows_ignore_it():
+    logits = torch.randn(3, 2000)
+    seqs = _seqs(SamplingParams(temperature=1.0), 2) + _seqs(SamplingParams(temperature=0), 1)
+    s = Sampler(torch.device("cpu"))
+    keys = s.keys(seqs)
+    assert s(logits, seqs, keys=keys) == s(logits, seqs, keys=keys)
+    assert s(logits, seqs, keys=keys)[2] == int(logits[2].argmax())
 
 
 def test_a_stop_string_found_when_its_characters_span_many_byte_tokens():

@@ -42,7 +42,7 @@ def _compile_all() -> int:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kernels import activation, cascade_decode, paged_decode, prefill_attention, rmsnorm, rope, store_kvcache
+    from kernels import activation, cascade_decode, gumbel_sample, paged_decode, prefill_attention, rmsnorm, rope, store_kvcache
 
     target = GPUTarget("cuda", 90, 32)
     tname = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
@@ -137,6 +137,9 @@ def _compile_all() -> int:
                     dict(x_ptr=dt, res_ptr=dt, w_ptr=dt, out_ptr=dt, res_out_ptr=dt, stride_x=4096, stride_r=4096,
                          H=4096, eps=1e-5),
                     dict(HAS_RES=res, BLOCK=4096, num_warps=4))
+    compile_one(gumbel_sample._gumbel_argmax_kernel,
+                dict(scores_ptr=f32, keys_ptr=torch.int64, out_ptr=torch.int64, V=151936, stride=151936),
+                dict(BLOCK=2048, num_warps=8))
     compile_one(rope._rope_kernel,
                 dict(pos_ptr=torch.int64, q_ptr=bf, k_ptr=bf, cs_ptr=f32, stride_q=6144, stride_k=6144, HQ=32, HKV=8),
                 dict(HALF=64, BLOCK_HQ=32, BLOCK_HKV=8, BLOCK_HALF=64, num_warps=4))

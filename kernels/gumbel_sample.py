@@ -1,0 +1,95 @@
+"""Gumbel-max sampling with counter-based noise: token = argmax_i(scores[i] + g(key, i)).
+
+Each row carries one 64-bit key; the noise of vocabulary entry i is a Gumbel variate made from
+splitmix64 at key + (i + 1) * golden (the construction of engine/rng.py, one counter per entry). With
+scores = logits / temperature (filtered entries -inf), the argmax is a draw from the row's
+distribution. A draw is a function of (scores, key) alone, so the same key gives the same token
+wherever it is used: a self-drafting step that draws its draft from its own distribution q with the
+key of the target's draw at that position keeps the draft exactly when both argmaxes agree
+(engine/spec/self_window.py), and the chance that they do is 1 / sum_j max(p_j / p_y, q_j / q_y)
+summed over y, close to speculative sampling's 1 - TV(p, q).
+
+The uniform behind each variate has 53 bits and its logs are float64, so the Gumbel tail is exact
+to ~37 (an inverse CDF in float32 would stop near 17 and never draw tokens ~1e-7 below the top one).
+"""
+from __future__ import annotations
+
+import torch
+
+from ._utils import HAS_TRITON, check, check_same_device, require_triton, tl, triton
+
+GOLDEN = 0x9E3779B97F4A7C15
+MIX1 = 0xBF58476D1CE4E5B9
+MIX2 = 0x94D049BB133111EB
+
+
+def _signed(c: int) -> int:
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+def _shr(x: torch.Tensor, n: int) -> torch.Tensor:
+    """A logical right shift of int64 bits (torch's >> is arithmetic)."""
+    return (x >> n) & ((1 << (64 - n)) - 1)
+
+
+def gumbel_noise_ref(keys: torch.Tensor, vocab: int) -> torch.Tensor:
+    """float64 [N, vocab]: the Gumbel variate of each row's key at each vocabulary entry. int64
+    arithmetic wraps modulo 2**64 on CPU and GPU alike, which is the unsigned arithmetic of splitmix64
+    (tests/kernels/test_kernels_gumbel.py checks it against engine/rng.py's Python integers)."""
+    i = torch.arange(1, vocab + 1, dtype=torch.int64, device=keys.device)
+    x = keys[:, None] + i[None, :] * _signed(GOLDEN)
+    x = (x ^ _shr(x, 30)) * _signed(MIX1)
+    x = (x ^ _shr(x, 27)) * _signed(MIX2)
+    x = x ^ _shr(x, 31)
+    u = (_shr(x, 11).to(torch.float64) + 0.5) * 2.0 ** -53
+    return -torch.log(-torch.log(u))
+
+
+def gumbel_argmax_ref(scores: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """int64 [N]: argmax over each row of scores (fp32 [N, V], -inf for excluded entries) plus its
+    key's noise; ties go to the lowest index."""
+    return (scores.to(torch.float64) + gumbel_noise_ref(keys, scores.shape[1])).argmax(dim=-1)
+
+
+# --- Triton ---------------------------------------------------------------------------------------
+@triton.jit
+def _gumbel_argmax_kernel(scores_ptr, keys_ptr, out_ptr, V, stride, BLOCK: tl.constexpr):
+    # One program per row; the noise is made in registers, so the row's scores are read once.
+    row = tl.program_id(0).to(tl.int64)
+    key = tl.load(keys_ptr + row).to(tl.uint64, bitcast=True)
+    best = tl.full((), float("-inf"), tl.float64)
+    best_i = tl.full((), 0, tl.int64)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK).to(tl.int64)
+        mask = offs < V
+        s = tl.load(scores_ptr + row * stride + offs, mask=mask, other=float("-inf"))
+        x = key + (offs + 1).to(tl.uint64) * 0x9E3779B97F4A7C15
+        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EB
+        x = x ^ (x >> 31)
+        u = ((x >> 11).to(tl.float64) + 0.5) * 1.1102230246251565e-16  # 2**-53
+        v = s.to(tl.float64) - tl.log(-tl.log(u))
+        v = tl.where(mask, v, float("-inf"))
+        m = tl.max(v, axis=0)
+        i = tl.min(tl.where(v == m, offs, V), axis=0)  # the first maximum, as torch.argmax
+        take = m > best  # strictly: an earlier block keeps a tie
+        best_i = tl.where(take, i, best_i)
+        best = tl.where(take, m, best)
+    tl.store(out_ptr + row, best_i)
+
+
+def gumbel_argmax_triton(scores: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Same contract as gumbel_argmax_ref."""
+    require_triton()
+    check(scores.dim() == 2 and scores.stride(1) == 1, "scores must be [N, V] with contiguous rows")
+    check(scores.dtype in (torch.float32, torch.float64), f"scores: unsupported dtype {scores.dtype}")
+    check(keys.shape == (scores.shape[0],) and keys.dtype == torch.int64, "keys must be int64 [N]")
+    check_same_device(scores=scores, keys=keys)
+    out = torch.empty(scores.shape[0], dtype=torch.int64, device=scores.device)
+    if scores.shape[0] > 0:
+        _gumbel_argmax_kernel[(scores.shape[0],)](scores, keys.contiguous(), out, scores.shape[1],
+                                                  scores.stride(0), BLOCK=2048, num_warps=8)
+    return out
+
+if not HAS_TRITON:  # only the reference is offered where triton does not import
+    del gumbel_argmax_triton
