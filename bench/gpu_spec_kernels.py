@@ -11,7 +11,9 @@ reference (on the first two rows, except cascade). Cases, each row written to OU
 - cascade: round 2's shape, 4 rows sharing a 64k prefix + 8k own tokens, q_len 1 and 5, beside the paged
   multi-query kernel on the same batch (which reads the prefix once per row);
 - draft: B=32 x 32k, one query per row over a sink of 16 + a window of 512 (self-drafting), vs the full
-  paged decode of the same rows.
+  paged decode of the same rows;
+- sample: the sampler's Gumbel-max kernel (kernels/gumbel_sample.py) on B=256 rows x Qwen3's 151,936
+  fp32 logits: time per call, logits bytes / time, and its tokens against the torch reference's.
 
     python3 -m bench.gpu_spec_kernels [--out DIR] [--only verify,cascade,draft] [--kv-dtypes auto,fp8_e4m3]
     python3 -m bench.gpu_spec_kernels --dry-run   # CPU, Triton interpreter, tiny shapes: the code path only
@@ -29,7 +31,7 @@ from pathlib import Path
 
 from bench.gpu_kernels import commit, rel_err, run_cases, write_device_params
 
-CASES = ("verify", "draft", "cascade")
+CASES = ("verify", "draft", "cascade", "sample")
 K_SCALE, V_SCALE = 0.5, 0.25  # an FP8 cache's scales: not 1, so the folded scales run too
 REPS = 10
 
@@ -221,6 +223,18 @@ def case_cascade(s: Spec, kernels):
             del ref
 
 
+def case_sample(s: Spec, kernels):
+    torch = s.torch
+    B, V = (4, 3000) if s.tiny else (256, 151936)
+    scores = torch.randn(B, V, generator=s.gen, device=s.dev, dtype=torch.float32) * 3
+    keys = torch.randint(-2 ** 63, 2 ** 63 - 1, (B,), generator=s.gen, device=s.dev, dtype=torch.int64)
+    run = lambda: kernels.gumbel_argmax_triton(scores, keys)  # noqa: E731
+    same = int((run() == kernels.gumbel_argmax_ref(scores, keys)).sum())
+    t, graph = s.time(run)
+    s.add(dict(case="sample", kv_dtype="-", B=B, vocab=V, us=t * 1e6, graph=graph,
+               GBps=B * V * 4 / t / 1e9, same_tokens_as_ref=same, rel_err_vs_fp32=0.0 if same == B else 1.0))
+
+
 def format_table(rows) -> str:
     lines = ["speculative-decoding attention at PaCoRe-8B's shape; GB/s = KV bytes read once per row (cascade: "
              "the prefix once) / time; bw = that / copy bandwidth"]
@@ -238,6 +252,9 @@ def format_table(rows) -> str:
             lines.append(f"{head}K={r['K']} P={r['prefix']} S={r['suffix']} q_len={r['q_len']}: {r['us']:.1f} us "
                          f"({r['GBps']:.0f} GB/s, x{r['vs_q1']:.2f} of q_len 1), paged {r['paged_us']:.1f} us "
                          f"({r['paged_over_cascade']:.2f}x)  err {r['rel_err_vs_fp32']:.1e}")
+        elif r["case"] == "sample":
+            lines.append(f"sample   B={r['B']} vocab={r['vocab']}: {r['us']:.1f} us ({r['GBps']:.0f} GB/s of logits), "
+                         f"{r['same_tokens_as_ref']}/{r['B']} tokens as the torch reference")
     return "\n".join(lines)
 
 

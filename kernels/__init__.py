@@ -37,11 +37,16 @@ Triton kernel notes:
   registers (fp32 accumulation). The interpreter reads FP8 exactly but rounds float -> FP8 wrongly, so
   the store's rounding is checked on a GPU only.
 
+gumbel_sample.py draws tokens (the engine's sampler): Gumbel-max over noise made in registers from each
+row's 64-bit key (splitmix64 per vocabulary entry), float64 logs; one program per row reads its
+scores once.
+
 batch_invariant.py holds the torch ops of LLM(batch_invariant=True) (no Triton twins): linear layers
 in fixed row tiles and an attention whose result for a query does not depend on its batch.
 """
 from .activation import silu_and_mul_ref
 from .cascade_decode import cascade_decode_ref
+from .gumbel_sample import gumbel_argmax_ref
 from .paged_decode import paged_decode_ref
 from .prefill_attention import prefill_attention_ref
 from .rmsnorm import rmsnorm_ref
@@ -50,7 +55,7 @@ from .store_kvcache import store_kvcache_ref
 
 __all__ = [
     "store_kvcache_ref", "paged_decode_ref", "cascade_decode_ref", "prefill_attention_ref",
-    "rmsnorm_ref", "rope_ref", "silu_and_mul_ref",
+    "rmsnorm_ref", "rope_ref", "silu_and_mul_ref", "gumbel_argmax_ref",
 ]
 
 from ._utils import HAS_TRITON
@@ -58,6 +63,7 @@ from ._utils import HAS_TRITON
 if HAS_TRITON:
     from .activation import silu_and_mul_triton
     from .cascade_decode import cascade_decode_triton
+    from .gumbel_sample import gumbel_argmax_triton
     from .paged_decode import paged_decode_triton
     from .prefill_attention import prefill_attention_triton
     from .rmsnorm import rmsnorm_triton
@@ -65,4 +71,4 @@ if HAS_TRITON:
     from .store_kvcache import store_kvcache_triton
 
     __all__ += ["store_kvcache_triton", "paged_decode_triton", "cascade_decode_triton", "prefill_attention_triton",
-                "rmsnorm_triton", "rope_triton", "silu_and_mul_triton"]
+                "rmsnorm_triton", "rope_triton", "silu_and_mul_triton", "gumbel_argmax_triton"]

@@ -35,20 +35,23 @@ def _shr(x: torch.Tensor, n: int) -> torch.Tensor:
 def gumbel_noise_ref(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     """float64 [N, vocab]: the Gumbel variate of each row's key at each vocabulary entry. int64
     arithmetic wraps modulo 2**64 on CPU and GPU alike, which is the unsigned arithmetic of splitmix64
-    (tests/kernels/test_kernels_gumbel.py checks it against engine/rng.py's Python integers)."""
-    i = torch.arange(1, vocab + 1, dtype=torch.int64, device=keys.device)
-    x = keys[:, None] + i[None, :] * _signed(GOLDEN)
-    x = (x ^ _shr(x, 30)) * _signed(MIX1)
-    x = (x ^ _shr(x, 27)) * _signed(MIX2)
-    x = x ^ _shr(x, 31)
-    u = (_shr(x, 11).to(torch.float64) + 0.5) * 2.0 ** -53
-    return -torch.log(-torch.log(u))
+    (tests/kernels/test_kernels_gumbel.py checks it against engine/rng.py's Python integers). In place
+    where it can: this is the CPU path's sampler, ~[rows, vocab] of work per step."""
+    x = torch.arange(1, vocab + 1, dtype=torch.int64, device=keys.device).mul_(_signed(GOLDEN))
+    x = x[None, :] + keys[:, None]
+    x ^= _shr(x, 30)
+    x *= _signed(MIX1)
+    x ^= _shr(x, 27)
+    x *= _signed(MIX2)
+    x ^= _shr(x, 31)
+    u = _shr(x, 11).to(torch.float64).add_(0.5).mul_(2.0 ** -53)
+    return u.log_().neg_().log_().neg_()
 
 
 def gumbel_argmax_ref(scores: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """int64 [N]: argmax over each row of scores (fp32 [N, V], -inf for excluded entries) plus its
     key's noise; ties go to the lowest index."""
-    return (scores.to(torch.float64) + gumbel_noise_ref(keys, scores.shape[1])).argmax(dim=-1)
+    return gumbel_noise_ref(keys, scores.shape[1]).add_(scores).argmax(dim=-1)
 
 
 # --- Triton ---------------------------------------------------------------------------------------

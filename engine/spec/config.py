@@ -28,10 +28,11 @@ class SpeculativeConfig:
     the request's prompt, its own tokens, and (``lookup_siblings``) its siblings' tokens.
     method "self_window": the model drafts for itself, one step per draft token, attending only to its
     first ``sink`` tokens and its last ``window`` (engine/spec/self_window.py). ``acceptance``:
-    "coupled" (the draft is drawn with the noise of the target's own draw at that position and kept
-    while they agree: the output is token for token the trajectory without speculation) or
-    "rejection" (textbook speculative sampling: kept with probability min(1, p/q), else drawn from
-    norm(max(0, p - q)): the same distribution, different tokens, a higher acceptance). ``policy``
+    "coupled" (the draft is drawn by Gumbel-max with the noise of the target's own draw at that
+    position and kept while they agree: the output is token for token the trajectory without
+    speculation) or "rejection" (textbook speculative sampling: kept with probability min(1, p/q), else
+    drawn from norm(max(0, p - q)): the same distribution, different tokens, an acceptance a few points
+    higher). ``policy``
     "adaptive" (the default) drafts, per step, the depth that maximises the expected tokens per second
     on the device ``cost_model`` describes ("h200", or a parameters JSON a GPU run wrote), 0 where
     speculation does not pay; "fixed" always drafts num_speculative_tokens."""

@@ -35,8 +35,10 @@ def test_a_resumed_request_continues_each_stream_exactly(tiny_model_dir):
     got = done[0]
     assert [o.token_ids for o in got.outputs] == [o.token_ids for o in whole.outputs]
     assert [o.finish_reason for o in got.outputs] == [o.finish_reason for o in whole.outputs]
-    # the prompt's blocks were computed once and shared by the four continuations
-    assert second.stats()["prefix_cache_hit_tokens"] >= 3 * (37 // 16) * 16
+    # the prompt's blocks were computed once and shared by the continuations
+    continuing = sum(reason is None for _, reason in partial)
+    assert continuing >= 2
+    assert second.stats()["prefix_cache_hit_tokens"] >= (continuing - 1) * (37 // 16) * 16
 
 
 def test_finished_children_are_kept_as_they_were(tiny_model_dir):
