@@ -273,13 +273,17 @@ def main(argv: list[str] | None = None) -> int:
         kept = json.loads(profile_path.read_text()).get("self_window")
         profile |= {"self_window": kept} if kept else {}
     profile_path.write_text(json.dumps(profile, indent=1) + "\n")
-    table = tables(results)
-    (out / "report.json").write_text(json.dumps(results | {"profile": profile}, indent=1))
-    (out / "table.md").write_text(CAVEAT + "\n\n" + table + "\n")
-    print(CAVEAT)
-    print(table)
-    print(f"written: {profile_path}, {out / 'table.md'}, {out / 'report.json'}")
+    write_report(out, results | {"profile": profile}, CAVEAT, tables(results), profile_path)
     return 0
+
+
+def write_report(out: Path, report: dict, caveat: str, table: str, profile_path: Path, first: str = "") -> None:
+    """OUT/report.json and OUT/table.md (the caveat above the table), printed with what was written."""
+    (out / "report.json").write_text(json.dumps(report, indent=1))
+    (out / "table.md").write_text(caveat + "\n\n" + table + "\n")
+    print(caveat)
+    print(table)
+    print(f"{first}written: {profile_path}, {out / 'table.md'}, {out / 'report.json'}")
 
 
 if __name__ == "__main__":

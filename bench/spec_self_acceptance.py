@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from bench.spec_acceptance import DEFAULT_PROFILE, SUFFIX, _commit
+from bench.spec_acceptance import DEFAULT_PROFILE, SUFFIX, _commit, write_report
 
 CAVEAT = ("A 135M model sampled at temperature 1.0 is far less predictable than an 8B reasoning model, and its "
           "contexts stop at 8k: read these acceptances as the shape of the curves, not as PaCoRe-8B's figures.")
@@ -410,12 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     sec = section(results, args)
     profile_path = Path(args.profile_out or (out / "profile.json" if args.quick else DEFAULT_PROFILE))
     write_section(profile_path, sec)
-    table = tables(results, args)
-    (out / "report.json").write_text(json.dumps(results | {"self_window": sec}, indent=1))
-    (out / "table.md").write_text(CAVEAT + "\n\n" + table + "\n")
-    print(CAVEAT)
-    print(table)
-    print(f"CPU time: {results['cpu_s']:.0f} s; written: {profile_path}, {out / 'table.md'}, {out / 'report.json'}")
+    write_report(out, results | {"self_window": sec}, CAVEAT, tables(results, args), profile_path,
+                 f"CPU time: {results['cpu_s']:.0f} s; ")
     return 0
 
 
