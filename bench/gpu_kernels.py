@@ -462,15 +462,24 @@ def format_table(rows) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    if args.tiny:
-        os.environ["TRITON_INTERPRET"] = "1"  # before triton / kernels are imported
+def open_kernels(tiny: bool, script: str, dry_flag: str):
+    """The kernels package, under the interpreter for a dry run (switched on before triton or the kernels
+    import); None, having said why, when a real run finds no CUDA device."""
+    if tiny:
+        os.environ["TRITON_INTERPRET"] = "1"
     import torch
 
     import kernels
-    if not args.tiny and not torch.cuda.is_available():
-        print("gpu_kernels: no CUDA device (use --tiny on CPU)", file=sys.stderr)
+    if not tiny and not torch.cuda.is_available():
+        print(f"{script}: no CUDA device (use {dry_flag} on CPU)", file=sys.stderr)
+        return None
+    return kernels
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    kernels = open_kernels(args.tiny, "gpu_kernels", "--tiny")
+    if kernels is None:
         return 2
     b = Bench(args)
     print(f"device: {b.name}; {b.dtype}, Hq={b.Hq} Hkv={b.Hkv} D={b.D} bs={b.bs}", flush=True)
@@ -484,6 +493,7 @@ def main(argv=None) -> int:
 def run_cases(bench, kernels, cases: dict, format_table, table_file: Path | None) -> int:
     """Run each case (name -> fn(bench, kernels)); a failing case is recorded and the others still run.
     Prints the table of the rows that worked (and writes it to table_file); 1 if any case failed."""
+    import torch
     status = 0
     for name, case in cases.items():
         try:

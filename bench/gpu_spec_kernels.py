@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.gpu_kernels import commit, rel_err, run_cases, write_device_params
+from bench.gpu_kernels import commit, open_kernels, rel_err, run_cases, write_device_params
 
 CASES = ("verify", "draft", "cascade", "sample")
 K_SCALE, V_SCALE = 0.5, 0.25  # an FP8 cache's scales: not 1, so the folded scales run too
@@ -260,13 +260,8 @@ def format_table(rows) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.tiny:
-        os.environ["TRITON_INTERPRET"] = "1"  # before triton / kernels are imported
-    import torch
-
-    import kernels
-    if not args.tiny and not torch.cuda.is_available():
-        print("gpu_spec_kernels: no CUDA device (use --dry-run on CPU)", file=sys.stderr)
+    kernels = open_kernels(args.tiny, "gpu_spec_kernels", "--dry-run")
+    if kernels is None:
         return 2
     s = Spec(args)
     print(f"device: {s.name}; {s.dtype}, Hq={s.Hq} Hkv={s.Hkv} D={s.D} bs={s.bs}", flush=True)

@@ -26,3 +26,22 @@ def test_dry_run_writes_every_case(tmp_path):
     ratios = json.loads((tmp_path / "device_params.json").read_text())["spec_verify_time_over_plain"]
     assert set(ratios) == {"auto", "fp8_e4m3"} and ratios["auto"]["L70_q1"] == 1.0
     assert "sink 4 + window 16" in (tmp_path / "gpu_spec_kernels_table.txt").read_text()
+
+
+def test_run_cases_frees_the_gpu_cache_between_cases(monkeypatch):
+    """On a GPU run_cases empties the CUDA cache after each case (a dry run never takes that branch)."""
+    import torch
+
+    from bench.gpu_kernels import run_cases
+    freed = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: freed.append(1))
+
+    class Bench:
+        dev, rows = "cuda", []
+
+        def add(self, row):
+            self.rows.append(row)
+    b = Bench()
+    cases = {"a": lambda bench, k: bench.add({"case": "a"}), "b": lambda bench, k: 1 / 0}
+    assert run_cases(b, None, cases, lambda rows: f"{len(rows)} rows", None) == 1
+    assert freed == [1, 1] and b.rows[-1]["error"].startswith("ZeroDivisionError")
