@@ -1,15 +1,16 @@
 """Counter-based random draws for seeded sampling (no generator state to save or batch)."""
 from __future__ import annotations
 
+from kernels.gumbel_sample import GOLDEN, MIX1, MIX2, signed64  # splitmix64's constants: the sampler's noise uses them too
+
 _MASK64 = (1 << 64) - 1
-_GOLDEN64 = 0x9E3779B97F4A7C15
 
 
 def mix64(x: int) -> int:
     """splitmix64's finaliser: a bijective scramble of a 64-bit integer."""
     x &= _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    x = ((x ^ (x >> 30)) * MIX1) & _MASK64
+    x = ((x ^ (x >> 27)) * MIX2) & _MASK64
     return x ^ (x >> 31)
 
 
@@ -21,5 +22,4 @@ def stream_key(stream: int, step: int) -> int:
     (seed, child, position) alone: not on what else is batched, on preemption, or on a restart,
     and no per-sequence generator launches a kernel per row per step.
     """
-    x = mix64(stream + (step + 1) * _GOLDEN64)
-    return x - (1 << 64) if x >= 1 << 63 else x
+    return signed64(mix64(stream + (step + 1) * GOLDEN))

@@ -45,8 +45,8 @@ class Sampler:
         if keys is None:
             keys = self.keys(seqs, offsets)
         sampled = self._argmax(self.scores(logits, params), keys.to(logits.device))
-        greedy = torch.tensor([p.greedy for p in params], device=logits.device)
-        if greedy.any():
+        if any(p.greedy for p in params):
+            greedy = torch.tensor([p.greedy for p in params], device=logits.device)
             sampled = torch.where(greedy, logits.argmax(dim=-1), sampled)
         return sampled.tolist()
 

@@ -23,7 +23,8 @@ MIX1 = 0xBF58476D1CE4E5B9
 MIX2 = 0x94D049BB133111EB
 
 
-def _signed(c: int) -> int:
+def signed64(c: int) -> int:
+    """The signed 64-bit integer with the bits of c in [0, 2**64) (what an int64 tensor holds)."""
     return c - (1 << 64) if c >= 1 << 63 else c
 
 
@@ -37,12 +38,12 @@ def gumbel_noise_ref(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     arithmetic wraps modulo 2**64 on CPU and GPU alike, which is the unsigned arithmetic of splitmix64
     (tests/kernels/test_kernels_gumbel.py checks it against engine/rng.py's Python integers). In place
     where it can: this is the CPU path's sampler, ~[rows, vocab] of work per step."""
-    x = torch.arange(1, vocab + 1, dtype=torch.int64, device=keys.device).mul_(_signed(GOLDEN))
+    x = torch.arange(1, vocab + 1, dtype=torch.int64, device=keys.device).mul_(signed64(GOLDEN))
     x = x[None, :] + keys[:, None]
     x ^= _shr(x, 30)
-    x *= _signed(MIX1)
+    x *= signed64(MIX1)
     x ^= _shr(x, 27)
-    x *= _signed(MIX2)
+    x *= signed64(MIX2)
     x ^= _shr(x, 31)
     u = _shr(x, 11).to(torch.float64).add_(0.5).mul_(2.0 ** -53)
     return u.log_().neg_().log_().neg_()
