@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -27,7 +25,7 @@ from bench.rehearsal import report
 from bench.rehearsal.checks import (BLOCK_SIZE, MAX_KV_TOKENS, Refused, check_args, check_cache, positive_number,
                                     probability, replayed_problems)
 from bench.rehearsal.shapes import SHAPES, model_folder
-from bench.rehearsal.workload import CONTEXT, PaperLengths, ReplayLengths, mean_trajectory_tokens
+from bench.rehearsal.workload import PaperLengths, ReplayLengths, mean_trajectory_tokens
 
 PRESETS = {"low": (4,), "medium": (16,), "high": (32, 4)}
 SELF_WINDOW = {"method": "self_window", "num_speculative_tokens": 6, "window": 512, "sink": 16}

@@ -47,7 +47,7 @@ def test_a_prompt_is_admitted_only_when_its_whole_prefill_fits():
     prefill ends: it waits until all of it fits, with the 1% watermark kept free for growth."""
     from engine.block_manager import BlockManager
     from engine.scheduler import CascadePolicy, Scheduler
-    from engine.sequence import Request, Sequence
+    from engine.sequence import Request
     from engine.stopping import StopChecker
 
     bm = BlockManager(200, 16)

@@ -5,7 +5,6 @@ Every comparison also checks the stats: drafts were proposed, some accepted and 
 paths of verification ran.
 """
 import pytest
-import torch
 
 from engine import LLM, SamplingParams
 from engine.spec.config import SpeculativeConfig

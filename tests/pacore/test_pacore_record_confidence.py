@@ -7,12 +7,11 @@ import torch
 
 from engine.llm import StepError
 from pacore.cli import main
-from pacore.config import RunConfig
 from pacore.evaluate.confidence import MEASURES, TOP_K, auroc, trajectory_confidence
 from pacore.evaluate.summary import format_summary
 from pacore.replicas.driver import ReplicaError
 from pacore.replicas.processes import run_data_parallel
-from pacore.results.files import read_results, rounds_path, snapshot_dir
+from pacore.results.files import read_results, rounds_path
 from pacore.results.snapshots import SnapshotStore
 from pacore.runner import PaCoReRunner
 from pacore_fakes import FakeLLM, fake_logprobs
