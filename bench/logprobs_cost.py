@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from bench.profile_run import apply_threads
 
-H200_BYTES_PER_S = 4.0e12  # engine/rehearsal/device_model.py's copy bandwidth
+H200_BYTES_PER_S = 4.0e12  # engine/device_model.py's copy bandwidth
 DECODE_STEP_S = 30e-3  # a PaCoRe-8B decode step on an H200 at a long context (docs/rehearsal.md)
 PASSES = 4  # log-softmax reads and writes the row, topk reads it, the rank count reads it
 

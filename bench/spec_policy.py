@@ -17,7 +17,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 
-from engine.rehearsal.device_model import DeviceParams, speculation_seconds
+from engine.device_model import DeviceParams, speculation_seconds
 from engine.spec.policy import DepthPolicy, tokens_per_verify
 from engine.step_shape import ModelShape
 

@@ -103,7 +103,7 @@ class LLM:
             verify_queries=spec.num_speculative_tokens + 1 if spec else 1,
             draft_steps=spec is not None and spec.method == "self_window")
         if opts.device_model:
-            from engine.rehearsal.device_model import DeviceParams
+            from engine.device_model import DeviceParams
             from engine.rehearsal.runner import RehearsalRunner
             self.runner = RehearsalRunner(**runner_kwargs, device=DeviceParams.named(opts.device_model))
         else:

@@ -7,7 +7,7 @@
 Everything but the model's arithmetic is the real code: ``LLM`` with ``device_model`` set, the
 scheduler and block manager at the real block count, fork, the prefix cache, preemption,
 ``ModelRunner.prepare``, stop checks, and the PaCoRe runner with compaction, prompts, budgets,
-results and checkpoints. What it prints is a model (engine/rehearsal/device_model.py): its figures
+results and checkpoints. What it prints is a model (engine/device_model.py): its figures
 are assumed unless ``--device`` names a parameters file that a GPU run wrote.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from engine.config import positive_int, seed_int
-from engine.rehearsal.device_model import DeviceParams, StepCost
+from engine.device_model import DeviceParams, StepCost
 
 from bench.rehearsal import report
 from bench.rehearsal.checks import (BLOCK_SIZE, MAX_KV_TOKENS, Refused, check_args, check_cache, positive_number,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from engine.rehearsal.device_model import DeviceParams, kv_tokens
+from engine.device_model import DeviceParams, kv_tokens
 
 BLOCK_SIZE = 16  # the engine's default, which a rehearsal keeps
 MAX_KV_TOKENS = 1 << 24  # --max-kv-tokens: the block manager keeps a few list entries per block, in CPU memory

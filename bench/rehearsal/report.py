@@ -1,11 +1,11 @@
 """What a rehearsal reports: per round, tokens/s and where the modelled time went, beside the floor.
 
 A step serves several rounds at once (problems advance independently), so each round's share of a
-step (engine/rehearsal/device_model.py) is added to that round's account.
+step (engine/device_model.py) is added to that round's account.
 """
 from __future__ import annotations
 
-from engine.rehearsal.device_model import PARTS, StepCost
+from engine.device_model import PARTS, StepCost
 
 
 def by_round(ledger) -> dict[int, dict]:

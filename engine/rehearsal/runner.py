@@ -17,7 +17,7 @@ import torch
 
 from engine.kv_cache import resolve_kv_dtype
 from engine.model_runner import ModelRunner
-from engine.rehearsal.device_model import (DecodeGroup, DeviceParams, ModelShape, PrefillChunk, StepCost, StepWork,
+from engine.device_model import (DecodeGroup, DeviceParams, ModelShape, PrefillChunk, StepCost, StepWork,
                                            kv_tokens, step_cost)
 from engine.scheduler import StepPlan, request_runs
 from engine.sequence import Sequence

@@ -101,7 +101,7 @@ def adaptive_policy(spec, model_config, dtype, kv_dtype, device=None) -> DepthPo
     shape and KV format; None otherwise."""
     if spec.method != "self_window" or spec.policy != "adaptive":
         return None
-    from engine.rehearsal.device_model import DeviceParams, speculation_seconds
+    from engine.device_model import DeviceParams, speculation_seconds
     from engine.step_shape import ModelShape
     shape = ModelShape.from_config(model_config, dtype.itemsize, kv_dtype.itemsize)
     device = device or DeviceParams.named(spec.cost_model)

@@ -78,7 +78,7 @@ def test_dry_run_runs_every_stage_at_tiny_shapes(tmp_path):
     check = (out / "engine_check.log").read_text()
     assert check.count("PASS") == 5 and "FAIL" not in check and "fp32 triton + graphs == torch, cascade True" in check
     assert "fp32 triton + graphs + ngram == torch" in check and "fp32 triton + graphs + self_window == torch" in check
-    from engine.rehearsal.device_model import DeviceParams
+    from engine.device_model import DeviceParams
     params = DeviceParams.from_file(out / "device_params.json")  # the rehearsal's --device reads it
     assert params.source == str(out / "device_params.json")
     raw = json.loads((out / "device_params.json").read_text())

@@ -1,7 +1,7 @@
 """The rehearsal's device model: a step's cost for hand-computed plans equals the formula."""
 import pytest
 
-from engine.rehearsal.device_model import (DecodeGroup, DeviceParams, ModelShape, PrefillChunk, StepWork,
+from engine.device_model import (DecodeGroup, DeviceParams, ModelShape, PrefillChunk, StepWork,
                                            kv_tokens, step_cost)
 
 # Round numbers so each figure below can be checked by hand.

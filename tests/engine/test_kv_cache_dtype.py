@@ -62,7 +62,7 @@ def test_the_startup_line_says_how_many_tokens_fit(tiny_model_dir, caplog):
 
 def test_rehearsal_counts_one_byte_per_kv_value(tiny_model_dir):
     from engine.config import ModelConfig
-    from engine.rehearsal.device_model import DeviceParams
+    from engine.device_model import DeviceParams
     from engine.rehearsal.runner import RehearsalRunner
     cfg = ModelConfig.from_pretrained(tiny_model_dir("llama"))
     runners = {fmt: RehearsalRunner(cfg, torch.bfloat16, 16, 8, 256, DeviceParams(), kv_cache_dtype=fmt)
