@@ -1,8 +1,6 @@
 """The attention kernels at PaCoRe-8B's shape (Qwen3-8B heads 32/8/128, bf16): stages of the GPU plan
 (bench/gpu_check.sh runs it in parts with --only; a run keeps the rows of earlier runs into the same
---out for the cases it does not run).
-
-One file past 300 lines: every kernel case of the GPU run is here.
+--out for the cases it does not run). Past 300 lines: every kernel case of the GPU check is here.
 
 Cases (each row is written to $OUT/gpu_kernels.json as soon as it ran, so a timeout keeps what ran):
 - copy: device-to-device copy bandwidth (the roofline of decode) and a bf16 matmul's TFLOP/s;
@@ -34,10 +32,12 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from bench.gpu_common import (REL_TOL, commit, open_kernels, rel_err, run_cases, verdict,  # noqa: F401 (theirs too)
+                              write_device_params)
 
 CASES = ("copy", "paged", "cascade", "prefill", "offsets", "replay")
 K_SCALE, V_SCALE = 0.5, 0.25  # an FP8 cache's dequantization factors: not 1, so the folded scales run too
@@ -53,32 +53,6 @@ def parse_args(argv=None):
     ap.add_argument("--kv-dtypes", default="auto,fp8_e4m3",
                     help="KV cache formats of the paged and cascade cases (auto, fp8_e4m3, fp8_e5m2)")
     return ap.parse_args(argv)
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
-    except Exception:
-        return "unknown"
-
-
-def write_device_params(out: str | None, **params) -> None:
-    """Merge params into OUT/device_params.json, the device model's inputs (both GPU scripts add theirs,
-    stage by stage)."""
-    if not out:
-        return
-    path = Path(out) / "device_params.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.loads(path.read_text()) if path.is_file() else {}
-    path.write_text(json.dumps(_merged(data, params), indent=1))
-
-
-def _merged(old, new):
-    """new laid over old, dicts merged at every depth (stages add their entries to one file)."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        return {**old, **{k: _merged(old.get(k), v) for k, v in new.items()}}
-    return new
 
 
 class Bench:
@@ -165,11 +139,6 @@ class Bench:
                 device=self.name, commit=commit(), dtype=str(self.dtype).removeprefix("torch."),
                 heads=[self.Hq, self.Hkv, self.D], block_size=self.bs, copy_bw_GBps=self.copy_bw and self.copy_bw / 1e9,
                 rows=self.rows), indent=1))
-
-
-def rel_err(out, ref) -> float:
-    out, ref = out.double(), ref.double()
-    return float((out - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
 
 
 def kv_bytes(b: Bench, tokens: int, cache) -> int:
@@ -432,10 +401,12 @@ def case_replay(b: Bench, kernels):
                max_rel_err_vs_fp32=max(errs)))
 
 
-def format_table(rows) -> str:
-    lines = ["kernels at PaCoRe-8B's shape; bw = bytes read / time / device copy bandwidth (FP8: a byte a value)"]
+def format_table(rows, dtype: str = "bfloat16") -> str:
+    """The rows as a table, each with its verdict against the fp32 reference (REL_TOL[dtype])."""
+    lines = ["kernels at PaCoRe-8B's shape; bw = bytes read / time / device copy bandwidth (FP8: a byte a value); "
+             f"err = max |out - fp32 reference| / max |reference|, verdict: err within {REL_TOL[dtype]:.0e} ({dtype})"]
     for r in rows:
-        c = r["case"]
+        c, n = r["case"], len(lines)
         if c == "copy":
             lines.append(f"copy {r['copy_bw_GBps']:.0f} GB/s   bf16 matmul {r['matmul_tflops']:.0f} TFLOP/s")
         elif c == "paged":
@@ -459,21 +430,9 @@ def format_table(rows) -> str:
                          f"{max(r[k] for k in r if k.endswith('fp32')):.1e}")
         elif c == "replay":
             lines.append(f"graph replay, {r['scenarios']} batches (graph {r['graph']}): err {r['max_rel_err_vs_fp32']:.1e}")
+        if len(lines) > n and verdict(r, dtype):
+            lines[-1] += f"  {verdict(r, dtype)}"
     return "\n".join(lines)
-
-
-def open_kernels(tiny: bool, script: str, dry_flag: str):
-    """The kernels package, under the interpreter for a dry run (switched on before triton or the kernels
-    import); None, having said why, when a real run finds no CUDA device."""
-    if tiny:
-        os.environ["TRITON_INTERPRET"] = "1"
-    import torch
-
-    import kernels
-    if not tiny and not torch.cuda.is_available():
-        print(f"{script}: no CUDA device (use {dry_flag} on CPU)", file=sys.stderr)
-        return None
-    return kernels
 
 
 def main(argv=None) -> int:
@@ -488,26 +447,6 @@ def main(argv=None) -> int:
         only.add("copy")  # every bandwidth needs the copy's
     cases = {name: globals()[f"case_{name}"] for name in CASES if name in only}
     return run_cases(b, kernels, cases, format_table, Path(args.out) / "gpu_kernels_table.txt" if args.out else None)
-
-
-def run_cases(bench, kernels, cases: dict, format_table, table_file: Path | None) -> int:
-    """Run each case (name -> fn(bench, kernels)); a failing case is recorded and the others still run.
-    Prints the table of the rows that worked (and writes it to table_file); 1 if any case failed."""
-    import torch
-    status = 0
-    for name, case in cases.items():
-        try:
-            case(bench, kernels)
-        except Exception as e:  # one failing case must not cost the others' numbers
-            status = 1
-            bench.add(dict(case=name, error=f"{type(e).__name__}: {e}"[:500]))
-        if bench.dev == "cuda":
-            torch.cuda.empty_cache()
-    table = format_table([r for r in bench.rows if "error" not in r])
-    if table_file is not None:
-        table_file.write_text(table + "\n")
-    print(table)
-    return status
 
 
 if __name__ == "__main__":
