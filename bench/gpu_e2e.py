@@ -205,21 +205,23 @@ class Run:
 def section_logits(run: Run) -> None:
     import torch
     g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(3, run.shape["vocab_size"], (300,), generator=g).tolist()
+    prompts = torch.randint(3, run.shape["vocab_size"], (2, 300), generator=g).tolist()
     n, gen = 4, 24
     # One engine as it runs by default (cascade on, CUDA graphs where there is CUDA); the other settings
     # are the tiny engine check's (bench/gpu_engine_check.py).
     with run.open("logits", cascade_attention=True, cascade_min_shared_tokens=0, num_kv_blocks=512,
                   max_num_seqs=8) as llm:
         graphs = llm.runner.graphs is not None
-        tokens, rows = engine_logits(llm, prompt, n, gen)
+        children = engine_logits(llm, prompts, n, gen)
     del llm
     run.free()
     model = hf_model(run.folder, run.dtype, run.device)
-    checks = [logits_check(r, hf_teacher_forced(model, prompt, t), TOL[run.dtype]) for t, r in zip(tokens, rows)]
+    checks = [logits_check(rows, tokens, hf_teacher_forced(model, p, tokens), TOL[run.dtype])
+              for p, tokens, rows in children]
     del model
     run.free()
-    run.save("logits", dict(cascade=True, graphs=graphs, children=n, tokens=gen, **merge_checks(checks)))
+    run.save("logits", dict(cascade=True, graphs=graphs, prompts=len(prompts), children=n, tokens=gen,
+                            **merge_checks(checks)))
 
 
 def _decode_rate(llm, prompts, n: int, gen: int) -> dict:
@@ -291,16 +293,16 @@ def section_throughput(run: Run) -> None:
                 write_device_params(run.args.out, engine=dict(decode_tok_s={key: r["decode_tok_s"]},
                                                               steps={key: _host_params(r)}))
                 if name == "past_64k" and cascade:  # the long-context decodes, checked after this engine is freed
-                    long_check = (prompts[0], *engine_logits(llm, prompts[0], 1, gen))
+                    long_check = engine_logits(llm, prompts[:1], 1, gen)[0]
         del llm
         run.free()
     if long_check is not None:
         model = hf_model(run.folder, run.dtype, run.device)
         prompt, tokens, eng_rows = long_check
-        cmp = logits_check(eng_rows[0], hf_teacher_forced(model, prompt, tokens[0]), TOL[run.dtype])
+        cmp = logits_check(eng_rows, tokens, hf_teacher_forced(model, prompt, tokens), TOL[run.dtype])
         del model
         run.free()
-        run.save("past_64k_logits", dict(first_position=len(prompt), last_position=len(prompt) + len(tokens[0]) - 1,
+        run.save("past_64k_logits", dict(first_position=len(prompt), last_position=len(prompt) + len(tokens) - 1,
                                          **cmp))
 
 

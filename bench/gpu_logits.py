@@ -32,15 +32,15 @@ def recorded_logits(llm):
             rows[key] = [by_position[p] for p in sorted(by_position)]
 
 
-def engine_logits(llm, prompt: list[int], n: int, gen: int):
-    """One prompt forked n ways (seeded sampling, so the children differ); per child (by index) its
-    tokens and the logits each token was drawn from."""
+def engine_logits(llm, prompts: list[list[int]], n: int, gen: int) -> list[tuple[list[int], list[int], list]]:
+    """The prompts, each forked n ways, decoded greedily (the forks share their prompt's blocks: cascade
+    runs); per child, (its prompt, its tokens, the logits each token was chosen from)."""
     from engine import SamplingParams
     with recorded_logits(llm) as rows:
-        out = llm.generate([prompt], SamplingParams(n=n, temperature=1.0, seed=0, max_tokens=gen, ignore_eos=True),
-                           use_tqdm=False)[0]
-    outs = sorted(out.outputs, key=lambda o: o.index)
-    return [o.token_ids for o in outs], [rows[out.request_id, o.index] for o in outs]
+        outs = llm.generate(prompts, SamplingParams(n=n, temperature=0.0, max_tokens=gen, ignore_eos=True),
+                            use_tqdm=False)
+    return [(p, o.token_ids, rows[out.request_id, o.index])
+            for p, out in zip(prompts, outs) for o in sorted(out.outputs, key=lambda o: o.index)]
 
 
 def hf_model(folder, dtype: str, device: str):
@@ -56,16 +56,18 @@ def hf_teacher_forced(model, prompt: list[int], tokens: list[int]):
         return model(ids, logits_to_keep=len(tokens)).logits[0].float().cpu()
 
 
-def logits_check(engine_rows: list, hf_logits, tol: float) -> dict:
-    """The engine's logits against transformers', position by position (teacher-forced: every position
-    has the same context in both). Passes when every position's max |difference| is within tol of its
-    largest |logit|, and the top-1 token agrees at every position whose top-2 margin (transformers') is
-    clear, above twice that position's max |difference| (where it is not, the two may rank it apart)."""
-    eng = torch.stack(engine_rows[-hf_logits.shape[0]:])
+def logits_check(engine_rows: list, engine_tokens: list[int], hf_logits, tol: float) -> dict:
+    """A greedy trajectory of the engine against transformers teacher-forced on its tokens (every position
+    has the same context in both). Passes when every position's max |logit difference| is within tol of
+    its largest |logit|, and the engine's token is transformers' top-1 at every position whose top-2
+    margin there is clear: above twice the position's max |difference| (within it, the two may rank the
+    top two apart; beyond it, another token means the engine chose its token from other logits)."""
+    k = hf_logits.shape[0]
+    eng, tokens = torch.stack(engine_rows[-k:]), torch.tensor(engine_tokens[-k:])
     diff = (eng - hf_logits).abs().amax(-1)
     top2 = hf_logits.topk(2, dim=-1).values
     clear = (top2[:, 0] - top2[:, 1]) > 2 * diff
-    agree = eng.argmax(-1) == hf_logits.argmax(-1)
+    agree = tokens == hf_logits.argmax(-1)
     rel = float((diff / hf_logits.abs().amax(-1).clamp_min(1e-6)).max())
     mismatch = int((clear & ~agree).sum())
     return dict(positions=len(diff), clear_positions=int(clear.sum()), clear_mismatches=mismatch,

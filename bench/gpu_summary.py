@@ -30,13 +30,6 @@ HOST_TARGET = 0.10  # the host's share of a decode step the engine aims under
 
 def preflight(need_cuda: bool, folders: list[str]) -> int:
     import torch
-    versions = {"python": platform.python_version(), "torch": torch.__version__}
-    for name in ("triton", "transformers", "pytest"):
-        try:
-            versions[name] = __import__(name).__version__
-        except Exception as e:  # reported, not fatal: the stages that need it say so
-            versions[name] = f"missing ({type(e).__name__})"
-    print("  ".join(f"{k} {v}" for k, v in versions.items()))
     for cmd in (["nvidia-smi"], ["df", "-h", ".", *[f for f in folders if Path(f).is_dir()]]):
         if shutil.which(cmd[0]) is None:
             print(f"{cmd[0]}: not found")
@@ -47,7 +40,14 @@ def preflight(need_cuda: bool, folders: list[str]) -> int:
         if Path(f).is_dir() and shutil.disk_usage(f).free < 20e9:
             print(f"warning: {f} has {shutil.disk_usage(f).free / 1e9:.1f} GB free; the random checkpoint needs "
                   f"16.4 GB (set PACORE_GPU_CHECKPOINT to a folder on a larger disk)")
-    if not torch.cuda.is_available():
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in ("triton", "transformers", "pytest"):
+        try:
+            versions[name] = __import__(name).__version__
+        except Exception as e:  # reported, not fatal: the stages that need it say so
+            versions[name] = f"missing ({type(e).__name__})"
+    print("  ".join(f"{k} {v}" for k, v in versions.items()))
+    if not torch.cuda.is_available():  # the versions and the device last: the stage's log tail shows them
         print("no CUDA device" + ("" if need_cuda else " (dry run: CPU)"))
         return 2 if need_cuda else 0
     free, total = torch.cuda.mem_get_info()
