@@ -9,18 +9,17 @@ Cases (each row is written to $OUT/gpu_kernels.json as soon as it ran, so a time
 - cascade vs paged at round 2 (4 x 64k prefix + 1k) and round 1 (32 x 512 prefix + 16k), eager and
   replayed from a CUDA graph captured with the padded groups engine/cuda_graphs.py passes. Cascade
   runs as the engine runs it: its prefix plan built once per step and reused by all LAYERS layers
-  (work_plans); the plan's own cost per step is timed apart (plan_us) and its share per layer is in
-  the speedups;
-  paged and cascade run for each --kv-dtypes format (auto: the cache in bf16; fp8_e4m3 / fp8_e5m2: one
-  byte per value, which bytes/s count, with per-layer scales K_SCALE / V_SCALE; the error is vs the fp32
-  reference on the dequantized cache, so it is the kernel's, not the format's);
+  (work_plans); the plan's own cost per step is timed apart (plan_us), its share per layer in the
+  speedups; paged and cascade run for each --kv-dtypes format (auto: bf16; fp8_e4m3 / fp8_e5m2: a byte
+  a value, with per-layer scales K_SCALE / V_SCALE; the error is vs the fp32 reference on the
+  dequantized cache, so it is the kernel's, not the format's);
 - prefill of a 16k and a 64k prompt: Triton in 2048-token chunks over the paged cache and in one
   chunk, for every bf16 tile of kernels/prefill_attention.PREFILL_TILES, and torch SDPA (flash) on the
   prompt's own K/V: TFLOP/s and error (the fastest tile is what PREFILL_TILE should be);
 - a cache whose offsets pass 2^31 elements (store, paged, cascade, prefill on its last blocks);
 - one captured graph replayed with changed lengths, tables and groups.
-Random K/V and queries are drawn on the device (a CPU generator would spend most of a stage on them).
-$OUT/device_params.json gets the numbers a device model reads (see write_device_params), after each shape.
+K/V and queries are drawn on the device. $OUT/device_params.json gets the figures a device model reads
+(write_device_params) after each shape. Each row's verdict: bench/gpu_common.py verdict.
 
     python3 -m bench.gpu_kernels [--out DIR] [--only paged,cascade,...] [--kv-dtypes auto,fp8_e4m3]
     python3 -m bench.gpu_kernels --tiny     # CPU, Triton interpreter, tiny shapes: checks the code path
@@ -36,8 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.gpu_common import (REL_TOL, commit, open_kernels, rel_err, run_cases, verdict,  # noqa: F401 (theirs too)
-                              write_device_params)
+from bench.gpu_common import REL_TOL, commit, open_kernels, rel_err, run_cases, verdict, write_device_params
 
 CASES = ("copy", "paged", "cascade", "prefill", "offsets", "replay")
 K_SCALE, V_SCALE = 0.5, 0.25  # an FP8 cache's dequantization factors: not 1, so the folded scales run too
@@ -186,13 +184,12 @@ def case_paged(b: Bench, kernels):
 
 def _capture(b: Bench, fn):
     """fn replayed from a CUDA graph (a plain call on CPU). Returns (replay, output of the capture)."""
-    torch = b.torch
     if b.dev != "cuda":
         return fn, None
     fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    b.torch.cuda.synchronize()
+    g = b.torch.cuda.CUDAGraph()
+    with b.torch.cuda.graph(g):
         out = fn()
     return g.replay, out
 
@@ -430,7 +427,7 @@ def format_table(rows, dtype: str = "bfloat16") -> str:
                          f"{max(r[k] for k in r if k.endswith('fp32')):.1e}")
         elif c == "replay":
             lines.append(f"graph replay, {r['scenarios']} batches (graph {r['graph']}): err {r['max_rel_err_vs_fp32']:.1e}")
-        if len(lines) > n and verdict(r, dtype):
+        if len(lines) > n and verdict(r, dtype):  # the row made a line, and has errors to judge
             lines[-1] += f"  {verdict(r, dtype)}"
     return "\n".join(lines)
 

@@ -46,7 +46,13 @@ def engine_logits(llm, prompts: list[list[int]], n: int, gen: int) -> list[tuple
 def hf_model(folder, dtype: str, device: str):
     """transformers' model, loaded straight onto the device (no copy through host memory)."""
     from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), device_map=device).eval()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype), device_map=device)
+    except (ImportError, ValueError) as e:  # a transformers that wants accelerate for any device_map
+        if "accelerate" not in str(e):
+            raise
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype)).to(device)
+    return model.eval()
 
 
 def hf_teacher_forced(model, prompt: list[int], tokens: list[int]):
