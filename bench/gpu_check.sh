@@ -118,8 +118,8 @@ plan() {  # the plan, by value per second.  NAME  TIMEOUT(s)  COMMAND
     # ---- FP8 GEMM slot: FP8_GEMM_S (30 s) of PLAN_S are left free for this stage; add it here once
     # ---- bench/gpu_fp8_gemm.py exists (it writes $OUT_DIR/gpu_fp8_gemm.json, read by bench/gpu_summary.py):
     # stage fp8_gemm         30  $PY -m bench.gpu_fp8_gemm --out "$OUT_DIR" $TINY
-    stage checkpoint       40  "${e2e[@]}" --only checkpoint
-    stage e2e_rounds      140  "${e2e[@]}" --only throughput,spec --cases round1,round2
+    stage checkpoint       45  "${e2e[@]}" --only checkpoint
+    stage e2e_rounds      150  "${e2e[@]}" --only throughput,spec --cases round1,round2
     stage e2e_logits       60  "${e2e[@]}" --only logits
 }
 
