@@ -63,6 +63,9 @@ def test_the_plan_fits_one_command_with_room_for_the_fp8_gemm_stage():
     slot = body.index("# stage fp8_gemm ")
     assert body.index("stage prefill ") < slot < body.index("stage checkpoint ")
     assert 'python -m bench.gpu_fp8_gemm' not in body and '-m bench.gpu_fp8_gemm --out "$OUT_DIR"' in body
+    # docs/gpu.md's stage tables give the script's timeouts
+    documented = dict(re.findall(r"^ *\| `(\w+)` \| (\d+) s \|", (ROOT / "docs/gpu.md").read_text(), re.M))
+    assert {k: int(v) for k, v in documented.items()} == {**plan, **more, "summary": _setting("SUMMARY_S")}
 
 
 def test_the_budget_comes_from_the_environment(tmp_path):
