@@ -31,6 +31,9 @@
 # FP8_GEMM_S of PLAN_S free for the FP8 GEMM stage (see the slot in plan()). Kernel tests need pytest:
 # where the machine lacks it, bench/vendor_pytest.sh puts it in .gpu-vendor/ to carry along.
 set -uo pipefail
+for v in OUT GPU_CHECK_WORK PACORE_GPU_CHECKPOINT; do  # relative to where it was started, not to the repo
+    [ -n "${!v:-}" ] && [[ ${!v} != /* ]] && printf -v "$v" '%s' "$PWD/${!v}"
+done
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
@@ -42,7 +45,7 @@ PLAN_S=${PLAN_S:-530}  # the plan's stages start and end within this
 MORE_S=${MORE_S:-215}  # more's
 FP8_GEMM_S=30          # of PLAN_S, kept free by the default plan's timeouts for the FP8 GEMM stage
 KILL_S=5               # a stage that ignores `timeout`'s TERM is killed this much later
-SUMMARY_S=15           # the summary runs whatever is left of the budget
+SUMMARY_S=15           # the summary's timeout: it runs after the budget, whatever is left of it
 DRY_S=900              # each stage's timeout in the dry run (the CPU interpreter is slow)
 for v in PLAN_S MORE_S; do
     [[ ${!v} =~ ^[0-9]+$ ]] || { echo "$v must be a number of seconds, got '${!v}'" >&2; exit 2; }
