@@ -1,108 +1,159 @@
 #!/usr/bin/env bash
-# The GPU run (issue 27): ONE prepared command that fits one lease (15 minutes of device time, a
-# machine start included; each command at most 10 minutes). On an H200 with torch, triton and
-# transformers (python3 only; this script installs nothing):
+# The GPU check: one command that measures and checks the engine on a CUDA host, stage by stage, most
+# valuable per second first, each stage under its own `timeout` and all of them within PLAN_S seconds.
+# Needs torch (CUDA), triton and transformers; installs nothing (docs/gpu.md: checking a GPU host).
 #
-#   bench/gpu_check.sh            the plan: the stages of plan() below, most valuable first, each under
-#                                 its own `timeout`; the timeouts (+ KILL_S each) sum under 9 minutes
-#                                 (tests/bench/test_bench_gpu_check.py checks it), and a stage never runs
-#                                 past PLAN_S. Run it as one device command with timeout_s >= 560.
-#   bench/gpu_check.sh more       only if the lease still has >= 4 minutes after the plan, on the same
-#                                 warm machine: the stages of more() (<= MORE_S), which reuse
-#                                 .triton-cache/ and the checkpoint the plan wrote.
+#   bench/gpu_check.sh            the plan: the stages of plan() below
+#   bench/gpu_check.sh more       the stages of more(), after the plan on the same host (within MORE_S):
+#                                 they reuse .triton-cache/ and the checkpoint the plan wrote
 #   bench/gpu_check.sh --dry-run  CPU: every stage of both at tiny shapes (the kernels and the engine's
 #                                 Triton path under TRITON_INTERPRET=1, CUDA graphs emulated, the engine
-#                                 end to end on the torch path), each under DRY_S.
+#                                 end to end on the torch path), each under DRY_S
 #
-# $OUT (the device tool sets it; optional): receives gpu_kernels.json, gpu_e2e.json, device_params.json
-# (the rehearsal's --device), stages.tsv (name, exit code, seconds taken, timeout), a log per stage and
-# summary.txt. Every stage writes its JSON after each case, so a timeout keeps what ran. The table
-# prints last. Kernel tests need pytest: if the machine lacks it, bench/vendor_pytest.sh puts it in
-# .gpu-vendor/ here, to carry along (run(..., carry=[".gpu-vendor"])).
+# Environment (all optional):
+#   OUT     where the answers go: gpu_check.tar.gz (every stage's log and JSON), and beside it
+#           summary.txt (the table), stages.tsv (name, exit code, seconds taken, timeout) and
+#           device_params.json (the rehearsal's --device). Four files, re-packed after each stage, so
+#           a run cut short keeps what ran. Default: $TMPDIR/pacore-gpu-check/out.
+#   PLAN_S  the plan's budget in seconds (default 530): no stage starts or runs past it; the summary
+#           and the packing run after it (<= SUMMARY_S + KILL_S + a few seconds).
+#   MORE_S  more's budget (default 215).   PYTHON: the interpreter (default python3).
+#   PACORE_GPU_CHECKPOINT  where the 16 GB random Qwen3-8B checkpoint is written once and reused
+#           (default $TMPDIR/pacore-gpu-check/qwen3-8b-random).
+#   GPU_CHECK_WORK  the working folder the stages write into (default $TMPDIR/pacore-gpu-check/work).
+#
+# The machine this plan is sized for, borrowed for this project's runs (a user's host has none of these
+# limits): one H200, torch 2.11 / triton 3.6 / transformers 5.17, python3 only (no `python`), no network;
+# 15 minutes of device time in all, its start of 1-2 minutes included; one command at most 10 minutes;
+# at most 8 files come back from $OUT (hence the one archive). Run the plan as one device command,
+# `OUT=$OUT bench/gpu_check.sh`, with timeout_s 590 (PLAN_S 530 + the last stage's KILL_S + SUMMARY_S +
+# packing); then `more` only if 4 minutes of device time are left. The default plan's timeouts leave
+# FP8_GEMM_S of PLAN_S free for the FP8 GEMM stage (see the slot in plan()). Kernel tests need pytest:
+# where the machine lacks it, bench/vendor_pytest.sh puts it in .gpu-vendor/ to carry along.
 set -uo pipefail
+for v in OUT GPU_CHECK_WORK PACORE_GPU_CHECKPOINT; do  # relative to where it was started, not to the repo
+    [ -n "${!v:-}" ] && [[ ${!v} != /* ]] && printf -v "$v" '%s' "$PWD/${!v}"
+done
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python3}  # the GPU machine has python3 only
+PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 [ -d .gpu-vendor ] && export PYTHONPATH="$PYTHONPATH:$PWD/.gpu-vendor"
-# Compiled kernels go to an ignored folder of the repo, so `more` on the same machine reuses them.
+# Compiled kernels go to an ignored folder of the repo, so `more` on the same host reuses them.
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.triton-cache}
-PLAN_S=530  # the plan's stages start and end within this (9 minutes less a margin for the tool)
-MORE_S=215  # more's
-KILL_S=5    # a stage that ignores `timeout`'s TERM is killed this much later
-DRY_S=900   # each stage's timeout in the dry run (the CPU interpreter is slow)
+PLAN_S=${PLAN_S:-530}  # the plan's stages start and end within this
+MORE_S=${MORE_S:-215}  # more's
+FP8_GEMM_S=30          # of PLAN_S, kept free by the default plan's timeouts for the FP8 GEMM stage
+KILL_S=5               # a stage that ignores `timeout`'s TERM is killed this much later
+SUMMARY_S=15           # the summary's timeout: it runs after the budget, whatever is left of it
+DRY_S=900              # each stage's timeout in the dry run (the CPU interpreter is slow)
+for v in PLAN_S MORE_S; do
+    [[ ${!v} =~ ^[0-9]+$ ]] || { echo "$v must be a number of seconds, got '${!v}'" >&2; exit 2; }
+done
 
-DIR=${OUT:-$(mktemp -d)}
-mkdir -p "$DIR"
+BASE=${TMPDIR:-/tmp}/pacore-gpu-check
+WORK=${GPU_CHECK_WORK:-$BASE/work}
+OUT_DIR=$WORK/results  # every stage writes here; packed into $RETURN_DIR after each stage
+RETURN_DIR=${OUT:-$BASE/out}
+CKPT=${PACORE_GPU_CHECKPOINT:-$BASE/qwen3-8b-random}  # written once (stage checkpoint), then reused
 DRY= TINY= CPU= PREFLIGHT=--preflight
 KERNEL_TESTS= TEST_DEVICE=cuda  # every kernel test file (bench/gpu_kernel_tests.py), on the GPU
-CKPT=${PACORE_GPU_CHECKPOINT:-${TMPDIR:-/tmp}/pacore-gpu-check/qwen3-8b-random}  # written once, reused
 status=0
 budget=$PLAN_S
 
-stage() {  # stage NAME SECONDS COMMAND...: run COMMAND under `timeout`, log to $DIR/NAME.log
-    local name=$1 secs=$2 t0=$SECONDS rc
+pack() {  # the answers in four files: one archive of everything, the three first read beside it
+    mkdir -p "$RETURN_DIR"
+    tar -czf "$RETURN_DIR/gpu_check.tar.gz.part" -C "$OUT_DIR" . \
+        && mv -f "$RETURN_DIR/gpu_check.tar.gz.part" "$RETURN_DIR/gpu_check.tar.gz"
+    local f
+    for f in summary.txt stages.tsv device_params.json; do
+        [ -f "$OUT_DIR/$f" ] && cp -f "$OUT_DIR/$f" "$RETURN_DIR/$f"
+    done
+}
+
+stage() {  # stage [-f] NAME SECONDS COMMAND...: COMMAND under `timeout`, logged to $OUT_DIR/NAME.log
+    local force= name secs t0=$SECONDS rc
+    [ "$1" = -f ] && { force=1; shift; }  # -f: run even with the budget spent
+    name=$1 secs=$2
     shift 2
     if [ -n "$DRY" ]; then
         secs=$DRY_S
-    else
+    elif [ -z "$force" ]; then
         local left=$(( budget - SECONDS ))
         [ "$secs" -gt "$left" ] && secs=$left
     fi
     if [ "$secs" -lt 10 ]; then
         echo "== $name: skipped, the budget is spent"
-        printf '%s\tskipped\t0\t0\n' "$name" >> "$DIR/stages.tsv"
+        printf '%s\tskipped\t0\t0\n' "$name" >> "$OUT_DIR/stages.tsv"
+        status=1  # a stage that did not run answered nothing
+        pack
         return 0
     fi
     echo "== $name (timeout ${secs}s)"
-    timeout --kill-after=$KILL_S "$secs" "$@" > "$DIR/$name.log" 2>&1
+    timeout --kill-after=$KILL_S "$secs" "$@" > "$OUT_DIR/$name.log" 2>&1
     rc=$?
-    printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$(( SECONDS - t0 ))" "$secs" >> "$DIR/stages.tsv"
-    [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && echo "   timed out: what it wrote is kept"
-    tail -n 3 "$DIR/$name.log" | cut -c1-400 | sed 's/^/   /'
+    printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$(( SECONDS - t0 ))" "$secs" >> "$OUT_DIR/stages.tsv"
+    { [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; } && echo "   timed out: what it wrote is kept"
+    tail -n 3 "$OUT_DIR/$name.log" | cut -c1-400 | sed 's/^/   /'
     [ "$rc" -eq 0 ] || status=1
+    pack
     return "$rc"
 }
 
 have_pytest() {
     $PY -c "import pytest" 2>/dev/null && return 0
-    echo "== kernel_tests: skipped, pytest does not import (bench/vendor_pytest.sh, then carry .gpu-vendor)"
+    echo "== kernel_tests: skipped, pytest does not import (bench/vendor_pytest.sh puts it in .gpu-vendor/)"
     return 1
 }
 
-plan() {  # the plan: most valuable first.  NAME  TIMEOUT(s)  COMMAND
-    stage preflight         20  $PY -m bench.gpu_summary $PREFLIGHT || exit 2
-    stage kernels_decode   100  $PY -m bench.gpu_kernels --only copy,paged,cascade --out "$DIR" $TINY
-    stage e2e_logits       130  $PY -m bench.gpu_e2e --only load,logits --checkpoint "$CKPT" --out "$DIR" $TINY
-    stage e2e_rounds       110  $PY -m bench.gpu_e2e --only throughput --cases round1,round2 --checkpoint "$CKPT" \
-                                    --out "$DIR" $TINY
-    stage prefill           60  $PY -m bench.gpu_kernels --only prefill --out "$DIR" $TINY
-    # Slot for the speculative-decoding kernels (another helper's bench/gpu_spec_kernels.py): it runs once
-    # that module exists, and takes --out DIR (and --tiny in the dry run), writing its JSON after each case.
-    [ -f bench/gpu_spec_kernels.py ] && stage spec_kernels 60 $PY -m bench.gpu_spec_kernels --out "$DIR" $TINY
-    stage summary           10  $PY -m bench.gpu_summary "$DIR"
+finish() {  # the table, packed; printed last
+    stage -f summary $SUMMARY_S $PY -m bench.gpu_summary "$OUT_DIR"
+    [ -f "$OUT_DIR/summary.txt" ] && { echo "== the table ($RETURN_DIR/summary.txt)"; cat "$OUT_DIR/summary.txt"; }
+    echo "== every log and JSON: $RETURN_DIR/gpu_check.tar.gz (unpacked: $OUT_DIR)"
 }
 
-more() {  # only with time left after the plan, on the same machine.  NAME  TIMEOUT(s)  COMMAND
+plan() {  # the plan, by value per second.  NAME  TIMEOUT(s)  COMMAND
+    local e2e=($PY -m bench.gpu_e2e --checkpoint "$CKPT" --out "$OUT_DIR" $TINY)
+    stage preflight        15  $PY -m bench.gpu_summary $PREFLIGHT "$(dirname "$CKPT")" || { finish; exit 2; }
+    stage kernels_decode   85  $PY -m bench.gpu_kernels --only copy,paged,cascade --out "$OUT_DIR" $TINY
+    stage spec_kernels     55  $PY -m bench.gpu_spec_kernels --out "$OUT_DIR" $TINY
+    stage prefill          50  $PY -m bench.gpu_kernels --only prefill --out "$OUT_DIR" $TINY
+    # ---- FP8 GEMM slot: FP8_GEMM_S (30 s) of PLAN_S are left free for this stage; add it here once
+    # ---- bench/gpu_fp8_gemm.py exists (it writes $OUT_DIR/gpu_fp8_gemm.json, read by bench/gpu_summary.py):
+    # stage fp8_gemm         30  $PY -m bench.gpu_fp8_gemm --out "$OUT_DIR" $TINY
+    stage checkpoint       45  "${e2e[@]}" --only checkpoint
+    stage e2e_rounds      150  "${e2e[@]}" --only throughput,spec --cases round1,round2
+    stage e2e_logits       60  "${e2e[@]}" --only logits
+}
+
+more() {  # after the plan, on the same host.  NAME  TIMEOUT(s)  COMMAND
+    local e2e=($PY -m bench.gpu_e2e --checkpoint "$CKPT" --out "$OUT_DIR" $TINY)
     # the kernel tests in parallel processes (compiles are CPU work), without -x: a failure hides nothing
-    have_pytest && stage kernel_tests 75  $PY -m bench.gpu_kernel_tests --out "$DIR" --device $TEST_DEVICE $KERNEL_TESTS
+    have_pytest && stage kernel_tests 75  $PY -m bench.gpu_kernel_tests --out "$OUT_DIR" --device $TEST_DEVICE $KERNEL_TESTS
     stage engine_check      35  $PY -m bench.gpu_engine_check $CPU
-    stage kernels_rest      20  $PY -m bench.gpu_kernels --only offsets,replay --out "$DIR" $TINY
-    stage e2e_more          50  $PY -m bench.gpu_e2e --only hf,fp8 --checkpoint "$CKPT" --out "$DIR" $TINY
-    stage summary           10  $PY -m bench.gpu_summary "$DIR"
+    stage kernels_rest      20  $PY -m bench.gpu_kernels --only offsets,replay --out "$OUT_DIR" $TINY
+    stage e2e_more          50  "${e2e[@]}" --only hf,fp8
 }
 
 case "${1:-}" in
-"") plan ;;
-more) budget=$MORE_S; more ;;
+"")
+    rm -rf "$OUT_DIR" && mkdir -p "$OUT_DIR" "$(dirname "$CKPT")"  # a new check: no answer of an earlier one is kept
+    (cd "$RETURN_DIR" 2>/dev/null && rm -f gpu_check.tar.gz summary.txt stages.tsv device_params.json)
+    plan ;;
+more)
+    budget=$MORE_S
+    mkdir -p "$OUT_DIR"  # beside the plan's answers
+    more ;;
 --dry-run)
-    DRY=1 TINY=--tiny CPU="--cpu --tiny" CKPT=$DIR/checkpoint PREFLIGHT=--dry-run
+    [ -n "${GPU_CHECK_WORK:-}" ] || WORK=$(mktemp -d)
+    OUT_DIR=$WORK/results RETURN_DIR=${OUT:-$WORK/out} CKPT=$WORK/checkpoint
+    rm -rf "$OUT_DIR" && mkdir -p "$OUT_DIR"
+    DRY=1 TINY=--tiny CPU="--cpu --tiny" PREFLIGHT=--dry-run
     KERNEL_TESTS=tests/kernels/test_kernels_cascade_plan.py TEST_DEVICE=cpu  # CI runs them all on CPU
     plan
-    more
-    [ "$status" -eq 0 ] && echo "dry run OK" ;;
+    more ;;
 *) echo "usage: bench/gpu_check.sh [more|--dry-run]" >&2; exit 2 ;;
 esac
-[ -f "$DIR/summary.txt" ] && { echo "== the table ($DIR/summary.txt)"; cat "$DIR/summary.txt"; }
-echo "== full numbers: ${OUT:-$DIR (not kept: set OUT)}"
+finish
+[ -n "$DRY" ] && [ "$status" -eq 0 ] && echo "dry run OK"
 exit $status

@@ -1,28 +1,34 @@
 """The engine end to end on a Qwen3-8B-shaped random bf16 checkpoint, YaRN to 131k: stages of the GPU
-plan (bench/gpu_check.sh runs it in parts with --only; a run keeps the sections of earlier runs into the
+check (bench/gpu_check.sh runs it in parts with --only; a run keeps the sections of earlier runs into the
 same --out, and --checkpoint lets them share one written checkpoint).
 
-One file past 300 lines: every engine section of the GPU run is here.
+One file past 300 lines: every engine section of the GPU check is here (step timing: bench/gpu_step_times.py).
 
 Sections (each is written to $OUT/gpu_e2e.json as soon as it ran, so a timeout keeps what ran):
-- load: load time, memory after loading, and the KV tokens the default sizing gives;
-- logits: a forked prompt decoded greedily with cascade and CUDA graphs both on and both off; every
-  step's logits against transformers teacher-forced on the same tokens (top-1 agreement, max error);
+- checkpoint: the random checkpoint written to --checkpoint (a `complete` marker last). The other
+  sections never write it when --checkpoint is given: a cut write is reported, not redone in their time;
 - throughput: round 1 (512-token prompts, n=32) and round 2 (16k prompts, n=4) decode tokens/s with
   cascade on and off, and past_64k (a 64k prompt, n=4), which decodes past position 65,535 and is
-  checked against transformers there (--cases picks among them);
+  checked against transformers there (--cases picks among them). Each decode step's time is split into
+  schedule, prepare, sample and the GPU's forward (bench/gpu_step_times.py); "load" records the first
+  engine's load (graph capture included), memory and KV tokens;
+- spec: round 1's prompts decoded with self-drafting (fixed depth) and with n-gram drafts: the mean
+  device time of a draft step, a verify step and a plain decode step (acceptance means nothing on
+  random weights; the rehearsal's device model prices these steps);
+- logits: one engine as it runs by default (cascade, CUDA graphs) against transformers loaded straight
+  onto the device, teacher-forced on the engine's tokens (the rule: logits_check);
 - hf: transformers `generate` at round 1's batch, the baseline the engine is compared to;
-- fp8: round 1 and round 2 again (cascade on) with each --fp8 KV cache format: decode tokens/s next to
-  the bf16 cache's, and the KV tokens the default sizing gives.
-Every engine and transformers model is dropped (shut down, its memory back to the device) before the
-next one loads, and each section prints and records the device memory free when it starts and ends
-("memory" in the json).
-$OUT/device_params.json gets the engine's numbers next to the kernels' (bench/gpu_kernels.py).
-The weights are random (shapes and dtype set the speed, not the values).
+- fp8: round 1 and round 2 again (cascade on) with each --fp8 KV cache format.
+If capturing the CUDA graphs fails (LLM() raises), the failure is recorded ("graph_capture_errors")
+and that engine runs eagerly, so one capture bug does not cost the section's numbers.
+Every engine and transformers model is dropped before the next loads; each section records the device
+memory free when it starts and ends ("memory"). $OUT/device_params.json gets the engine's numbers next
+to the kernels' (bench/gpu_kernels.py). The weights are random (shapes and dtype set the speed).
 
-    python3 -m bench.gpu_e2e [--out DIR] [--only load,logits,throughput,hf,fp8] [--cases round1,round2,past_64k]
-                             [--fp8 fp8_e4m3,fp8_e5m2] [--checkpoint DIR]
-    python3 -m bench.gpu_e2e --tiny      # CPU, a 2-layer model at tiny sizes: checks the code path
+    python3 -m bench.gpu_e2e [--out DIR] [--only checkpoint,throughput,spec,logits,hf,fp8]
+                             [--cases round1,round2,past_64k] [--fp8 fp8_e4m3,fp8_e5m2] [--checkpoint DIR]
+    python3 -m bench.gpu_e2e --model DIR      # an existing checkpoint instead of a random one
+    python3 -m bench.gpu_e2e --tiny           # CPU, a 2-layer model at tiny sizes: checks the code path
 """
 from __future__ import annotations
 
@@ -33,10 +39,11 @@ import os
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 from bench.gpu_kernels import commit, write_device_params
+from bench.gpu_logits import TOL, engine_logits, hf_model, hf_teacher_forced, logits_check, merge_checks
+from bench.gpu_step_times import StepTimer
 from engine.testing import write_char_tokenizer
 
 QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
@@ -52,7 +59,7 @@ TINY = dict(QWEN3_8B, vocab_size=512, hidden_size=64, intermediate_size=128, num
             num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
             tie_word_embeddings=True, rope_parameters=dict(rope_type="yarn", rope_theta=1_000_000.0, factor=4.0,
                                                            original_max_position_embeddings=1024))
-SECTIONS = ("load", "logits", "throughput", "hf", "fp8")
+SECTIONS = ("checkpoint", "throughput", "spec", "logits", "hf", "fp8")
 CASES = ("round1", "round2", "past_64k")
 
 
@@ -96,13 +103,17 @@ def write_random_model(folder: str | Path, shape: dict = QWEN3_8B, dtype: str = 
     return folder
 
 
-def checkpoint_folder(path: Path, shape: dict, dtype: str, device: str) -> Path:
-    """The random checkpoint at path, written there first unless a complete one is (the stages of one
-    GPU plan share it; `complete` is written last)."""
-    if not (path / "complete").is_file():
+def checkpoint_folder(path: Path, shape: dict, dtype: str, device: str, write: bool = True) -> Path:
+    """The random checkpoint at path, written there first unless a complete one is (`complete` is written
+    last). write=False: a missing or cut one is an error that says so, not a write in the caller's time."""
+    marker = path / "complete"
+    if not marker.is_file():
+        if not write:
+            raise FileNotFoundError(f"no complete checkpoint at {path}: its write (the `checkpoint` stage) was cut "
+                                    f"or failed. Write it: python3 -m bench.gpu_e2e --only checkpoint --checkpoint {path}")
         write_random_model(path, shape, dtype, device=device)
-        (path / "complete").write_text(json.dumps(dict(shape=shape, dtype=dtype)))
-    elif json.loads((path / "complete").read_text()) != json.loads(json.dumps(dict(shape=shape, dtype=dtype))):
+        marker.write_text(json.dumps(dict(shape=shape, dtype=dtype)))
+    elif json.loads(marker.read_text()) != json.loads(json.dumps(dict(shape=shape, dtype=dtype))):
         raise ValueError(f"{path} holds another model than this run's; delete it or pass another --checkpoint")
     return path
 
@@ -110,12 +121,13 @@ def checkpoint_folder(path: Path, shape: dict, dtype: str, device: str) -> Path:
 class Run:
     def __init__(self, args, device: str, dtype: str, shape: dict):
         self.args, self.device, self.dtype, self.shape = args, device, dtype, shape
+        self.only = args.only.split(",")
         self.report: dict = dict(commit=commit(), dtype=dtype)
         path = Path(args.out or "") / "gpu_e2e.json"
         if args.out and path.is_file():  # an earlier stage's sections, unless this run redoes them
-            redo = set(args.only.split(",")) - {"throughput"}  # whose rows are redone case by case
-            redo |= {f"{s}_error" for s in args.only.split(",")}
-            if "throughput" in args.only.split(",") and "past_64k" in args.cases.split(","):
+            redo = set(self.only) - {"throughput"}  # whose rows are redone case by case
+            redo |= {f"{s}_error" for s in self.only} | ({"load"} if "throughput" in self.only else set())
+            if "throughput" in self.only and "past_64k" in args.cases.split(","):
                 redo.add("past_64k_logits")
             self.report = {k: v for k, v in json.loads(path.read_text()).items() if k not in redo}
             self.report.update(commit=commit(), dtype=dtype)
@@ -135,6 +147,39 @@ class Run:
         released (shutdown) before the next engine or model loads."""
         from engine import LLM
         return LLM(str(self.folder), dtype=self.dtype, device=self.device, record_steps=True, **kw)
+
+    def open(self, label: str, record_load: bool = False, **kw):
+        """run.engine(**kw); if capturing its CUDA graphs fails, the failure is recorded under
+        graph_capture_errors and the same engine opens eagerly. record_load: save its load figures."""
+        import torch
+        if record_load and self.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        t = time.perf_counter()
+        try:
+            llm = self.engine(**kw)
+        except RuntimeError as e:
+            if kw.get("enforce_eager") or "CUDA graphs failed" not in str(e):
+                raise
+            self.report.setdefault("graph_capture_errors", []).append(dict(engine=label, error=str(e)[:800]))
+            self._write()
+            print(f"== {label}: graph capture failed, running eagerly: {str(e)[:300]}", flush=True)
+            self.free()
+            t = time.perf_counter()
+            llm = self.engine(**dict(kw, enforce_eager=True))
+        if record_load:
+            st, load_s = llm.stats(), time.perf_counter() - t
+            weights = sum(p.numel() * p.element_size() for p in llm.runner.model.parameters())
+            data = dict(load_s=load_s, graphs=llm.runner.graphs is not None, weights_GB=weights / 1e9,
+                        kv_tokens=st["kv_blocks_total"] * llm.runner.block_size, kv_blocks=st["kv_blocks_total"],
+                        kv_GB=st["kv_blocks_total"] * st["kv_bytes_per_block"] / 1e9)
+            if self.device == "cuda":
+                free, total = torch.cuda.mem_get_info()
+                data.update(peak_allocated_GB=torch.cuda.max_memory_allocated() / 1e9, device_total_GB=total / 1e9,
+                            device_free_GB=free / 1e9)
+            self.save("load", data)
+            write_device_params(self.args.out, engine=dict(load_s=load_s, weights_GB=data["weights_GB"],
+                                                           kv_tokens=data["kv_tokens"]))
+        return llm
 
     def free(self) -> None:
         """After the caller dropped its engine or model: collect, give the memory back to the device."""
@@ -157,124 +202,45 @@ class Run:
         self._write()
 
 
-def section_load(run: Run) -> None:
-    import torch
-    cuda = run.device == "cuda"
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    t = time.perf_counter()
-    with run.engine(enforce_eager=True) as llm:  # the default KV sizing (gpu_memory_utilization)
-        load_s = time.perf_counter() - t
-        st = llm.stats()
-        weights = sum(p.numel() * p.element_size() for p in llm.runner.model.parameters())
-        data = dict(load_s=load_s, weights_GB=weights / 1e9, kv_tokens=st["kv_blocks_total"] * llm.runner.block_size,
-                    kv_blocks=st["kv_blocks_total"], kv_GB=st["kv_blocks_total"] * st["kv_bytes_per_block"] / 1e9)
-        if cuda:
-            free, total = torch.cuda.mem_get_info()
-            data.update(peak_allocated_GB=torch.cuda.max_memory_allocated() / 1e9, device_total_GB=total / 1e9,
-                        device_free_GB=free / 1e9)
-    del llm
-    run.free()
-    run.save("load", data)
-    write_device_params(run.args.out, engine=dict(load_s=load_s, weights_GB=data["weights_GB"],
-                                                  kv_tokens=data["kv_tokens"]))
-
-
-@contextmanager
-def recorded_logits(llm):
-    """Within: every sampled row's logits, as {(request id, child index): [fp32 CPU row per token]} once
-    the block ends. With speculation a verify step samples several positions of a row, and a rejected
-    draft's position is sampled again the next step: the last row of each position is the token's."""
-    rows: dict[tuple[str, int], dict[int, torch.Tensor]] = {}
-    real = llm.runner.run
-
-    def spy(plan):
-        logits, scored = real(plan)
-        offsets = plan.sample_offsets or [0] * len(plan.sample_seqs)
-        for seq, off, row in zip(plan.sample_seqs, offsets, logits):
-            rows.setdefault((seq.request.request_id, seq.index), {})[seq.num_generated + off] = row.float().cpu()
-        return logits, scored
-    llm.runner.run = spy
-    try:
-        yield rows
-    finally:
-        del llm.runner.run
-        for key, by_position in rows.items():
-            rows[key] = [by_position[p] for p in sorted(by_position)]
-
-
-def _engine_logits(llm, prompt: list[int], n: int, gen: int):
-    """One prompt forked n ways (seeded sampling, so the children differ); per child (by index) its
-    tokens and the logits each token was drawn from."""
-    from engine import SamplingParams
-    with recorded_logits(llm) as rows:
-        out = llm.generate([prompt], SamplingParams(n=n, temperature=1.0, seed=0, max_tokens=gen, ignore_eos=True),
-                           use_tqdm=False)[0]
-    outs = sorted(out.outputs, key=lambda o: o.index)
-    return [o.token_ids for o in outs], [rows[out.request_id, o.index] for o in outs]
-
-
-def _hf_model(run: Run):
-    import torch
-    from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(run.folder, dtype=getattr(torch, run.dtype)).to(run.device).eval()
-
-
-def _hf_teacher_forced(model, prompt: list[int], tokens: list[int]):
-    """transformers' logits for each of `tokens` given prompt + the tokens before it, [len(tokens), V]."""
-    import torch
-    ids = torch.tensor([prompt + tokens[:-1]], device=model.device)
-    with torch.no_grad():
-        return model(ids, logits_to_keep=len(tokens)).logits[0].float().cpu()
-
-
-def _compare(engine_rows: list, hf_logits) -> dict:
-    import torch
-    eng = torch.stack(engine_rows[-hf_logits.shape[0]:])
-    return dict(top1_agree=float((eng.argmax(-1) == hf_logits.argmax(-1)).float().mean()),
-                max_abs_err=float((eng - hf_logits).abs().max()), max_abs_logit=float(hf_logits.abs().max()))
-
-
 def section_logits(run: Run) -> None:
     import torch
     g = torch.Generator().manual_seed(1)
-    prompt = torch.randint(3, run.shape["vocab_size"], (300,), generator=g).tolist()
+    prompts = torch.randint(3, run.shape["vocab_size"], (2, 300), generator=g).tolist()
     n, gen = 4, 24
-    results = {}
-    # Both on (the engine as it runs by default) and both off; the other pairs are the tiny engine
-    # check's (bench/gpu_engine_check.py). On CPU there are no graphs.
-    for cascade, graphs in ((True, run.device == "cuda"), (False, False)):
-        with run.engine(cascade_attention=cascade, cascade_min_shared_tokens=0, enforce_eager=not graphs,
-                        num_kv_blocks=512, max_num_seqs=8) as llm:
-            results[f"cascade={cascade} graphs={graphs}"] = _engine_logits(llm, prompt, n, gen)
-        del llm
-        run.free()
-    model = _hf_model(run)
-    table = {}
-    for name, (tokens, rows) in results.items():
-        per_child = [_compare(r, _hf_teacher_forced(model, prompt, t)) for t, r in zip(tokens, rows)]
-        table[name] = dict(top1_agree=min(c["top1_agree"] for c in per_child),
-                           max_abs_err=max(c["max_abs_err"] for c in per_child),
-                           max_abs_logit=max(c["max_abs_logit"] for c in per_child),
-                           same_tokens_as_first=tokens == next(iter(results.values()))[0])
+    # One engine as it runs by default (cascade on, CUDA graphs where there is CUDA); the other settings
+    # are the tiny engine check's (bench/gpu_engine_check.py).
+    with run.open("logits", cascade_attention=True, cascade_min_shared_tokens=0, num_kv_blocks=512,
+                  max_num_seqs=8) as llm:
+        graphs = llm.runner.graphs is not None
+        children = engine_logits(llm, prompts, n, gen)
+    del llm
+    run.free()
+    model = hf_model(run.folder, run.dtype, run.device)
+    checks = [logits_check(rows, tokens, hf_teacher_forced(model, p, tokens), TOL[run.dtype])
+              for p, tokens, rows in children]
     del model
     run.free()
-    run.save("logits", table)
+    run.save("logits", dict(cascade=True, graphs=graphs, prompts=len(prompts), children=n, tokens=gen,
+                            **merge_checks(checks)))
 
 
 def _decode_rate(llm, prompts, n: int, gen: int) -> dict:
+    """Generate; decode tokens/s over the decode steps, and where each step's time went (StepTimer)."""
     from engine import SamplingParams
     n0 = len(llm.step_log)
     t = time.perf_counter()
-    llm.generate(prompts, SamplingParams(n=n, max_tokens=gen, ignore_eos=True, temperature=0), use_tqdm=False)
+    with StepTimer(llm) as timer:
+        outs = llm.generate(prompts, SamplingParams(n=n, max_tokens=gen, ignore_eos=True, temperature=0),
+                            use_tqdm=False)
     wall = time.perf_counter() - t
-    steps = llm.step_log[n0:]
-    decode = [s for s in steps if s.kind == "decode"]
+    decode = [s for s in llm.step_log[n0:] if s.kind == "decode"]
     decode_s = sum(s.schedule_s + s.model_s + s.sample_s for s in decode)
-    return dict(wall_s=wall, gen_tokens=len(prompts) * n * gen, e2e_tok_s=len(prompts) * n * gen / wall,
-                decode_tok_s=sum(s.num_decode_seqs for s in decode) / decode_s if decode_s else 0.0,
+    tokens = sum(len(o.token_ids) for r in outs for o in r.outputs)
+    seqs = sum(len(r.outputs) for r in outs)  # each sequence's first token comes from its prefill step
+    return dict(wall_s=wall, gen_tokens=tokens, e2e_tok_s=tokens / wall,
+                decode_tok_s=(tokens - seqs) / decode_s if decode_s else 0.0,
                 decode_steps=len(decode), cascade_steps=sum(s.cascade for s in decode),
-                decode_ms_per_step=1e3 * decode_s / max(1, len(decode)))
+                decode_ms_per_step=1e3 * decode_s / max(1, len(decode)), **timer.summary())
 
 
 def _cases(tiny: bool) -> list[tuple]:
@@ -284,17 +250,30 @@ def _cases(tiny: bool) -> list[tuple]:
         [("round1", 512, 32, 8, 128), ("round2", 16384, 4, 2, 128), ("past_64k", 65536, 4, 1, 64)]
 
 
-def _measure(run: Run, llm, case: tuple, **marks) -> tuple[list, dict]:
-    """One throughput case on llm: (its prompts, its row). The prompts depend on the case alone, so every
-    engine (cascade on and off, FP8) and every stage decodes the same ones."""
+def _prompts(run: Run, case: tuple) -> list[list[int]]:
+    """A case's prompts: they depend on the case alone, so every engine and every stage decodes the same."""
     import torch
-    name, plen, n, problems, gen = case
+    name, plen, _, problems, _ = case
     g = torch.Generator().manual_seed(2 + CASES.index(name))
-    prompts = torch.randint(3, run.shape["vocab_size"], (problems, plen), generator=g).tolist()
+    return torch.randint(3, run.shape["vocab_size"], (problems, plen), generator=g).tolist()
+
+
+def _measure(run: Run, llm, case: tuple, prompts=None, **marks) -> tuple[list, dict]:
+    """One throughput case on llm (its prompts, or the given ones): (the prompts, its row)."""
+    name, plen, n, problems, gen = case
+    prompts = prompts or _prompts(run, case)
     # warm-up (compiles) on other tokens, so the prefix cache gives the measured run nothing
     _decode_rate(llm, [[(t * 7 + 1) % (run.shape["vocab_size"] - 3) + 3 for t in p[:64]] for p in prompts], n, 4)
     return prompts, dict(case=name, prompt_len=plen, n=n, problems=problems, **marks,
                          **_decode_rate(llm, prompts, n, gen), max_position=plen + gen - 1)
+
+
+def _host_params(r: dict) -> dict:
+    """device_params.json's figures of one measured row: ms per decode step by kind of forward, host share."""
+    fw, steps = r.get("forwards", {}), r.get("steps", {})
+    return dict(forward_ms={k: v["gpu_ms"] for k, v in fw.items()},
+                forward_rows={k: v["rows"] for k, v in fw.items()},
+                host_share={k: v["host_share"] for k, v in steps.items()})
 
 
 def section_throughput(run: Run) -> None:
@@ -302,33 +281,59 @@ def section_throughput(run: Run) -> None:
     rows = [r for r in run.report.get("throughput", []) if r["case"] not in run.args.cases.split(",")]
     long_check = None
     for cascade in (True, False):
-        with run.engine(cascade_attention=cascade, max_num_seqs=256) as llm:
+        with run.open(f"throughput cascade={cascade}", record_load=cascade, cascade_attention=cascade,
+                      max_num_seqs=256) as llm:
             for case in cases:
                 name, _, _, _, gen = case
-                prompts, r = _measure(run, llm, case, cascade=cascade, kv_dtype=llm.stats()["kv_cache_dtype"])
+                prompts, r = _measure(run, llm, case, cascade=cascade, kv_dtype=llm.stats()["kv_cache_dtype"],
+                                      graphs=llm.runner.graphs is not None)
                 rows.append(r)
                 run.save("throughput", rows)
-                write_device_params(run.args.out, engine=dict(decode_tok_s={
-                    f"{name}_cascade" if cascade else f"{name}_paged": r["decode_tok_s"]}))
+                key = f"{name}_cascade" if cascade else f"{name}_paged"
+                write_device_params(run.args.out, engine=dict(decode_tok_s={key: r["decode_tok_s"]},
+                                                              steps={key: _host_params(r)}))
                 if name == "past_64k" and cascade:  # the long-context decodes, checked after this engine is freed
-                    long_check = (prompts[0], *_engine_logits(llm, prompts[0], 1, gen))
+                    long_check = engine_logits(llm, prompts[:1], 1, gen)[0]
         del llm
         run.free()
     if long_check is not None:
-        model = _hf_model(run)
+        model = hf_model(run.folder, run.dtype, run.device)
         prompt, tokens, eng_rows = long_check
-        cmp = _compare(eng_rows[0], _hf_teacher_forced(model, prompt, tokens[0]))
+        cmp = logits_check(eng_rows, tokens, hf_teacher_forced(model, prompt, tokens), TOL[run.dtype])
         del model
         run.free()
-        run.save("past_64k_logits", dict(first_position=len(prompt), last_position=len(prompt) + len(tokens[0]) - 1,
+        run.save("past_64k_logits", dict(first_position=len(prompt), last_position=len(prompt) + len(tokens) - 1,
                                          **cmp))
+
+
+def section_spec(run: Run) -> None:
+    """Round 1's shape (fewer problems, fewer tokens) with self-drafting and with n-gram drafts: the device
+    time of a draft, a verify and a plain decode step. The n-gram prompts repeat one segment, so that
+    drafts are found (on random weights what follows is rarely accepted: the step times are the figure)."""
+    case = ("round1", 64, 4, 1, 12) if run.args.tiny else ("round1", 512, 32, 2, 32)
+    window = dict(method="self_window", num_speculative_tokens=3, window=16 if run.args.tiny else 256,
+                  sink=4 if run.args.tiny else 16, policy="fixed")
+    ngram = dict(method="ngram", num_speculative_tokens=4, prompt_lookup_min=1)
+    seg = _prompts(run, case)[0][:32]
+    repeated = [(seg * (case[1] // len(seg) + 1))[:case[1]] for _ in range(case[3])]
+    rows = []
+    for label, spec, prompts in (("self_window", window, None), ("ngram", ngram, repeated)):
+        with run.open(f"spec {label}", cascade_attention=True, max_num_seqs=case[2] * case[3],
+                      speculative_config=spec) as llm:
+            _, r = _measure(run, llm, case, prompts=prompts, method=label, spec=spec,
+                            graphs=llm.runner.graphs is not None)
+        del llm
+        run.free()
+        rows.append(r)
+        run.save("spec", rows)
+        write_device_params(run.args.out, engine=dict(steps={f"spec_{label}": _host_params(r)}))
 
 
 def section_hf(run: Run) -> None:
     import torch
     tiny = run.args.tiny
     plen, batch, gen = (64, 8, 8) if tiny else (512, 256, 64)  # round 1's batch: 8 problems x 32
-    model = _hf_model(run)
+    model = hf_model(run.folder, run.dtype, run.device)
     ids = torch.randint(3, run.shape["vocab_size"], (batch, plen), generator=torch.Generator().manual_seed(3))
     ids = ids.to(run.device)
     kw = dict(max_new_tokens=gen, min_new_tokens=gen, do_sample=False, attention_mask=torch.ones_like(ids), pad_token_id=0)
@@ -354,13 +359,13 @@ def section_fp8(run: Run) -> None:
     auto = {r["case"]: r for r in run.report.get("throughput", []) if r["cascade"]}
     rows = []
     for fmt in run.args.fp8.split(","):
-        with run.engine(cascade_attention=True, max_num_seqs=256, kv_cache_dtype=fmt) as llm:
+        with run.open(f"fp8 {fmt}", cascade_attention=True, max_num_seqs=256, kv_cache_dtype=fmt) as llm:
             st = llm.stats()  # the format the engine reports, so a flag it ignored would show
             kv_tokens = st["kv_blocks_total"] * llm.runner.block_size
             write_device_params(run.args.out, engine={f"kv_tokens_{fmt}": kv_tokens})
             for case in _cases(run.args.tiny)[:2]:  # round 1's and round 2's prompts of the throughput section
                 _, r = _measure(run, llm, case, cascade=True, kv_dtype=st["kv_cache_dtype"], kv_tokens=kv_tokens,
-                                kv_bytes_per_token=st["kv_bytes_per_token"])
+                                kv_bytes_per_token=st["kv_bytes_per_token"], graphs=llm.runner.graphs is not None)
                 if r["case"] in auto:
                     r["decode_vs_auto"] = r["decode_tok_s"] / auto[r["case"]]["decode_tok_s"]
                 rows.append(r)
@@ -382,6 +387,9 @@ def main(argv=None) -> int:
                     help="where the random checkpoint is written once and then reused (default: a new temp folder)")
     ap.add_argument("--fp8", default="fp8_e4m3", help="KV cache formats of the fp8 section (fp8_e4m3, fp8_e5m2)")
     args = ap.parse_args(argv)
+    unknown = sorted(set(args.only.split(",")) - set(SECTIONS)) + sorted(set(args.cases.split(",")) - set(CASES))
+    if unknown:
+        ap.error(f"unknown section or case {unknown}: --only takes {','.join(SECTIONS)}, --cases {','.join(CASES)}")
     import torch
     if args.tiny:
         run = Run(args, "cpu", "float32", TINY)
@@ -395,11 +403,18 @@ def main(argv=None) -> int:
         run.folder = Path(args.model)
     else:
         folder = Path(args.checkpoint) if args.checkpoint else Path(tempfile.mkdtemp(prefix="pacore_e2e_")) / "qwen3"
-        run.folder = checkpoint_folder(folder, run.shape, run.dtype, run.device)
-    run.save("checkpoint", dict(write_s=time.perf_counter() - t, folder=str(run.folder)))
+        try:  # with --checkpoint only the checkpoint section writes it (a cut write is not redone silently)
+            run.folder = checkpoint_folder(folder, run.shape, run.dtype, run.device,
+                                           write="checkpoint" in run.only or not args.checkpoint)
+        except (FileNotFoundError, ValueError) as e:
+            run.save("checkpoint_error", str(e))
+            print(f"gpu_e2e: {e}", file=sys.stderr)
+            return 1
+    if "checkpoint" in run.only:
+        run.save("checkpoint", dict(write_s=time.perf_counter() - t, folder=str(run.folder)))
     status = 0
-    for name in SECTIONS:
-        if name not in args.only.split(","):
+    for name in SECTIONS[1:]:
+        if name not in run.only:
             continue
         run.memory(f"{name} start")
         try:

@@ -25,9 +25,8 @@ import tempfile
 
 import torch
 
-from bench.gpu_e2e import TINY, recorded_logits, write_random_model
-
-TOL = {"float32": 1e-3, "bfloat16": 5e-2}  # max |logit difference| / max |logit| of a step
+from bench.gpu_e2e import TINY, write_random_model
+from bench.gpu_logits import TOL, recorded_logits
 
 
 def _run(model: str, device: str, dtype: str, temperature: float = 0.0, graphs: bool = False, prompts=(37, 100, 300),

@@ -1,8 +1,6 @@
 """The attention kernels at PaCoRe-8B's shape (Qwen3-8B heads 32/8/128, bf16): stages of the GPU plan
 (bench/gpu_check.sh runs it in parts with --only; a run keeps the rows of earlier runs into the same
---out for the cases it does not run).
-
-One file past 300 lines: every kernel case of the GPU run is here.
+--out for the cases it does not run). Past 300 lines: every kernel case of the GPU check is here.
 
 Cases (each row is written to $OUT/gpu_kernels.json as soon as it ran, so a timeout keeps what ran):
 - copy: device-to-device copy bandwidth (the roofline of decode) and a bf16 matmul's TFLOP/s;
@@ -11,18 +9,17 @@ Cases (each row is written to $OUT/gpu_kernels.json as soon as it ran, so a time
 - cascade vs paged at round 2 (4 x 64k prefix + 1k) and round 1 (32 x 512 prefix + 16k), eager and
   replayed from a CUDA graph captured with the padded groups engine/cuda_graphs.py passes. Cascade
   runs as the engine runs it: its prefix plan built once per step and reused by all LAYERS layers
-  (work_plans); the plan's own cost per step is timed apart (plan_us) and its share per layer is in
-  the speedups;
-  paged and cascade run for each --kv-dtypes format (auto: the cache in bf16; fp8_e4m3 / fp8_e5m2: one
-  byte per value, which bytes/s count, with per-layer scales K_SCALE / V_SCALE; the error is vs the fp32
-  reference on the dequantized cache, so it is the kernel's, not the format's);
+  (work_plans); the plan's own cost per step is timed apart (plan_us), its share per layer in the
+  speedups; paged and cascade run for each --kv-dtypes format (auto: bf16; fp8_e4m3 / fp8_e5m2: a byte
+  a value, with per-layer scales K_SCALE / V_SCALE; the error is vs the fp32 reference on the
+  dequantized cache, so it is the kernel's, not the format's);
 - prefill of a 16k and a 64k prompt: Triton in 2048-token chunks over the paged cache and in one
   chunk, for every bf16 tile of kernels/prefill_attention.PREFILL_TILES, and torch SDPA (flash) on the
   prompt's own K/V: TFLOP/s and error (the fastest tile is what PREFILL_TILE should be);
 - a cache whose offsets pass 2^31 elements (store, paged, cascade, prefill on its last blocks);
 - one captured graph replayed with changed lengths, tables and groups.
-Random K/V and queries are drawn on the device (a CPU generator would spend most of a stage on them).
-$OUT/device_params.json gets the numbers a device model reads (see write_device_params), after each shape.
+K/V and queries are drawn on the device. $OUT/device_params.json gets the figures a device model reads
+(write_device_params) after each shape. Each row's verdict: bench/gpu_common.py verdict.
 
     python3 -m bench.gpu_kernels [--out DIR] [--only paged,cascade,...] [--kv-dtypes auto,fp8_e4m3]
     python3 -m bench.gpu_kernels --tiny     # CPU, Triton interpreter, tiny shapes: checks the code path
@@ -34,10 +31,11 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from bench.gpu_common import REL_TOL, commit, open_kernels, rel_err, run_cases, verdict, write_device_params
 
 CASES = ("copy", "paged", "cascade", "prefill", "offsets", "replay")
 K_SCALE, V_SCALE = 0.5, 0.25  # an FP8 cache's dequantization factors: not 1, so the folded scales run too
@@ -53,32 +51,6 @@ def parse_args(argv=None):
     ap.add_argument("--kv-dtypes", default="auto,fp8_e4m3",
                     help="KV cache formats of the paged and cascade cases (auto, fp8_e4m3, fp8_e5m2)")
     return ap.parse_args(argv)
-
-
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
-    except Exception:
-        return "unknown"
-
-
-def write_device_params(out: str | None, **params) -> None:
-    """Merge params into OUT/device_params.json, the device model's inputs (both GPU scripts add theirs,
-    stage by stage)."""
-    if not out:
-        return
-    path = Path(out) / "device_params.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.loads(path.read_text()) if path.is_file() else {}
-    path.write_text(json.dumps(_merged(data, params), indent=1))
-
-
-def _merged(old, new):
-    """new laid over old, dicts merged at every depth (stages add their entries to one file)."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        return {**old, **{k: _merged(old.get(k), v) for k, v in new.items()}}
-    return new
 
 
 class Bench:
@@ -167,11 +139,6 @@ class Bench:
                 rows=self.rows), indent=1))
 
 
-def rel_err(out, ref) -> float:
-    out, ref = out.double(), ref.double()
-    return float((out - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
-
-
 def kv_bytes(b: Bench, tokens: int, cache) -> int:
     """K and V bytes of `tokens` tokens in the format of cache (FP8: one byte per value)."""
     return tokens * 2 * b.Hkv * b.D * cache.element_size()
@@ -217,13 +184,12 @@ def case_paged(b: Bench, kernels):
 
 def _capture(b: Bench, fn):
     """fn replayed from a CUDA graph (a plain call on CPU). Returns (replay, output of the capture)."""
-    torch = b.torch
     if b.dev != "cuda":
         return fn, None
     fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    b.torch.cuda.synchronize()
+    g = b.torch.cuda.CUDAGraph()
+    with b.torch.cuda.graph(g):
         out = fn()
     return g.replay, out
 
@@ -432,10 +398,12 @@ def case_replay(b: Bench, kernels):
                max_rel_err_vs_fp32=max(errs)))
 
 
-def format_table(rows) -> str:
-    lines = ["kernels at PaCoRe-8B's shape; bw = bytes read / time / device copy bandwidth (FP8: a byte a value)"]
+def format_table(rows, dtype: str = "bfloat16") -> str:
+    """The rows as a table, each with its verdict against the fp32 reference (REL_TOL[dtype])."""
+    lines = ["kernels at PaCoRe-8B's shape; bw = bytes read / time / device copy bandwidth (FP8: a byte a value); "
+             f"err = max |out - fp32 reference| / max |reference|, verdict: err within {REL_TOL[dtype]:.0e} ({dtype})"]
     for r in rows:
-        c = r["case"]
+        c, n = r["case"], len(lines)
         if c == "copy":
             lines.append(f"copy {r['copy_bw_GBps']:.0f} GB/s   bf16 matmul {r['matmul_tflops']:.0f} TFLOP/s")
         elif c == "paged":
@@ -459,21 +427,9 @@ def format_table(rows) -> str:
                          f"{max(r[k] for k in r if k.endswith('fp32')):.1e}")
         elif c == "replay":
             lines.append(f"graph replay, {r['scenarios']} batches (graph {r['graph']}): err {r['max_rel_err_vs_fp32']:.1e}")
+        if len(lines) > n and verdict(r, dtype):  # the row made a line, and has errors to judge
+            lines[-1] += f"  {verdict(r, dtype)}"
     return "\n".join(lines)
-
-
-def open_kernels(tiny: bool, script: str, dry_flag: str):
-    """The kernels package, under the interpreter for a dry run (switched on before triton or the kernels
-    import); None, having said why, when a real run finds no CUDA device."""
-    if tiny:
-        os.environ["TRITON_INTERPRET"] = "1"
-    import torch
-
-    import kernels
-    if not tiny and not torch.cuda.is_available():
-        print(f"{script}: no CUDA device (use {dry_flag} on CPU)", file=sys.stderr)
-        return None
-    return kernels
 
 
 def main(argv=None) -> int:
@@ -488,26 +444,6 @@ def main(argv=None) -> int:
         only.add("copy")  # every bandwidth needs the copy's
     cases = {name: globals()[f"case_{name}"] for name in CASES if name in only}
     return run_cases(b, kernels, cases, format_table, Path(args.out) / "gpu_kernels_table.txt" if args.out else None)
-
-
-def run_cases(bench, kernels, cases: dict, format_table, table_file: Path | None) -> int:
-    """Run each case (name -> fn(bench, kernels)); a failing case is recorded and the others still run.
-    Prints the table of the rows that worked (and writes it to table_file); 1 if any case failed."""
-    import torch
-    status = 0
-    for name, case in cases.items():
-        try:
-            case(bench, kernels)
-        except Exception as e:  # one failing case must not cost the others' numbers
-            status = 1
-            bench.add(dict(case=name, error=f"{type(e).__name__}: {e}"[:500]))
-        if bench.dev == "cuda":
-            torch.cuda.empty_cache()
-    table = format_table([r for r in bench.rows if "error" not in r])
-    if table_file is not None:
-        table_file.write_text(table + "\n")
-    print(table)
-    return status
 
 
 if __name__ == "__main__":

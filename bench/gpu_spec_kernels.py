@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.gpu_kernels import commit, open_kernels, rel_err, run_cases, write_device_params
+from bench.gpu_kernels import REL_TOL, commit, open_kernels, rel_err, run_cases, verdict, write_device_params
 
 CASES = ("verify", "draft", "cascade", "sample")
 K_SCALE, V_SCALE = 0.5, 0.25  # an FP8 cache's scales: not 1, so the folded scales run too
@@ -235,9 +235,11 @@ def case_sample(s: Spec, kernels):
                GBps=B * V * 4 / t / 1e9, same_tokens_as_ref=same, rel_err_vs_fp32=0.0 if same == B else 1.0))
 
 
-def format_table(rows) -> str:
+def format_table(rows, dtype: str = "bfloat16") -> str:
+    """The rows as a table, each with its verdict against the fp32 reference (REL_TOL[dtype]; the sampler:
+    every token as the torch reference's)."""
     lines = ["speculative-decoding attention at PaCoRe-8B's shape; GB/s = KV bytes read once per row (cascade: "
-             "the prefix once) / time; bw = that / copy bandwidth"]
+             f"the prefix once) / time; bw = that / copy bandwidth; verdict: err within {REL_TOL[dtype]:.0e} ({dtype})"]
     for r in rows:
         head = f"{r['case']:<8}{r['kv_dtype']:<9}"
         if r["case"] == "verify":
@@ -255,6 +257,9 @@ def format_table(rows) -> str:
         elif r["case"] == "sample":
             lines.append(f"sample   B={r['B']} vocab={r['vocab']}: {r['us']:.1f} us ({r['GBps']:.0f} GB/s of logits), "
                          f"{r['same_tokens_as_ref']}/{r['B']} tokens as the torch reference")
+        else:
+            continue
+        lines[-1] += f"  {verdict(r, dtype)}"
     return "\n".join(lines)
 
 

@@ -1,19 +1,45 @@
-"""The GPU plan's first and last stage (bench/gpu_check.sh).
+"""The GPU check's first and last stage (bench/gpu_check.sh), and PaCoRe-8B's memory figures.
 
-    python3 -m bench.gpu_summary --preflight     # versions and the device; exit 2 without CUDA
-    python3 -m bench.gpu_summary --dry-run       # the same on a CPU host (no device required)
-    python3 -m bench.gpu_summary DIR             # the table of what the stages wrote to DIR
+    python3 -m bench.gpu_summary --preflight [DIR ...]  # versions, nvidia-smi, df -h, the device; exit 2 without CUDA
+    python3 -m bench.gpu_summary --dry-run [DIR ...]    # the same on a CPU host (no device required)
+    python3 -m bench.gpu_summary DIR                    # the table of what the stages wrote to DIR (summary.txt)
+    python3 -m bench.gpu_summary --memory               # PaCoRe-8B's weights and KV tokens per GPU size
+
+The table reads, when present: stages.tsv, gpu_kernels.json, gpu_spec_kernels.json, gpu_fp8_gemm.json,
+gpu_e2e.json and device_params.json. gpu_fp8_gemm.json (bench/gpu_fp8_gemm.py, optional) is expected as
+
+    {"device": "NVIDIA H200", "commit": "abc1234",
+     "rows": [{"shape": "qkv_proj", "M": 256, "N": 6144, "K": 4096, "bf16_us": 41.0, "fp8_us": 25.0,
+               "speedup": 1.64, "rel_err": 0.012, "tol": 0.05, "passed": true}, ...]}
+
+one row per GEMM (shape: a name or [N, K]; M: the rows, i.e. the tokens of the step; speedup: bf16_us /
+fp8_us; rel_err: max |fp8 - bf16 reference| / max |reference|; passed, else rel_err <= tol decides); a
+row with an "error" key instead is listed as failed.
 """
 from __future__ import annotations
 
 import json
 import platform
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
+HOST_TARGET = 0.10  # the host's share of a decode step the engine aims under
 
-def preflight(need_cuda: bool) -> int:
+
+def preflight(need_cuda: bool, folders: list[str]) -> int:
     import torch
+    for cmd in (["nvidia-smi"], ["df", "-h", ".", *[f for f in folders if Path(f).is_dir()]]):
+        if shutil.which(cmd[0]) is None:
+            print(f"{cmd[0]}: not found")
+            continue
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+        print(proc.stdout.rstrip() or proc.stderr.rstrip())
+    for f in folders:  # the checkpoint is written there: 16.4 GB
+        if Path(f).is_dir() and shutil.disk_usage(f).free < 20e9:
+            print(f"warning: {f} has {shutil.disk_usage(f).free / 1e9:.1f} GB free; the random checkpoint needs "
+                  f"16.4 GB (set PACORE_GPU_CHECKPOINT to a folder on a larger disk)")
     versions = {"python": platform.python_version(), "torch": torch.__version__}
     for name in ("triton", "transformers", "pytest"):
         try:
@@ -21,7 +47,7 @@ def preflight(need_cuda: bool) -> int:
         except Exception as e:  # reported, not fatal: the stages that need it say so
             versions[name] = f"missing ({type(e).__name__})"
     print("  ".join(f"{k} {v}" for k, v in versions.items()))
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available():  # the versions and the device last: the stage's log tail shows them
         print("no CUDA device" + ("" if need_cuda else " (dry run: CPU)"))
         return 2 if need_cuda else 0
     free, total = torch.cuda.mem_get_info()
@@ -34,49 +60,134 @@ def _load(path: Path):
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def _ms(x) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def fp8_gemm_lines(data: dict) -> list[str]:
+    """gpu_fp8_gemm.json's rows (the module docstring's format), one line each with its verdict."""
+    lines = [f"FP8 GEMM (W8A8, torch._scaled_mm) vs bf16 on {data.get('device', '?')}"]
+    for r in data.get("rows", []):
+        if "error" in r:
+            lines.append(f"fp8 gemm {r.get('shape', '?')} FAILED: {r['error']}")
+            continue
+        ok = r.get("passed", r.get("rel_err", float("nan")) <= r.get("tol", 0.0))
+        lines.append(f"fp8 gemm {str(r['shape']):<16} M={r['M']:<6} bf16 {r['bf16_us']:8.1f} us  fp8 {r['fp8_us']:8.1f} us"
+                     f"  {r['speedup']:.2f}x  err {r['rel_err']:.1e}  {'PASS' if ok else 'FAIL'}")
+    return lines
+
+
+def _step_line(r: dict) -> list[str]:
+    """Where a decode step's time went (bench/gpu_step_times.py), and the host's share against HOST_TARGET."""
+    out = []
+    for kind, s in r.get("steps", {}).items():
+        share = s.get("host_share")
+        verdict = "" if share is None else f" -> host {share:.1%} of the step ({'under' if share < HOST_TARGET else 'OVER'} " \
+                                           f"{HOST_TARGET:.0%})"
+        out.append(f"    {kind} step {_ms(s['wall_ms'])} ms: schedule {_ms(s['schedule_ms'])}, prepare "
+                   f"{_ms(s['prepare_ms'])}, model {_ms(s['model_ms'])} (GPU {_ms(s['gpu_ms'])}, of it graph replay "
+                   f"{_ms(s['replay_ms'])}), sample {_ms(s['sample_ms'])}{verdict}")
+    return out
+
+
+def e2e_lines(e2e: dict) -> list[str]:
+    lines = []
+    if "load" in e2e:
+        ld = e2e["load"]
+        lines.append(f"engine load {ld['load_s']:.1f} s (graphs {ld.get('graphs')}), weights {ld['weights_GB']:.1f} GB, "
+                     f"KV {ld['kv_tokens']} tokens ({ld['kv_GB']:.1f} GB)")
+    lines += [f"CUDA graph capture FAILED ({c['engine']}, ran eagerly): {c['error']}" for c in e2e.get("graph_capture_errors", [])]
+    for r in e2e.get("throughput", []) + e2e.get("fp8", []):
+        lines.append(f"{r['case']:9s} cascade={r['cascade']!s:5s} graphs={r.get('graphs', '?')!s:5s} {r['kv_dtype']:9s} "
+                     f"decode {r['decode_tok_s']:9.0f} tok/s (end to end {r['e2e_tok_s']:.0f}), "
+                     f"{r['decode_ms_per_step']:.1f} ms/step")
+        lines += _step_line(r)
+    for r in e2e.get("spec", []):
+        fw = r.get("forwards", {})
+        parts = [f"{k} {_ms(v['gpu_ms'])} ms GPU ({v['rows']:.0f} rows, {v['tokens']:.0f} tokens, {v['graphs']}/{v['calls']} "
+                 f"from graphs)" for k, v in fw.items()]
+        lines.append(f"spec {r['method']:<11} (random weights: step times, not acceptance): " + "; ".join(parts))
+        lines += _step_line(r)
+    for name in ("logits", "past_64k_logits"):
+        c = e2e.get(name)
+        if not c:
+            continue
+        where = "positions past 65,535" if name != "logits" else f"cascade, graphs {c.get('graphs')}"
+        lines.append(f"logits vs transformers ({where}): {'PASS' if c['passed'] else 'FAIL'}: top-1 agrees at "
+                     f"{c['clear_positions'] - c['clear_mismatches']}/{c['clear_positions']} positions with a clear "
+                     f"top-2 margin (> 2x the position's max |diff|; {c['positions']} in all, top-1 agree "
+                     f"{c['top1_agree']:.3f}); max |diff| {c['max_rel_err']:.1e} of the largest logit (tolerance "
+                     f"{c['tol']:.0e})")
+    if "hf" in e2e:
+        lines.append(f"transformers generate {e2e['hf']['tok_s']:.0f} tok/s; engine round 1 / HF "
+                     f"{e2e['hf'].get('engine_vs_hf') or float('nan'):.1f}x")
+    lines += [f"e2e {k}: FAILED {v}" for k, v in e2e.items() if k.endswith("_error")]
+    return lines
+
+
 def table(folder: Path) -> str:
-    from bench.gpu_kernels import format_table
+    from bench.gpu_kernels import format_table as kernel_table
+    from bench.gpu_spec_kernels import format_table as spec_table
     lines = []
     stages = folder / "stages.tsv"
     if stages.is_file():
         rows = [row.split("\t") for row in stages.read_text().splitlines()]
         lines.append("stages: " + ", ".join(f"{name} {'ok' if rc == '0' else 'rc=' + rc} {took}/{limit} s"
                                             for name, rc, took, limit in rows))
-    kernels = _load(folder / "gpu_kernels.json")
-    if kernels:
-        lines.append(f"{kernels['device']} at {kernels['commit']}")
-        lines.append(format_table([r for r in kernels["rows"] if "error" not in r]))
-        lines += [f"kernels {r['case']} FAILED: {r['error']}" for r in kernels["rows"] if "error" in r]
-    e2e = _load(folder / "gpu_e2e.json") or {}
-    if "load" in e2e:
-        ld = e2e["load"]
-        lines.append(f"engine load {ld['load_s']:.1f} s, weights {ld['weights_GB']:.1f} GB, "
-                     f"KV {ld['kv_tokens']} tokens ({ld['kv_GB']:.1f} GB)")
-    for name, r in (e2e.get("logits") or {}).items():
-        lines.append(f"logits vs transformers, {name}: top-1 agree {r['top1_agree']:.3f}, max |diff| "
-                     f"{r['max_abs_err']:.3g} of |logit| <= {r['max_abs_logit']:.3g}")
-    for r in e2e.get("throughput", []) + e2e.get("fp8", []):
-        lines.append(f"{r['case']:9s} cascade={r['cascade']!s:5s} {r['kv_dtype']:9s} "
-                     f"decode {r['decode_tok_s']:9.0f} tok/s (end to end {r['e2e_tok_s']:.0f}), "
-                     f"{r['decode_ms_per_step']:.1f} ms/step")
-    if "past_64k_logits" in e2e:
-        r = e2e["past_64k_logits"]
-        lines.append(f"past 64k (positions {r['first_position']}..{r['last_position']}) vs transformers: top-1 "
-                     f"{r['top1_agree']:.3f}, max |diff| {r['max_abs_err']:.3g}")
-    if "hf" in e2e:
-        lines.append(f"transformers generate {e2e['hf']['tok_s']:.0f} tok/s; engine round 1 / HF "
-                     f"{e2e['hf'].get('engine_vs_hf') or float('nan'):.1f}x")
-    lines += [f"e2e {k}: {v}" for k, v in e2e.items() if k.endswith("_error")]
+    for name, fmt in (("gpu_kernels.json", kernel_table), ("gpu_spec_kernels.json", spec_table)):
+        data = _load(folder / name)
+        if data:
+            lines.append(f"== {data['device']} at {data['commit']}")
+            lines.append(fmt([r for r in data["rows"] if "error" not in r], data.get("dtype", "bfloat16")))
+            lines += [f"{name} {r['case']} FAILED: {r['error']}" for r in data["rows"] if "error" in r]
+    fp8 = _load(folder / "gpu_fp8_gemm.json")
+    if fp8:
+        lines += fp8_gemm_lines(fp8)
+    lines += e2e_lines(_load(folder / "gpu_e2e.json") or {})
+    verdicts = "\n".join(lines)
+    lines.append(f"verdicts: {verdicts.count('PASS')} PASS, {verdicts.count('FAIL')} FAIL")
     params = folder / "device_params.json"
-    lines.append(f"device model inputs: {params if params.is_file() else 'none written'}")
+    lines.append(f"device model inputs: {params.name if params.is_file() else 'none written'} "
+                 "(the rehearsal's --device)")
+    return "\n".join(lines)
+
+
+def memory_table(gib=(24, 40, 48, 80, 94), utilization: float = 0.9) -> str:
+    """PaCoRe-8B (Qwen3-8B's shape, bf16 weights) with a bf16 and an FP8 KV cache: the memory it takes
+    and the KV tokens the default sizing leaves, per GPU memory (GiB, as nvidia-smi's total; and the
+    H200 preset), from the engine's device model (engine/device_model.py kv_tokens)."""
+    from bench.rehearsal.shapes import QWEN3_8B as C
+    from engine.device_model import DeviceParams, kv_tokens
+    from engine.step_shape import ModelShape
+
+    def shape(kv_bytes: int) -> ModelShape:
+        return ModelShape(C["num_hidden_layers"], C["hidden_size"], C["intermediate_size"], C["num_attention_heads"],
+                          C["num_key_value_heads"], C["head_dim"], C["vocab_size"], 2, qk_norm=True,
+                          kv_dtype_bytes=kv_bytes, tie_word_embeddings=C["tie_word_embeddings"])
+    bf16, fp8 = shape(2), shape(1)
+    h200 = DeviceParams()
+    weights = bf16.weight_bytes + bf16.vocab_size * bf16.hidden_size * 2  # the embedding table too (untied)
+    context = C["max_position_embeddings"]
+    lines = [f"PaCoRe-8B: weights {weights / 1e9:.1f} GB (bf16), activation reserve {h200.activation_reserve_bytes / 1e9:.0f} GB; "
+             f"KV per token {bf16.kv_bytes_per_token:,} B (bf16) / {fp8.kv_bytes_per_token:,} B (fp8)",
+             f"one {context:,}-token context: {context * bf16.kv_bytes_per_token / 1e9:.1f} GB of KV (bf16), "
+             f"{context * fp8.kv_bytes_per_token / 1e9:.1f} GB (fp8)",
+             f"KV tokens at gpu_memory_utilization={utilization}:",
+             f"{'GPU memory':>24} {'bf16 KV':>12} {'fp8 KV':>12}"]
+    devices = [(f"{g} GiB", DeviceParams(memory_bytes=g * 2 ** 30)) for g in gib] + [(f"H200 ({h200.memory_bytes / 1e9:.1f} GB)", h200)]
+    for label, dev in devices:
+        lines.append(f"{label:>24} {kv_tokens(bf16, dev, utilization):>12,} {kv_tokens(fp8, dev, utilization):>12,}")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ("--preflight", "--dry-run"):
-        return preflight(need_cuda=argv[0] == "--preflight")
-    if len(argv) != 1:
+        return preflight(need_cuda=argv[0] == "--preflight", folders=argv[1:])
+    if argv == ["--memory"]:
+        print(memory_table())
+        return 0
+    if len(argv) != 1 or argv[0].startswith("-"):
         print(__doc__, file=sys.stderr)
         return 2
     text = table(Path(argv[0]))

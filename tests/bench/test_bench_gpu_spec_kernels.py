@@ -32,16 +32,16 @@ def test_run_cases_frees_the_gpu_cache_between_cases(monkeypatch):
     """On a GPU run_cases empties the CUDA cache after each case (a dry run never takes that branch)."""
     import torch
 
-    from bench.gpu_kernels import run_cases
+    from bench.gpu_common import run_cases
     freed = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: freed.append(1))
 
     class Bench:
-        dev, rows = "cuda", []
+        dev, dtype, rows = "cuda", "bfloat16", []
 
         def add(self, row):
             self.rows.append(row)
     b = Bench()
     cases = {"a": lambda bench, k: bench.add({"case": "a"}), "b": lambda bench, k: 1 / 0}
-    assert run_cases(b, None, cases, lambda rows: f"{len(rows)} rows", None) == 1
+    assert run_cases(b, None, cases, lambda rows, dtype: f"{len(rows)} {dtype} rows", None) == 1
     assert freed == [1, 1] and b.rows[-1]["error"].startswith("ZeroDivisionError")
