@@ -72,14 +72,10 @@ def main(argv: list[str] | None = None) -> int:
         from engine.serve.command import main as serve
 
         return serve(args)
-    from .run import _config, refused_paths, run
+    from .run import _config, run
 
     try:
         if args.command == "run":
-            refused = refused_paths(args)
-            if refused:
-                print(f"pacore: {refused}", file=sys.stderr)
-                return 2
             cfg = _config(args, args.data, args.out, args.resume)
         else:
             from .demo import write_demo_jsonl
