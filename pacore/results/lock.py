@@ -43,8 +43,9 @@ def lock_path(out_path: str) -> str:
 def results_lock(out_path: str) -> Iterator[None]:
     """Hold the exclusive lock of ``out_path`` for the duration; raise ResultsLocked if another run has
     it, OutputUnusable if the file or its lock file cannot be used (a full disk included). A results
-    file this call created is removed again if the run stops before anything is written to it, however
-    it stops (a refusal, a full disk, a model that fails to load, Ctrl-C): a refused run creates nothing."""
+    file this call created is removed again if the run stops before anything is written to it: at
+    start-up, or by an error writing (OSError) such as a full disk (a run that stops otherwise before it
+    computed anything is undone by the preflight)."""
     fd, created = _open_results(out_path)
     st = os.fstat(fd)
     identity = (st.st_dev, st.st_ino)
@@ -72,7 +73,7 @@ def results_lock(out_path: str) -> Iterator[None]:
     _held[identity] = fd
     try:
         yield
-    except BaseException:
+    except OSError:
         _remove_if_empty(out_path, fd, created)
         raise
     finally:

@@ -73,44 +73,48 @@ def preflight(cfg: RunConfig, max_model_len: int | Callable[[], int] | None) -> 
             check_max_tokens(cfg.max_tokens, context)
     except (ValueError, OSError, RuntimeError) as e:  # no such model, a size that cannot split it, a budget
         raise SettingsRefused(str(e)) from None
-    # 2. every file the run touches
-    path = settings_path(cfg.out_path)
+    # 2. every file the run touches (the results file opened and locked; _checked: the others)
     with results_lock(cfg.out_path):
-        check_side_files(cfg.out_path, (path,))
-        # 3. what is there
-        prior = prepare_output(cfg.out_path, cfg.resume)
-        recorded = None
-        if not prior.fresh:
-            try:
-                recorded = read_settings(path)
-            except SettingsUnreadable:
-                if not cfg.override_settings:
-                    raise
-                print(f"pacore: {path} cannot be read; recording this run's settings in its place, as "
-                      f"--override-settings asks", file=sys.stderr)
-        # 4. the settings compared
-        now = run_settings(cfg)
-        doc = {"settings": now, "changes": []} if recorded is None else _compared(cfg, recorded, now, path)
-        # 5. the decision
-        todo, note = select_pending(read_problems(cfg.data_path), prior, cfg.skip_failed, cfg.runs)
-        if note:
-            print(f"pacore: {note} ({cfg.out_path})", file=sys.stderr)
-        work = read_prior_work(cfg, todo, prior)
-        mixed = confidence_note(cfg, prior, work)
-        if mixed:
-            print(f"pacore: {mixed}", file=sys.stderr)
-        held = _snapshots(cfg.out_path) if not prior.fresh and todo else 0
-        if held:
-            print(f"pacore: resuming: {held} round{'s' if held > 1 else ''} in flight continue from their snapshots "
-                  f"({snapshot_dir(cfg.out_path)})", file=sys.stderr)
-        if doc != recorded:
-            write_json(path, doc)
         try:
-            yield Pending(todo, work)
-        except BaseException:
-            if prior.fresh:
-                _undo_if_nothing_computed(cfg)
+            yield from _checked(cfg)
+        except BaseException:  # a refusal, or a run that stopped before it computed anything
+            _undo_if_nothing_computed(cfg)
             raise
+
+
+def _checked(cfg: RunConfig) -> Iterator[Pending]:
+    """Steps 2-5, the results lock held."""
+    path = settings_path(cfg.out_path)
+    check_side_files(cfg.out_path, (path,))
+    # 3. what is there
+    prior = prepare_output(cfg.out_path, cfg.resume)
+    recorded = None
+    if not prior.fresh:
+        try:
+            recorded = read_settings(path)
+        except SettingsUnreadable:
+            if not cfg.override_settings:
+                raise
+            print(f"pacore: {path} cannot be read; recording this run's settings in its place, as "
+                  f"--override-settings asks", file=sys.stderr)
+    # 4. the settings compared
+    now = run_settings(cfg)
+    doc = {"settings": now, "changes": []} if recorded is None else _compared(cfg, recorded, now, path)
+    # 5. the decision
+    todo, note = select_pending(read_problems(cfg.data_path), prior, cfg.skip_failed, cfg.runs)
+    if note:
+        print(f"pacore: {note} ({cfg.out_path})", file=sys.stderr)
+    work = read_prior_work(cfg, todo, prior)
+    mixed = confidence_note(cfg, prior, work)
+    if mixed:
+        print(f"pacore: {mixed}", file=sys.stderr)
+    held = _snapshots(cfg.out_path) if not prior.fresh and todo else 0
+    if held:
+        print(f"pacore: resuming: {held} round{'s' if held > 1 else ''} in flight continue from their snapshots "
+              f"({snapshot_dir(cfg.out_path)})", file=sys.stderr)
+    if doc != recorded:
+        write_json(path, doc)
+    yield Pending(todo, work)
 
 
 def refused_paths(cfg: RunConfig) -> str | None:
@@ -165,12 +169,13 @@ def _snapshots(out_path: str) -> int:
 
 def _undo_if_nothing_computed(cfg: RunConfig) -> None:
     """A new output's run stopped before it computed anything (nothing recorded, checkpointed or
-    snapshotted): remove the settings and the empty checkpoint file it wrote (the lock removes the empty
-    results file), so that it leaves nothing behind."""
-    side = [rounds_path(cfg.out_path), settings_path(cfg.out_path)]
-    if _size(os.path.realpath(cfg.out_path)) or _size(side[0]) or _snapshots(cfg.out_path):
+    snapshotted: a refusal, a model that fails to load): remove the files it made, empty (the results
+    file, the checkpoint file) or not (the settings), so that it leaves nothing behind. The results
+    file is locked: no other run writes it meanwhile."""
+    made = [os.path.realpath(cfg.out_path), rounds_path(cfg.out_path), settings_path(cfg.out_path)]
+    if _size(made[0]) or _size(made[1]) or _snapshots(cfg.out_path):
         return
-    for p in side:
+    for p in made:
         try:
             if os.path.isfile(p) and not os.path.islink(p):
                 os.unlink(p)
