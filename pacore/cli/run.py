@@ -2,6 +2,7 @@
 then one engine or replicas of it, and the exit status."""
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -65,18 +66,15 @@ def run(args, cfg: RunConfig) -> int:
     with _signals_as_ctrl_c() as caught:
         try:
             with preflight(cfg, lambda: _model_context(cfg)) as pending:  # the lock held until the summary is written
-                if not pending.todo:  # a resume with nothing left: no model to load
-                    print(f"pacore: nothing left to run in {cfg.out_path}", file=sys.stderr)
-                    summary = write_summary(cfg, 0.0, [])
-                    show_summary(summary, cfg)
-                elif args.ray is not None or (args.data_parallel or 1) > 1:
-                    summary = _run_replicated(cfg, pending, args.data_parallel, args.ray)
-                else:
-                    summary = _run_one(cfg, pending)
+                try:
+                    summary = _run_pending(args, cfg, pending)
+                except WriteFailed as e:  # the output removed after its last record: not a full disk
+                    real = os.path.realpath(cfg.out_path)
+                    raise (OutputGone(real, e) if not os.path.exists(real) else e) from None
         except (*REFUSALS, _Failed) as e:
             print(f"pacore: {e}", file=sys.stderr)
             return e.status if isinstance(e, _Failed) else 2
-        except OutputGone as e:  # the output folder deleted mid-run
+        except OutputGone as e:  # the output (or its folder) deleted mid-run
             print(f"pacore: {e}; run again to compute it anew", file=sys.stderr)
             return 2
         except WriteFailed as e:  # a full disk: what was written before stays whole
@@ -86,6 +84,18 @@ def run(args, cfg: RunConfig) -> int:
         except KeyboardInterrupt:
             return 128 + (caught[0] if caught else signal.SIGINT)
     return _status(summary, cfg)
+
+
+def _run_pending(args, cfg: RunConfig, pending: Pending) -> dict:
+    """Run what the preflight found to do, on one engine or replicas; returns the summary."""
+    if not pending.todo:  # a resume with nothing left: no model to load
+        print(f"pacore: nothing left to run in {cfg.out_path}", file=sys.stderr)
+        summary = write_summary(cfg, 0.0, [])
+        show_summary(summary, cfg)
+        return summary
+    if args.ray is not None or (args.data_parallel or 1) > 1:
+        return _run_replicated(cfg, pending, args.data_parallel, args.ray)
+    return _run_one(cfg, pending)
 
 
 class _Failed(Exception):

@@ -190,7 +190,8 @@ def test_a_fifo_as_out_is_refused_at_once(tmp_path, monkeypatch, capsys):
 
 
 # -- 5. the output folder deleted mid-run -----------------------------------------------------------
-def test_an_output_folder_deleted_mid_run_is_said_at_the_first_failed_write(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("every", ["1e-6", "0"])  # noticed at a snapshot, or at the next record
+def test_an_output_folder_deleted_mid_run_is_said_at_the_first_failed_write(tmp_path, monkeypatch, capsys, every):
     cfg = _cfg(tmp_path, n_problems=4)
     cfg.out_path = str(tmp_path / "o" / "out.jsonl")
 
@@ -201,7 +202,7 @@ def test_an_output_folder_deleted_mid_run_is_said_at_the_first_failed_write(tmp_
             return super().step()
 
     _fake_engine(monkeypatch, llm=Deleting(default_script))
-    code = main(_argv(cfg, "--max-problems-in-flight", "1", "--checkpoint-every", "1e-6"))
+    code = main(_argv(cfg, "--max-problems-in-flight", "1", "--checkpoint-every", every))
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
     assert "was removed" in err.splitlines()[-1] and "free space" not in err
