@@ -1,6 +1,6 @@
 """The one check before a run, whatever runs it (one engine, local replicas, Ray), in the order it goes:
 
-1. the flags alone: --data and --out, --runs and --pool, --max-tokens against the model's context;
+1. the flags alone: --data and --out, --runs and --pool;
 2. every file the run will touch, opened and checked: the results file (created if need be, a regular
    file, never waited on, locked: one run per results file) and the files beside it (no link, nothing
    but a file of its own where a file goes: files.check_side_files);
@@ -9,7 +9,9 @@
 4. the settings compared: any that changes a record and differs is refused, naming each, unless
    --override-settings (settings.py);
 5. the decision: what is left to run and what it continues from (resume.py), said in a line or two;
-   then the settings are recorded and the run goes on, the lock held until its summary is written.
+   with something to run, --max-tokens against the model's context (read from its config.json: a
+   resume with nothing left reads no model at all); then the settings are recorded and the run goes
+   on, the lock held until its summary is written.
 
 Every refusal comes before any work and leaves nothing behind: files this run created are removed
 again when it stops before anything was computed (a refusal, a model that fails to load).
@@ -60,29 +62,35 @@ def preflight(cfg: RunConfig, max_model_len: int | Callable[[], int] | None) -> 
     has to do.
 
     ``max_model_len``: the engine's context, or a function reading it from the model's config (called
-    after the flags are checked, before any file is opened); None: the budget is checked where it is
-    known. Raises one of REFUSALS, all before any work."""
+    only when there is something to run); None: the budget is checked where it is known. Raises one of
+    REFUSALS, all before any work."""
     # 1. the flags alone
     why = refused_paths(cfg)
     if why:
         raise SettingsRefused(why)
     try:
         validate_runs(cfg)
-        context = max_model_len() if callable(max_model_len) else max_model_len
-        if context is not None:
-            check_max_tokens(cfg.max_tokens, context)
-    except (ValueError, OSError, RuntimeError) as e:  # no such model, a size that cannot split it, a budget
+    except ValueError as e:
         raise SettingsRefused(str(e)) from None
     # 2. every file the run touches (the results file opened and locked; _checked: the others)
-    with results_lock(cfg.out_path):
-        try:
-            yield from _checked(cfg)
-        except BaseException:  # a refusal, or a run that stopped before it computed anything
-            _undo_if_nothing_computed(cfg)
-            raise
+    folders = _missing_folders(cfg.out_path)  # made by the lock
+    try:
+        with results_lock(cfg.out_path):
+            try:
+                yield from _checked(cfg, max_model_len)
+            except BaseException:  # a refusal, or a run that stopped before it computed anything
+                _undo_if_nothing_computed(cfg)
+                raise
+    except BaseException:
+        for folder in folders:  # those left empty (the lock's pid file gone with the lock)
+            try:
+                os.rmdir(folder)
+            except OSError:
+                break
+        raise
 
 
-def _checked(cfg: RunConfig) -> Iterator[Pending]:
+def _checked(cfg: RunConfig, max_model_len: int | Callable[[], int] | None) -> Iterator[Pending]:
     """Steps 2-5, the results lock held."""
     path = settings_path(cfg.out_path)
     check_side_files(cfg.out_path, (path,))
@@ -104,6 +112,13 @@ def _checked(cfg: RunConfig) -> Iterator[Pending]:
     todo, note = select_pending(read_problems(cfg.data_path), prior, cfg.skip_failed, cfg.runs)
     if note:
         print(f"pacore: {note} ({cfg.out_path})", file=sys.stderr)
+    if todo:  # the budget against the model's context (read only when there is something to run)
+        try:
+            context = max_model_len() if callable(max_model_len) else max_model_len
+            if context is not None:
+                check_max_tokens(cfg.max_tokens, context)
+        except (ValueError, OSError, RuntimeError) as e:  # no such model, a size that cannot split it, a budget
+            raise SettingsRefused(str(e)) from None
     work = read_prior_work(cfg, todo, prior)
     mixed = confidence_note(cfg, prior, work)
     if mixed:
@@ -167,11 +182,20 @@ def _snapshots(out_path: str) -> int:
         return 0
 
 
+def _missing_folders(out_path: str) -> list[str]:
+    """The folders of the results file's real path that do not exist yet, innermost first."""
+    missing, folder = [], os.path.dirname(os.path.realpath(out_path))
+    while folder and not os.path.isdir(folder) and folder != os.path.dirname(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    return missing
+
+
 def _undo_if_nothing_computed(cfg: RunConfig) -> None:
     """A new output's run stopped before it computed anything (nothing recorded, checkpointed or
     snapshotted: a refusal, a model that fails to load): remove the files it made, empty (the results
-    file, the checkpoint file) or not (the settings), so that it leaves nothing behind. The results
-    file is locked: no other run writes it meanwhile."""
+    file, the checkpoint file) or not (the settings), so that it leaves nothing behind (the folders it
+    made go once empty, after the lock). The results file is locked: no other run writes it meanwhile."""
     made = [os.path.realpath(cfg.out_path), rounds_path(cfg.out_path), settings_path(cfg.out_path)]
     if _size(made[0]) or _size(made[1]) or _snapshots(cfg.out_path):
         return

@@ -223,13 +223,16 @@ def test_a_model_that_fails_to_load_leaves_nothing_behind(tmp_path, monkeypatch,
     import engine
 
     cfg = _cfg(tmp_path, n_problems=1)
+    cfg.out_path = str(tmp_path / "new" / "folders" / "out.jsonl")
 
     def fail(**_):
         raise ValueError("no weights")
 
     monkeypatch.setattr(engine, "LLM", fail)
     assert main(_argv(cfg)) == 2
-    assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]
+    assert main(_argv(cfg, "--model", str(tmp_path / "no-such-model"))) == 2
+    assert "no-such-model" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["in.jsonl"]  # neither files nor the folders made for them
 
 
 # -- 11. a plain-string ground truth is graded; an ungraded problem is named ------------------------
@@ -267,8 +270,11 @@ def test_problems_that_ended_in_error_exit_1_with_the_count_last(tmp_path, monke
 
 # -- issue 39, 11-12: a resume with nothing left loads no model; a resume says what it continues ---
 def test_a_resume_with_nothing_left_loads_no_model(tmp_path, monkeypatch, capsys):
+    import pacore.cli.run
+
     cfg = _done(tmp_path, monkeypatch, capsys)
     _no_engine(monkeypatch)
+    monkeypatch.setattr(pacore.cli.run, "_model_context", lambda cfg: pytest.fail("the model's config was read"))
     assert main(_argv(cfg, "--resume")) == 0
     out, err = capsys.readouterr()
     assert "nothing left to run" in err and "2/2 problems completed" in out
