@@ -189,6 +189,23 @@ def test_a_fifo_as_out_is_refused_at_once(tmp_path, monkeypatch, capsys):
     assert codes == [2] and "not a regular file" in capsys.readouterr().err
 
 
+def test_a_fifo_planted_as_a_snapshot_is_refused_never_waited_on(tmp_path, capsys):
+    from pacore.results.snapshots import SnapshotStore
+
+    store = SnapshotStore(str(tmp_path / "r.jsonl"))
+    store.save("p", 1, 2, 0, [1, 2, 3], [([4, 5], None), ([6], "stop")])
+    os.unlink(store._path("p", 1))
+    os.mkfifo(store._path("p", 1))
+    got = []
+    t = threading.Thread(target=lambda: got.append(store.read("p", 1)), daemon=True)
+    t.start()
+    t.join(timeout=30)
+    if t.is_alive():
+        os.close(os.open(store._path("p", 1), os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("a FIFO planted as a snapshot was waited on")
+    assert got == [None] and "not a regular file" in capsys.readouterr().err
+
+
 # -- 5. the output folder deleted mid-run -----------------------------------------------------------
 @pytest.mark.parametrize("every", ["1e-6", "0"])  # noticed at a snapshot, or at the next record
 def test_an_output_folder_deleted_mid_run_is_said_at_the_first_failed_write(tmp_path, monkeypatch, capsys, every):
