@@ -158,8 +158,9 @@ def test_sighup_stops_a_run_as_ctrl_c_does(tmp_path, monkeypatch, capsys):
             return super().step()
 
     _fake_engine(monkeypatch, llm=HangUp(lambda *a: default_script(*a) + " pad" * 400))
+    before = signal.getsignal(signal.SIGHUP)
     assert main(_argv(cfg, "--checkpoint-every", "3600")) == 129
-    assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL  # put back as it was
+    assert signal.getsignal(signal.SIGHUP) is before  # put back as it was
     _stopped_as_ctrl_c(cfg, capsys.readouterr().err, monkeypatch, capsys)
 
 
