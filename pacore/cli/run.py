@@ -124,8 +124,9 @@ def _status(summary: dict, cfg: RunConfig) -> int:
 def _signals_as_ctrl_c() -> Iterator[list[int]]:
     """While inside, SIGTERM (timeout, systemd, Docker, Slurm) and SIGHUP (a closed terminal) stop the run
     as Ctrl-C does: through the SIGINT handler in place (a replicated run's driver has its own), else a
-    KeyboardInterrupt. The yielded list holds the signal caught; a second one is not acted on while the
-    first is being handled (the snapshot and the summary are written)."""
+    KeyboardInterrupt. One the process ignores (SIGHUP under nohup) stays ignored. The yielded list holds
+    the signal caught; a second one is not acted on while the first is being handled (the snapshot and
+    the summary are written)."""
     caught: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield caught
@@ -141,7 +142,9 @@ def _signals_as_ctrl_c() -> Iterator[list[int]]:
         else:
             raise KeyboardInterrupt
 
-    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    # one ignored stays ignored (SIGHUP under nohup)
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)
+           if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         yield caught
     finally:

@@ -158,10 +158,17 @@ def test_sighup_stops_a_run_as_ctrl_c_does(tmp_path, monkeypatch, capsys):
             return super().step()
 
     _fake_engine(monkeypatch, llm=HangUp(lambda *a: default_script(*a) + " pad" * 400))
-    before = signal.getsignal(signal.SIGHUP)
-    assert main(_argv(cfg, "--checkpoint-every", "3600")) == 129
-    assert signal.getsignal(signal.SIGHUP) is before  # put back as it was
-    _stopped_as_ctrl_c(cfg, capsys.readouterr().err, monkeypatch, capsys)
+    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as in a terminal (under nohup it is ignored)
+    try:
+        assert main(_argv(cfg, "--checkpoint-every", "3600")) == 129
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL  # put back as it was
+        _stopped_as_ctrl_c(cfg, capsys.readouterr().err, monkeypatch, capsys)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # under nohup: the run goes on
+        cfg.out_path = str(tmp_path / "nohup.jsonl")
+        _fake_engine(monkeypatch, llm=HangUp(default_script))
+        assert main(_argv(cfg)) == 0
+    finally:
+        signal.signal(signal.SIGHUP, before)
 
 
 def _stopped_as_ctrl_c(cfg, err, monkeypatch, capsys):
