@@ -42,6 +42,14 @@ def check_vocab(what: str, ids: list[int], vocab_size: int) -> None:
         raise ValueError(f"{what} has token ids outside the vocabulary [0, {vocab_size})")
 
 
+def check_stop_token_ids(params: SamplingParams, vocab_size: int) -> None:
+    """A stop token the model can never emit would stop nothing: refused, naming the vocabulary's size."""
+    bad = [t for t in params.stop_token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"SamplingParams.stop_token_ids {bad[:5]} are outside the model's vocabulary of {vocab_size} "
+                         f"tokens (ids 0 to {vocab_size - 1}); the model can never emit them, so they would stop nothing")
+
+
 def check_fits(num_prompt: int, params: SamplingParams, max_model_len: int, num_blocks: int,
                block_size: int) -> None:
     """Refuse a request that can never run: beyond the context, or the whole KV cache."""

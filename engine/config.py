@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from engine.jsonfile import loads_json, read_json
 
 if TYPE_CHECKING:  # torch is imported where it is used: `pacore --help` reads the flags below without it
     import torch
@@ -55,7 +56,7 @@ class ModelConfig:
             raise FileNotFoundError(
                 f"{path} has no config.json: pass a local Hugging Face model folder "
                 "(config.json, *.safetensors, tokenizer files) or 'smollm2-135m' for the embedded model")
-        raw = json.loads(cfg_file.read_text())
+        raw = read_json(cfg_file)
         archs = raw.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
@@ -85,7 +86,7 @@ class ModelConfig:
         eos = raw.get("eos_token_id")
         gen_file = path / "generation_config.json"
         if gen_file.is_file():
-            eos = json.loads(gen_file.read_text()).get("eos_token_id", eos)
+            eos = read_json(gen_file).get("eos_token_id", eos)
         eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
         attention_bias = bool(getattr(hf, "attention_bias", False))
         return cls(
@@ -187,9 +188,9 @@ def seconds(value: str) -> float:
 def json_object(value: str, example: str = _YARN_EXAMPLE) -> dict:
     """argparse type: a non-empty JSON object (``--rope-scaling``; ``example`` is shown when it is not)."""
     try:
-        obj = json.loads(value)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg}); quote it for the shell, e.g. "
+        obj = loads_json(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({getattr(e, 'msg', e)}); quote it for the shell, e.g. "
                                          f"'{example}'") from None
     if not isinstance(obj, dict) or not obj:
         raise argparse.ArgumentTypeError(f"expected a non-empty JSON object such as '{example}', got {value}")

@@ -23,12 +23,12 @@ GPU run of ``bench/`` writes measured ones (``DeviceParams.from_file``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.jsonfile import loads_json
 from engine.step_shape import ModelShape
 
 _LOGIT_PASSES = 4  # write + softmax read + CDF read + draw read, fp32
@@ -74,8 +74,8 @@ class DeviceParams:
         TFLOP/s), or a JSON of this class's fields (any subset). What is not given keeps its default;
         unknown keys of the second form are refused, naming the known ones; every ValueError names the file."""
         try:
-            raw = json.loads(Path(path).read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raw = loads_json(Path(path).read_bytes())  # over-nested input too: one ValueError
+        except (OSError, ValueError) as e:
             raise ValueError(f"{path}: cannot be read as JSON ({e})") from None
         if not isinstance(raw, dict):
             raise ValueError(f"{path}: expected a JSON object of device parameters, got a {type(raw).__name__}")

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from engine.attention import default_backend
 from engine.block_manager import BlockManager
 from engine.checks import (check_fits, check_logprobs, check_max_logprobs, check_resume, check_resume_logprobs,
-                           prompt_ids)
+                           check_stop_token_ids, prompt_ids)
 from engine.config import EngineConfig, ModelConfig, resolve_dtype
 from engine.default_model import resolve_model
 from engine.kv_cache import kv_dtype_name
@@ -186,6 +186,7 @@ class LLM:
         params.validate()
         check_logprobs(params, self.options.max_logprobs, self.config.vocab_size,
                        rehearsal=bool(self.options.device_model))
+        check_stop_token_ids(params, self.config.vocab_size)
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer: use stop_token_ids, or load one (tokenizer=...)")
         text, ids = prompt_ids(prompt, self.tokenizer, self.config.vocab_size)

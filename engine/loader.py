@@ -1,7 +1,6 @@
 """Load Hugging Face safetensors (single file or sharded) into the fused decoder, or one rank's slice of it."""
 from __future__ import annotations
 
-import json
 import logging
 import re
 
@@ -9,6 +8,7 @@ import torch
 from safetensors import safe_open
 
 from engine.distributed import Shard, TPGroup
+from engine.jsonfile import read_json
 from engine.model import CausalLM
 
 # HF name -> (our parameter, shard index into a fused parameter or None)
@@ -35,7 +35,7 @@ log = logging.getLogger("engine")
 def _checkpoint_files(path) -> list:
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        names = sorted(set(read_json(index)["weight_map"].values()))
         files = [path / n for n in names]
     else:
         files = sorted(path.glob("*.safetensors"))

@@ -7,6 +7,7 @@ transitions (start, submit, finish, fail) share its state and read best together
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections import deque
@@ -18,7 +19,7 @@ from .budget import PromptTooLong, fit_round_prompt
 from .compaction import Trajectory
 from .config import RunConfig
 from .evaluate.confidence import TOP_K, trajectory_confidence
-from .evaluate.grading import grade, ground_truth_answer
+from .evaluate.grading import grade, ground_truth_answer, ungradable
 from .evaluate.records import bad_line_record, error_record, run_record, with_extra
 from .evaluate.runs import draw, drawn_round, planned, shuffle_seed, validate_runs
 from .evaluate.stats import RoundStats, round_stats_from_output
@@ -26,6 +27,7 @@ from .evaluate.summary import show_summary, write_summary
 from .progress import Progress
 from .prompts import order_responses
 from .results.journal import Journal
+from .results.files import check_present
 from .results.keys import request_id
 from .results.preflight import INTERRUPTED, Pending, preflight
 from .results.problems import BadLine, Problem
@@ -72,7 +74,11 @@ class PaCoReRunner:
     def run_pending(self, pending: Pending) -> dict:
         """Run what a preflight found to do (the results lock held); returns (and writes) the summary."""
         start = time.perf_counter()
-        self.process(pending.todo, pending.prior)
+        try:
+            self.process(pending.todo, pending.prior)
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM or SIGHUP (cli/run.py): the summary of what is done
+            write_summary(self.cfg, time.perf_counter() - start, [self.session_stats()])
+            raise
         return write_summary(self.cfg, time.perf_counter() - start, [self.session_stats()])
 
     def process(self, items: list[Problem | BadLine], prior: dict[str, PriorWork] | None = None) -> None:
@@ -140,6 +146,8 @@ class PaCoReRunner:
         try:
             self.snapshot()
         except Exception as snap_error:
+            if isinstance(self._journal.sink, FileSink):  # a removed output is no passing failure: stop
+                check_present(os.path.realpath(self.cfg.out_path))
             print(f"pacore: could not snapshot the rounds in flight: {snap_error}" + (f"; {then}" if then else ""),
                   file=sys.stderr)
 
@@ -195,6 +203,8 @@ class PaCoReRunner:
             return
         self._open[problem.key] = len(runs)
         gold = ground_truth_answer(problem.extra)
+        if gold is None and self.cfg.grade:  # said once per problem; the summary lists them too
+            print(f"pacore: not graded: {problem.id} ({ungradable(problem.extra)})", file=sys.stderr)
         if not self.cfg.pool:
             for run in runs:
                 self._advance(self._restore(Unit(problem, gold, run)))

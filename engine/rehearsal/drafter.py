@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from engine.jsonfile import read_json
 
 if TYPE_CHECKING:
     from engine.rehearsal.runner import ScriptedSampler
@@ -66,7 +67,7 @@ class DraftProfile:
 def load_profiles(path: str | Path, num_speculative_tokens: int, temperature: float) -> dict[str, DraftProfile]:
     """{"round1": ..., "round2": ...}: the profiles a ``bench/spec_acceptance.py`` JSON holds for
     ``num_speculative_tokens``, at the measured temperature nearest ``temperature``."""
-    raw = json.loads(Path(path).read_text())
+    raw = read_json(path)
     by_temp = raw.get("profiles") or {}
     if not by_temp:
         raise ValueError(f"{path}: no 'profiles' in it; write one with python -m bench.spec_acceptance")
@@ -141,7 +142,7 @@ class WindowProfile:
 def load_self_window(path: str | Path, window: int, sink: int, rule: str, temperature: float) -> WindowProfile:
     """The self_window section of a profile JSON (``python -m bench.spec_self_acceptance`` writes it) for
     this window, sink and acceptance rule, at the measured temperature nearest ``temperature``."""
-    raw = json.loads(Path(path).read_text()).get("self_window")
+    raw = read_json(path).get("self_window")
     if not raw or not raw.get("profiles"):
         raise ValueError(f"{path}: no self_window profile in it; write one with python -m bench.spec_self_acceptance")
     by_temp = raw["profiles"]

@@ -3,12 +3,12 @@ torch nor FastAPI until it runs."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
 
 from engine.config import ENGINE_FLAGS, add_engine_flags, engine_kwargs, positive_int, seconds
+from engine.jsonfile import loads_json
 
 from engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
@@ -74,8 +74,8 @@ def _at_most(limit: int):
 
 def _origins(text: str) -> list[str]:
     try:
-        origins = json.loads(text)
-    except json.JSONDecodeError:
+        origins = loads_json(text)
+    except ValueError:  # bad JSON, or nested too deeply
         origins = None
     if not isinstance(origins, list) or not all(isinstance(o, str) for o in origins):
         raise argparse.ArgumentTypeError(f"a JSON list of origins, e.g. '[\"http://localhost:3000\"]', got {text!r}")

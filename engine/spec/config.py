@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 METHODS = ("ngram", "self_window")
 ACCEPTANCE = ("coupled", "rejection")
 POLICIES = ("adaptive", "fixed")
+MAX_SPAN = 1 << 20  # the most tokens a sink or window may name (a context of 1,048,576 tokens)
 _ONLY = {"ngram": {"prompt_lookup_min", "prompt_lookup_max", "lookup_siblings"},
          "self_window": {"window", "sink", "acceptance", "policy", "cost_model"}}
 
@@ -73,6 +74,10 @@ class SpeculativeConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "sink" else 1):
                 raise ValueError(f"speculative_config: {name} must be an integer >= {0 if name == 'sink' else 1}, "
                                  f"got {value!r}")
+        for name in ("window", "sink"):  # positions are int32 on the device: a larger span overflows every step
+            if getattr(cfg, name) > MAX_SPAN:
+                raise ValueError(f"speculative_config: {name}={getattr(cfg, name)} is above {MAX_SPAN} tokens (MAX_SPAN, "
+                                 f"longer than any context this engine runs); give at most the model's context")
         if cfg.num_speculative_tokens > 15:
             raise ValueError(f"speculative_config: num_speculative_tokens={cfg.num_speculative_tokens} is above 15 "
                              "(a verify row's queries share one pass over its KV up to 16 queries)")
@@ -86,6 +91,13 @@ class SpeculativeConfig:
         if not isinstance(cfg.cost_model, str):
             raise ValueError(f"speculative_config: cost_model must be 'h200' or the path of a device parameters "
                              f"JSON, got {cfg.cost_model!r}")
+        if cfg.method == "self_window" and cfg.policy == "adaptive":  # read now, not after the model loads
+            from engine.device_model import DeviceParams
+
+            try:
+                DeviceParams.named(cfg.cost_model)
+            except ValueError as e:
+                raise ValueError(f"speculative_config: cost_model: {e}") from None
         if cfg.acceptance not in ACCEPTANCE:
             raise ValueError(f"speculative_config: acceptance must be one of {list(ACCEPTANCE)}, got {cfg.acceptance!r}")
         return cfg

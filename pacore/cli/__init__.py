@@ -42,9 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="with --resume: also skip problems whose earlier tries all ended in an error")
     run.add_argument("--override-settings", action="store_true",
                      help="with --resume: continue although settings that change results (--model, --dtype, "
-                          "--temperature, --top-p, --max-tokens, --message-token-cap, --max-model-len, "
-                          "--rope-scaling) differ from those recorded in RESULTS.jsonl.settings.json; the change is "
-                          "recorded there (without it such a resume is refused)")
+                          "--kv-cache-dtype, --max-model-len, --rope-scaling, --preset/--rounds, --pool, "
+                          "--temperature, --top-p, --seed, --max-tokens, --message-token-cap, --shuffle, --no-grade) "
+                          "differ from those recorded in RESULTS.jsonl.settings.json, or that file cannot be read; "
+                          "the change is recorded there (without it such a resume is refused)")
     add_method_options(run, max_tokens=None, preset="low", temperature=1.0)
     add_engine_options(run)
 
@@ -72,14 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         from engine.serve.command import main as serve
 
         return serve(args)
-    from .run import _config, refused_paths, run
+    from .run import _config, run
 
     try:
         if args.command == "run":
-            refused = refused_paths(args)
-            if refused:
-                print(f"pacore: {refused}", file=sys.stderr)
-                return 2
             cfg = _config(args, args.data, args.out, args.resume)
         else:
             from .demo import write_demo_jsonl

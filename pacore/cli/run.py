@@ -1,20 +1,20 @@
-"""``pacore run`` and ``pacore demo`` once parsed: the RunConfig, the one preflight, then one engine or
-replicas of it."""
+"""``pacore run`` and ``pacore demo`` once parsed: the RunConfig, the one preflight (results/preflight.py),
+then one engine or replicas of it, and the exit status."""
 from __future__ import annotations
 
 import os
-import stat
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from engine.config import engine_kwargs
 
 from ..config import PRESETS, RunConfig
-from ..evaluate.runs import validate_runs
-from ..results.files import WriteFailed, same_file
-from ..results.lock import OutputUnusable, ResultsLocked
-from ..results.preflight import Pending, SettingsRefused, preflight
-from ..results.resume import OutputExistsError
-from ..results.settings import SettingsChanged
+from ..evaluate.summary import show_summary, write_summary
+from ..results.files import OutputGone, WriteFailed
+from ..results.preflight import REFUSALS, Pending, preflight
 from .flags import EMBEDDED_MODEL_MAX_TOKENS
 
 
@@ -57,55 +57,99 @@ def build_llm(cfg: RunConfig):
     return llm
 
 
-def refused_paths(args) -> str | None:
-    """Why ``pacore run`` cannot use its paths and flags as given, or None."""
-    try:
-        mode = os.stat(args.data).st_mode
-    except FileNotFoundError:
-        return f"no such input file: {args.data}"
-    except OSError as e:
-        return f"cannot read --data {args.data}: {e.strerror}"
-    if stat.S_ISDIR(mode):
-        return f"--data {args.data} is a directory; pass a problems file (JSONL, or a JSON array of problems)"
-    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):  # a pipe (<(...), mkfifo) is read once, whole
-        kind = "character device" if stat.S_ISCHR(mode) else "block device" if stat.S_ISBLK(mode) else "socket"
-        return (f"--data {args.data} is a {kind}, not a problems file; pass a file, or pipe one in "
-                f"(--data <(cat problems.jsonl))")
-    if os.path.isdir(args.out):
-        return f"--out {args.out} is a directory; pass a file path such as {os.path.join(args.out, 'results.jsonl')}"
-    if same_file(args.data, args.out):
-        return f"--out {args.out} is the input file; results would be appended to the problems. Choose another --out"
-    if args.skip_failed and not args.resume:
-        return "--skip-failed only applies with --resume"
-    if args.override_settings and not args.resume:
-        return "--override-settings only applies with --resume"
-    return None
-
-
 def run(args, cfg: RunConfig) -> int:
-    """Check, then run ``cfg``; returns the exit status. Everything that can be refused is refused before
-    a model loads: --runs/--pool, the model's config (its context, whether --tensor-parallel splits it),
-    then, in the one preflight, the budget against that context, the results lock and path."""
+    """Check, then run ``cfg``; returns the exit status: 0 when every problem completed, 1 when some ended
+    in an error (the count in the last line), 2 for a refusal, 128 + N when stopped by signal N (Ctrl-C,
+    SIGTERM, SIGHUP: each snapshots what is in flight and writes the summary first).
+    Everything that can be refused is refused in the one preflight before a model loads
+    (results/preflight.py), the model's config read there for its context."""
+    with _signals_as_ctrl_c() as caught:
+        try:
+            with preflight(cfg, lambda: _model_context(cfg)) as pending:  # the lock held until the summary is written
+                try:
+                    summary = _run_pending(args, cfg, pending)
+                except WriteFailed as e:  # the output removed after its last record: not a full disk
+                    real = os.path.realpath(cfg.out_path)
+                    raise (OutputGone(real, e) if not os.path.exists(real) else e) from None
+        except (*REFUSALS, _Failed) as e:
+            print(f"pacore: {e}", file=sys.stderr)
+            return e.status if isinstance(e, _Failed) else 2
+        except OutputGone as e:  # the output (or its folder) deleted mid-run
+            print(f"pacore: {e}; run again to compute it anew", file=sys.stderr)
+            return 2
+        except WriteFailed as e:  # a full disk: what was written before stays whole
+            print(f"pacore: {e}. What finished before is saved in {cfg.out_path}; free space on its disk, then run "
+                  f"again with --resume to complete the rest", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            return 128 + (caught[0] if caught else signal.SIGINT)
+    return _status(summary, cfg)
+
+
+def _run_pending(args, cfg: RunConfig, pending: Pending) -> dict:
+    """Run what the preflight found to do, on one engine or replicas; returns the summary."""
+    if not pending.todo:  # a resume with nothing left: no model to load
+        print(f"pacore: nothing left to run in {cfg.out_path}", file=sys.stderr)
+        summary = write_summary(cfg, 0.0, [])
+        show_summary(summary, cfg)
+        return summary
+    if args.ray is not None or (args.data_parallel or 1) > 1:
+        return _run_replicated(cfg, pending, args.data_parallel, args.ray)
+    return _run_one(cfg, pending)
+
+
+class _Failed(Exception):
+    """A run that could not start or go on (a model that fails to load, a replica lost): said, its status."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+def _status(summary: dict, cfg: RunConfig) -> int:
+    """0 when every problem completed; 1 (after everything is written) when some ended in an error, said
+    last so a batch script's log ends with it."""
+    errors = summary.get("errors", 0)
+    if not errors:
+        return 0
+    what = "problem runs" if cfg.runs > 1 else "problems"
+    if errors == 1:
+        what = what[:-1]
+    print(f"pacore: {errors} {what} ended in an error (their records are in {cfg.out_path}; run again with "
+          f"--resume to retry them)", file=sys.stderr)
+    return 1
+
+
+@contextmanager
+def _signals_as_ctrl_c() -> Iterator[list[int]]:
+    """While inside, SIGTERM (timeout, systemd, Docker, Slurm) and SIGHUP (a closed terminal) stop the run
+    as Ctrl-C does: through the SIGINT handler in place (a replicated run's driver has its own), else a
+    KeyboardInterrupt. One the process ignores (SIGHUP under nohup) stays ignored. The yielded list holds
+    the signal caught; a second one is not acted on while the first is being handled (the snapshot and
+    the summary are written)."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+
+    def stop(signum, frame):
+        if caught:
+            return
+        caught.append(signum)
+        on_int = signal.getsignal(signal.SIGINT)
+        if callable(on_int) and on_int is not signal.default_int_handler:
+            on_int(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    # one ignored stays ignored (SIGHUP under nohup)
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)
+           if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
-        validate_runs(cfg)  # flags alone: said before the model is looked for
-        context = _model_context(cfg)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:  # no such model, or a size that cannot split it
-        print(f"pacore: {e}", file=sys.stderr)
-        return 2
-    try:
-        with preflight(cfg, context) as pending:  # one run per results file, until the summary is written
-            if args.ray is not None or (args.data_parallel or 1) > 1:
-                return _run_replicated(cfg, pending, args.data_parallel, args.ray)
-            return _run_one(cfg, pending)
-    except (SettingsRefused, SettingsChanged, OutputExistsError, ResultsLocked, OutputUnusable) as e:
-        print(f"pacore: {e}", file=sys.stderr)
-        return 2
-    except WriteFailed as e:  # a full disk: what was written before stays whole
-        print(f"pacore: {e}. What finished before is saved in {cfg.out_path}; free space on its disk, then run "
-              f"again with --resume to complete the rest", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+        yield caught
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def _model_context(cfg: RunConfig) -> int:
@@ -123,7 +167,7 @@ def _model_context(cfg: RunConfig) -> int:
     return engine.max_model_len or model.max_position_embeddings
 
 
-def _run_one(cfg: RunConfig, pending: Pending) -> int:
+def _run_one(cfg: RunConfig, pending: Pending) -> dict:
     from engine.profiler import profiled
 
     from ..runner import run_pacore
@@ -131,17 +175,15 @@ def _run_one(cfg: RunConfig, pending: Pending) -> int:
     try:
         llm = build_llm(cfg)
     except (ValueError, FileNotFoundError) as e:  # a bad model folder or engine option, said plainly
-        print(f"pacore: {e}", file=sys.stderr)
-        return 2
+        raise _Failed(str(e), 2) from None
     with profiled(llm, cfg.profile_dir):
-        run_pacore(llm, cfg, pending=pending)
+        summary = run_pacore(llm, cfg, pending=pending)
     if cfg.profile_dir:
         print(f"profile: {cfg.profile_dir}")
-    return 0
+    return summary
 
 
-def _run_replicated(cfg: RunConfig, pending: Pending, replicas: int | None, ray_address: str | None) -> int:
-    from ..evaluate.summary import show_summary
+def _run_replicated(cfg: RunConfig, pending: Pending, replicas: int | None, ray_address: str | None) -> dict:
     from ..replicas.driver import ReplicaError
 
     try:
@@ -155,15 +197,12 @@ def _run_replicated(cfg: RunConfig, pending: Pending, replicas: int | None, ray_
             try:
                 summary = run_on_ray(cfg, build_llm, ray_address, replicas, pending=pending)
             except RayMissing as e:
-                print(f"pacore: {e}", file=sys.stderr)
-                return 2
+                raise _Failed(str(e), 2) from None
     except ReplicaError as e:
-        print(f"pacore: {e}", file=sys.stderr)
-        return 1
+        raise _Failed(str(e), 1) from None
     except ValueError as e:  # more replicas (x tensor-parallel) than GPUs
-        print(f"pacore: {e}", file=sys.stderr)
-        return 2
+        raise _Failed(str(e), 2) from None
     show_summary(summary, cfg)
     if cfg.profile_dir:
         print(f"profile: {cfg.profile_dir}/replica*")
-    return 0
+    return summary

@@ -67,11 +67,29 @@ def answers_equal(gold: str, answer: str) -> bool:
 
 
 def ground_truth_answer(extra: dict) -> str | None:
-    """The ``ground_truth.answer`` of an input record, when it has one."""
+    """The answer an input record gives: ``ground_truth.answer`` (PaCoRe's form), or a bare string or
+    number as ``ground_truth`` (other datasets' form); None when it gives none (``ungradable`` says why)."""
     gt = extra.get("ground_truth")
-    if isinstance(gt, dict) and gt.get("answer") is not None:
-        return str(gt["answer"])
+    if isinstance(gt, dict):
+        return None if gt.get("answer") is None else str(gt["answer"])
+    if isinstance(gt, str) and gt.strip() or isinstance(gt, (int, float)) and not isinstance(gt, bool):
+        return str(gt)
     return None
+
+
+def ungradable(extra: dict) -> str | None:
+    """Why a problem (its input record, or its results record, which carries the input's keys) cannot be
+    graded, or None when it can."""
+    if ground_truth_answer(extra) is not None:
+        return None
+    gt = extra.get("ground_truth")
+    if gt is None:
+        return "no ground_truth"
+    if isinstance(gt, dict):
+        return "ground_truth has no 'answer'"
+    if isinstance(gt, str):
+        return "ground_truth is empty"
+    return f"ground_truth is a {type(gt).__name__}, not an answer (a string, a number, or {{'answer': ...}})"
 
 
 def grade(text: str, gold: str | None) -> tuple[str | None, bool | None]:

@@ -8,6 +8,7 @@ from ..results.files import read_results, summary_path, write_json
 from ..results.resume import latest_records
 from ..results.shapes import trajectory, usable_result
 from .confidence import MEASURES, confidence_vs_correctness
+from .grading import ungradable
 from .stats import SPEC_DECODE_COUNTS, spec_decode_ratios
 
 
@@ -121,7 +122,27 @@ def summarize(records: list[dict], schedule: list[int]) -> dict:
         "kv_blocks_saved_by_sharing_sum": saved,
         "error_samples": [{"request_id": r.get("request_id"), "run": r.get("run"), "error": r["error"]}
                           for r in errors[:10]],
+        "ungraded": _ungraded(ok),
     }
+
+
+def _ungraded(ok: list[dict]) -> list[dict]:
+    """Each problem that finished ungraded, once, with why (a record carries its input's ground_truth)."""
+    named: dict[str, dict] = {}
+    for r in ok:
+        why = ungradable(r) if r.get("correct") is None else None
+        if why is not None:
+            named.setdefault(str(r["request_id"]), {"request_id": r["request_id"], "why": why})
+    return list(named.values())
+
+
+def _ungraded_line(summary: dict) -> list[str]:
+    ungraded = summary.get("ungraded") or []  # absent from summaries of before
+    if not ungraded:
+        return []
+    shown = ", ".join(f"{u['request_id']} ({u['why']})" for u in ungraded[:10])
+    more = f", and {len(ungraded) - 10} more (listed in the summary file)" if len(ungraded) > 10 else ""
+    return [f"  not graded: {shown}{more}"]
 
 
 def _spec_decode(stats: list[dict]) -> dict:
@@ -205,6 +226,7 @@ def format_summary(summary: dict) -> str:
         lost = "; ".join(f"replica {r}: {why}" for r, why in dispatch["lost"].items())
         lines.append(f"  replicas: {len(dispatch['lost'])} of {dispatch['replicas']} lost ({lost}), "
                      f"{dispatch['problems_reassigned']} problems they held reassigned")
+    lines += _ungraded_line(summary)
     for e in summary["error_samples"]:
         run_no = f" run {e['run']}" if runs > 1 and e.get("run") is not None else ""
         lines.append(f"  error [{e['request_id']}{run_no}]: {e['error']}")

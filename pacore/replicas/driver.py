@@ -79,6 +79,9 @@ def run_replicated(cfg: RunConfig, start: Callable[[], Replicas], on_reply=None,
             replicas = start()
             try:
                 driver.run(replicas)
+            except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: the summary of what is done, then the hint's exit
+                write_summary(cfg, driver.wall_s(), driver.sessions(), dispatch=driver.report())
+                raise
             finally:
                 replicas.close()
         summary = write_summary(cfg, driver.wall_s(), driver.sessions(), dispatch=driver.report())

@@ -16,6 +16,8 @@ import secrets
 import stat
 from collections.abc import Callable
 
+from engine.jsonfile import loads_json  # noqa: F401 (every reader of a results file uses it from here)
+
 from .lock import OutputUnusable
 
 
@@ -27,6 +29,28 @@ class WriteFailed(OSError):
 
     def __str__(self) -> str:
         return f"cannot write {self.filename}: {self.strerror}"
+
+
+class OutputGone(WriteFailed):
+    """The results file, or its whole folder, was removed while the run went on: nothing more can be saved."""
+
+    def __str__(self) -> str:
+        folder = os.path.dirname(self.filename)
+        where = f"its folder {folder} is gone" if not os.path.isdir(folder) else "it is no longer at its path"
+        return (f"{self.filename} was removed during the run ({where}); what this run recorded went with it, "
+                f"and nothing more can be saved there")
+
+
+def check_present(path: str, fd: int | None = None) -> None:
+    """OutputGone if the file at ``path`` (the one open as ``fd``, when given) is no longer there."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise OutputGone(path, OSError(2, "removed")) from None
+    if fd is not None:
+        mine = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (mine.st_dev, mine.st_ino):
+            raise OutputGone(path, OSError(2, "replaced")) from None
 
 
 def side_path(out_path: str, suffix: str) -> str:
@@ -78,20 +102,6 @@ def same_file(a: str, b: str) -> bool:
         return os.path.samefile(a, b)
     except OSError:  # one does not exist yet
         return os.path.realpath(a) == os.path.realpath(b)
-
-
-def loads_json(data: str | bytes) -> object:
-    """``json.loads`` with every way it can fail as a ValueError: bad JSON (JSONDecodeError), bytes
-    that are not UTF-8, a number too long to convert, or nesting too deep for the parser
-    (RecursionError), so that one line read back or in can only cost that line."""
-    try:
-        return json.loads(data)
-    except ValueError:
-        raise
-    except RecursionError:
-        raise ValueError("nested too deeply to parse") from None
-    except MemoryError:
-        raise ValueError("too large to parse in memory") from None
 
 
 def dumps(obj: object, indent: int | None = None) -> str:
@@ -180,6 +190,7 @@ class ResultsWriter:
             raise WriteFailed(path, e) from None
 
     def write(self, record: dict) -> None:
+        check_present(self.path, self._fd)  # a write into a removed file would succeed, and be lost
         data = (dumps(record) + "\n").encode("utf-8")
         end = os.fstat(self._fd).st_size
         try:

@@ -44,7 +44,8 @@ def results_lock(out_path: str) -> Iterator[None]:
     """Hold the exclusive lock of ``out_path`` for the duration; raise ResultsLocked if another run has
     it, OutputUnusable if the file or its lock file cannot be used (a full disk included). A results
     file this call created is removed again if the run stops before anything is written to it: at
-    start-up, or by an error writing (OSError) such as a full disk."""
+    start-up, or by an error writing (OSError) such as a full disk (a run that stops otherwise before it
+    computed anything is undone by the preflight)."""
     fd, created = _open_results(out_path)
     st = os.fstat(fd)
     identity = (st.st_dev, st.st_ino)
@@ -92,7 +93,14 @@ def _open_results(out_path: str) -> tuple[int, bool]:
     except OSError as e:
         raise OutputUnusable(f"cannot create the folder of --out {out_path}: {e.strerror} "
                              f"({os.path.dirname(real)}); choose another --out") from None
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+    try:  # the type first: opening a FIFO to write waits for a reader, forever
+        mode = os.stat(real).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise OutputUnusable(f"--out {out_path} is not a regular file; choose a file path for the results")
+    # O_NONBLOCK: should a FIFO take the file's place after that check, the open fails instead of waiting
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NONBLOCK
     try:
         try:
             fd, created = os.open(real, flags | os.O_EXCL, 0o644), True
@@ -137,7 +145,7 @@ def _claim_pid_file(path: str, out_path: str) -> int:
     if st is not None:
         _check_pid_file(path, st, out_path)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o644)
     except OSError as e:
         raise OutputUnusable(f"cannot use the lock file {path}: {e.strerror}; remove it or choose another "
                              f"--out") from None
@@ -187,7 +195,7 @@ def _check_pid_file(path: str, st: os.stat_result, out_path: str) -> None:
 
 def _holds_a_pid(path: str) -> bool:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return False
     try:
@@ -212,7 +220,7 @@ def _holder_pid(pid_path: str, st: os.stat_result) -> int | None:
     """The pid holding the lock: from the pid file beside this spelling, else (another name of the file,
     a hard link) from the kernel's table of locks, keyed on device and inode."""
     try:
-        fd = os.open(pid_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(pid_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         try:
             pid = _read_pid(fd)
         finally:

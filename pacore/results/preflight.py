@@ -1,27 +1,50 @@
-"""The one check before a run, whatever runs it (one engine, local replicas, Ray): it refuses settings
-that cannot work, takes the results lock, prepares the output and reads what is left to do, once."""
+"""The one check before a run, whatever runs it (one engine, local replicas, Ray), in the order it goes:
+
+1. the flags alone: --data and --out, --runs and --pool;
+2. every file the run will touch, opened and checked: the results file (created if need be, a regular
+   file, never waited on, locked: one run per results file) and the files beside it (no link, nothing
+   but a file of its own where a file goes: files.check_side_files);
+3. what is there: the results of earlier sessions (a non-empty output needs --resume) and the settings
+   they were computed with;
+4. the settings compared: any that changes a record and differs is refused, naming each, unless
+   --override-settings (settings.py);
+5. the decision: what is left to run and what it continues from (resume.py), said in a line or two;
+   with something to run, --max-tokens against the model's context (read from its config.json: a
+   resume with nothing left reads no model at all); then the settings are recorded and the run goes
+   on, the lock held until its summary is written.
+
+Every refusal comes before any work and leaves nothing behind: files this run created are removed
+again when it stops before anything was computed (a refusal, a model that fails to load).
+"""
 from __future__ import annotations
 
+import os
+import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..budget import check_max_tokens
 from ..config import RunConfig
 from ..evaluate.runs import validate_runs
-from .files import check_side_files
-from .lock import results_lock
+from .files import check_side_files, rounds_path, same_file, snapshot_dir, write_json
+from .lock import OutputUnusable, ResultsLocked, results_lock
 from .problems import BadLine, Problem, read_problems
-from .resume import PriorWork, confidence_note, prepare_output, read_prior_work, select_pending
-from .settings import check_settings_on_resume, settings_path
+from .resume import OutputExistsError, PriorWork, confidence_note, prepare_output, read_prior_work, select_pending
+from .settings import (SettingsChanged, SettingsUnreadable, differences, listed, read_settings, run_settings,
+                       settings_path, with_change)
 
 INTERRUPTED = ("pacore: interrupted; finished problems are saved in {out}. "
                "Run again with --resume to complete the rest.")
 
 
 class SettingsRefused(ValueError):
-    """Settings that cannot work (--runs/--pool, a --max-tokens beyond the context), refused before any work."""
+    """Flags that cannot work (paths, --runs/--pool, a --max-tokens beyond the context), refused before any work."""
+
+
+# Everything the preflight refuses with: each says what is wrong and how to fix it, in one line.
+REFUSALS = (SettingsRefused, SettingsChanged, SettingsUnreadable, OutputExistsError, ResultsLocked, OutputUnusable)
 
 
 @dataclass(slots=True)
@@ -33,36 +56,159 @@ class Pending:
     prior: dict[str, PriorWork] = field(default_factory=dict)
 
 
-def check_settings(cfg: RunConfig, max_model_len: int | None) -> None:
-    """Refuse --runs/--pool and a --max-tokens that cannot work (the latter when the context is known)."""
-    validate_runs(cfg)
-    if max_model_len is not None:
-        check_max_tokens(cfg.max_tokens, max_model_len)
-
-
 @contextmanager
-def preflight(cfg: RunConfig, max_model_len: int | None) -> Iterator[Pending]:
-    """Check ``cfg``, then hold the results lock while the run goes on and yield what it has to do.
+def preflight(cfg: RunConfig, max_model_len: int | Callable[[], int] | None) -> Iterator[Pending]:
+    """Check ``cfg`` (steps 1-5 above), then hold the results lock while the run goes on and yield what it
+    has to do.
 
-    ``max_model_len``: the engine's context, when known before the run (None: the budget was checked
-    where it is known). Raises SettingsRefused (a ValueError) for bad settings, ResultsLocked when another run holds the
-    results file, OutputUnusable for a link (or not a file) where a side file goes (files.py),
-    OutputExistsError for a non-empty output without --resume, SettingsChanged for a resume with other
-    settings than the results (settings.py); all before any work. A resume that mixes --record-confidence
-    with sessions that ran otherwise is said (resume.confidence_note)."""
+    ``max_model_len``: the engine's context, or a function reading it from the model's config (called
+    only when there is something to run); None: the budget is checked where it is known. Raises one of
+    REFUSALS, all before any work."""
+    # 1. the flags alone
+    why = refused_paths(cfg)
+    if why:
+        raise SettingsRefused(why)
     try:
-        check_settings(cfg, max_model_len)
+        validate_runs(cfg)
     except ValueError as e:
         raise SettingsRefused(str(e)) from None
-    with results_lock(cfg.out_path):
-        check_side_files(cfg.out_path, (settings_path(cfg.out_path),))
-        prior = prepare_output(cfg.out_path, cfg.resume)
-        check_settings_on_resume(cfg, prior.fresh)
-        todo, note = select_pending(read_problems(cfg.data_path), prior, cfg.skip_failed, cfg.runs)
-        if note:
-            print(f"pacore: {note} ({cfg.out_path})", file=sys.stderr)
-        work = read_prior_work(cfg, todo, prior)
-        mixed = confidence_note(cfg, prior, work)
-        if mixed:
-            print(f"pacore: {mixed}", file=sys.stderr)
-        yield Pending(todo, work)
+    # 2. every file the run touches (the results file opened and locked; _checked: the others)
+    folders = _missing_folders(cfg.out_path)  # made by the lock
+    try:
+        with results_lock(cfg.out_path):
+            try:
+                yield from _checked(cfg, max_model_len)
+            except BaseException:  # a refusal, or a run that stopped before it computed anything
+                _undo_if_nothing_computed(cfg)
+                raise
+    except BaseException:
+        for folder in folders:  # those left empty (the lock's pid file gone with the lock)
+            try:
+                os.rmdir(folder)
+            except OSError:
+                break
+        raise
+
+
+def _checked(cfg: RunConfig, max_model_len: int | Callable[[], int] | None) -> Iterator[Pending]:
+    """Steps 2-5, the results lock held."""
+    path = settings_path(cfg.out_path)
+    check_side_files(cfg.out_path, (path,))
+    # 3. what is there
+    prior = prepare_output(cfg.out_path, cfg.resume)
+    recorded = None
+    if not prior.fresh:
+        try:
+            recorded = read_settings(path)
+        except SettingsUnreadable:
+            if not cfg.override_settings:
+                raise
+            print(f"pacore: {path} cannot be read; recording this run's settings in its place, as "
+                  f"--override-settings asks", file=sys.stderr)
+    # 4. the settings compared
+    now = run_settings(cfg)
+    doc = {"settings": now, "changes": []} if recorded is None else _compared(cfg, recorded, now, path)
+    # 5. the decision
+    todo, note = select_pending(read_problems(cfg.data_path), prior, cfg.skip_failed, cfg.runs)
+    if note:
+        print(f"pacore: {note} ({cfg.out_path})", file=sys.stderr)
+    if todo:  # the budget against the model's context (read only when there is something to run)
+        try:
+            context = max_model_len() if callable(max_model_len) else max_model_len
+            if context is not None:
+                check_max_tokens(cfg.max_tokens, context)
+        except (ValueError, OSError, RuntimeError) as e:  # no such model, a size that cannot split it, a budget
+            raise SettingsRefused(str(e)) from None
+    work = read_prior_work(cfg, todo, prior)
+    mixed = confidence_note(cfg, prior, work)
+    if mixed:
+        print(f"pacore: {mixed}", file=sys.stderr)
+    held = _snapshots(cfg.out_path) if not prior.fresh and todo else 0
+    if held:
+        print(f"pacore: resuming: {held} round{'s' if held > 1 else ''} in flight continue from their snapshots "
+              f"({snapshot_dir(cfg.out_path)})", file=sys.stderr)
+    if doc != recorded:
+        write_json(path, doc)
+    yield Pending(todo, work)
+
+
+def refused_paths(cfg: RunConfig) -> str | None:
+    """Why the run cannot use its --data and --out (and the flags that need --resume) as given, or None."""
+    try:
+        mode = os.stat(cfg.data_path).st_mode
+    except FileNotFoundError:
+        return f"no such input file: {cfg.data_path}"
+    except OSError as e:
+        return f"cannot read --data {cfg.data_path}: {e.strerror}"
+    if stat.S_ISDIR(mode):
+        return f"--data {cfg.data_path} is a directory; pass a problems file (JSONL, or a JSON array of problems)"
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):  # a pipe (<(...), mkfifo) is read once, whole
+        kind = "character device" if stat.S_ISCHR(mode) else "block device" if stat.S_ISBLK(mode) else "socket"
+        return (f"--data {cfg.data_path} is a {kind}, not a problems file; pass a file, or pipe one in "
+                f"(--data <(cat problems.jsonl))")
+    if os.path.isdir(cfg.out_path):
+        return (f"--out {cfg.out_path} is a directory; pass a file path such as "
+                f"{os.path.join(cfg.out_path, 'results.jsonl')}")
+    if same_file(cfg.data_path, cfg.out_path):
+        return f"--out {cfg.out_path} is the input file; results would be appended to the problems. Choose another --out"
+    if cfg.skip_failed and not cfg.resume:
+        return "--skip-failed only applies with --resume"
+    if cfg.override_settings and not cfg.resume:
+        return "--override-settings only applies with --resume"
+    return None
+
+
+def _compared(cfg: RunConfig, recorded: dict, now: dict, path: str) -> dict:
+    """The settings document to keep: the recorded one (completed with settings it predates), or with
+    --override-settings the change logged; SettingsChanged naming each difference otherwise."""
+    differ = differences(recorded["settings"], now)
+    if not differ:
+        return {"settings": {**now, **recorded["settings"]}, "changes": recorded["changes"]}
+    both = listed(differ, recorded["settings"], now)
+    if not cfg.override_settings:
+        raise SettingsChanged(
+            f"{cfg.out_path} was computed with other settings ({both}); resuming would mix results of both. "
+            f"Pass the same flags, choose another --out, or pass --override-settings to continue with these "
+            f"(the change is recorded in {path})")
+    print(f"pacore: continuing with other settings than the results so far ({both}), as --override-settings "
+          f"asks; recorded in {path}", file=sys.stderr)
+    return with_change(recorded, differ, now)
+
+
+def _snapshots(out_path: str) -> int:
+    try:
+        return sum(name.endswith(".pt") for name in os.listdir(snapshot_dir(out_path)))
+    except OSError:
+        return 0
+
+
+def _missing_folders(out_path: str) -> list[str]:
+    """The folders of the results file's real path that do not exist yet, innermost first."""
+    missing, folder = [], os.path.dirname(os.path.realpath(out_path))
+    while folder and not os.path.isdir(folder) and folder != os.path.dirname(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    return missing
+
+
+def _undo_if_nothing_computed(cfg: RunConfig) -> None:
+    """A new output's run stopped before it computed anything (nothing recorded, checkpointed or
+    snapshotted: a refusal, a model that fails to load): remove the files it made, empty (the results
+    file, the checkpoint file) or not (the settings), so that it leaves nothing behind (the folders it
+    made go once empty, after the lock). The results file is locked: no other run writes it meanwhile."""
+    made = [os.path.realpath(cfg.out_path), rounds_path(cfg.out_path), settings_path(cfg.out_path)]
+    if _size(made[0]) or _size(made[1]) or _snapshots(cfg.out_path):
+        return
+    for p in made:
+        try:
+            if os.path.isfile(p) and not os.path.islink(p):
+                os.unlink(p)
+        except OSError:
+            pass
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0

@@ -1,41 +1,58 @@
 """The settings that change what a run computes, recorded beside the results file (``REAL.settings.json``),
 so that ``--resume`` never mixes results of two settings silently.
 
-A new output records them; ``--resume`` compares them with the recorded ones and refuses a difference,
-naming each setting, unless ``--override-settings`` is given: then the change is recorded too. The round
-schedule, seed, shuffle and pool are checked per checkpoint instead (resume.py: a round run with other
-ones is run again), and ``--runs`` may grow. An output written before settings were recorded has none
-to compare: its first resume records them.
+A new output records them; a resume compares every one with the recorded ones (preflight.py) and refuses
+a difference, naming each setting, unless ``--override-settings`` is given: then the change is recorded
+too. ``--runs`` may grow (each run has its own record). A settings file that cannot be read (garbage,
+too deep, not the shape of one, settings missing) refuses a resume: a weakened check would pass anything;
+``--override-settings`` replaces it. An output written before settings were recorded has none to
+compare: its first resume records them; one recorded before a setting was added gets it filled in.
 
---speculative-config is not a setting: speculation is exact (the tokens decoding without it draws,
-engine/spec/verify.py; with --batch-invariant bit for bit, otherwise up to the float noise of batching),
-so a resume may turn it on or off.
+Not settings, so a resume may change them: ``--speculative-config`` (speculation is exact: the tokens
+decoding without it draws, engine/spec/verify.py, or with acceptance "rejection" the same distribution),
+``--batch-invariant``, ``--tensor-parallel``, ``--max-num-seqs``, ``--num-kv-blocks`` and the replicas
+(where and how fast it runs, not what it samples from), ``--record-confidence`` (said when it is mixed,
+resume.confidence_note), ``--runs``, ``--max-problems-in-flight``, ``--checkpoint-every``, progress and
+profiling.
 """
 from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
 from ..config import RunConfig
-from .files import loads_json, side_path, write_json
+from .files import loads_json, side_path
 
-# The setting -> the flag that sets it.
+# The setting -> the flag that sets it, in the order differences are named.
 FLAGS = {
     "model": "--model",
     "dtype": "--dtype",
-    "temperature": "--temperature",
-    "top_p": "--top-p",
-    "max_tokens": "--max-tokens",
-    "message_token_cap": "--message-token-cap",
+    "kv_cache_dtype": "--kv-cache-dtype",
     "max_model_len": "--max-model-len",
     "rope_scaling": "--rope-scaling",
+    "rounds": "--preset/--rounds",
+    "pool": "--pool",
+    "temperature": "--temperature",
+    "top_p": "--top-p",
+    "seed": "--seed",
+    "max_tokens": "--max-tokens",
+    "message_token_cap": "--message-token-cap",
+    "shuffle": "--shuffle",
+    "grade": "--no-grade",
 }
+# What every settings file has held since the first version that wrote one; the others may be missing
+# (a file from before they were recorded) and are filled in.
+FIRST = ("model", "dtype", "temperature", "top_p", "max_tokens", "message_token_cap", "max_model_len",
+         "rope_scaling")
 
 
 class SettingsChanged(ValueError):
     """--resume with settings other than those the results file was computed with."""
+
+
+class SettingsUnreadable(ValueError):
+    """--resume over a settings file that cannot be read, which would weaken the check."""
 
 
 def settings_path(out_path: str) -> str:
@@ -44,67 +61,79 @@ def settings_path(out_path: str) -> str:
 
 
 def run_settings(cfg: RunConfig) -> dict:
-    """The settings of ``cfg`` that change its results, as JSON values."""
-    engine = cfg.engine_options
-    model = engine.get("model")
+    """The settings of ``cfg`` that change its records, as JSON values."""
+    engine = cfg.engine
+    model = engine.model
     if isinstance(model, str) and os.path.isdir(model):
         model = os.path.realpath(model)  # one folder, however it is spelled
-    dtype = engine.get("dtype")
     settings = {
         "model": model,
-        "dtype": None if dtype is None else str(dtype).removeprefix("torch."),
+        "dtype": None if engine.dtype is None else str(engine.dtype).removeprefix("torch."),
+        "kv_cache_dtype": engine.kv_cache_dtype,
+        "max_model_len": engine.max_model_len,
+        "rope_scaling": engine.rope_scaling,
+        "rounds": list(cfg.rounds),
+        "pool": cfg.pool,
         "temperature": cfg.temperature,
         "top_p": cfg.top_p,
+        "seed": cfg.seed,
         "max_tokens": cfg.max_tokens,
         "message_token_cap": cfg.message_token_cap,
-        "max_model_len": engine.get("max_model_len"),
-        "rope_scaling": engine.get("rope_scaling"),
+        "shuffle": cfg.shuffle,
+        "grade": cfg.grade,
     }
     return json.loads(json.dumps(settings))  # compared with what JSON reads back
 
 
-def check_settings_on_resume(cfg: RunConfig, fresh: bool) -> None:
-    """Record ``cfg``'s settings beside its results; on a resume (``fresh`` False: the output holds
-    work), first refuse settings that differ from the recorded ones, unless ``cfg.override_settings``
-    (then the change is recorded). Raises SettingsChanged naming each differing setting."""
-    path = settings_path(cfg.out_path)
-    now = run_settings(cfg)
-    doc = None if fresh else _read(path)
-    if doc is None:
-        write_json(path, {"settings": now, "changes": []})
-        return
-    before = doc["settings"]
-    differ = [name for name in FLAGS if name in before and before[name] != now[name]]
-    if not differ:
-        return
-    listed = "; ".join(f"{FLAGS[n]}: {_show(before[n])} in the results, {_show(now[n])} now" for n in differ)
-    if not cfg.override_settings:
-        raise SettingsChanged(
-            f"{cfg.out_path} was computed with other settings ({listed}); resuming would mix results of both. "
-            f"Pass the same flags, choose another --out, or pass --override-settings to continue with these "
-            f"(the change is recorded in {path})")
-    print(f"pacore: continuing with other settings than the results so far ({listed}), as "
-          f"--override-settings asks; recorded in {path}", file=sys.stderr)
-    doc["changes"].append({"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                           "from": {n: before[n] for n in differ}, "to": {n: now[n] for n in differ}})
-    write_json(path, {"settings": {**before, **now}, "changes": doc["changes"]})
-
-
-def _read(path: str) -> dict | None:
-    """The recorded settings, or None: none recorded (an earlier version), or a file that cannot be used."""
-    if not os.path.exists(path):
-        return None
+def read_settings(path: str) -> dict | None:
+    """The recorded settings document ({"settings", "changes"}), or None when there is no file (an output
+    of a version that recorded none). SettingsUnreadable naming the file and why for one that cannot be
+    used. The file was checked to be a regular file of its own (files.check_side_files)."""
     try:
         with open(path, "rb") as f:
-            doc = loads_json(f.read())
-    except (OSError, ValueError) as e:
-        doc = e
-    if isinstance(doc, dict) and isinstance(doc.get("settings"), dict) and isinstance(doc.get("changes", []), list):
-        return {"settings": doc["settings"], "changes": list(doc.get("changes", []))}
-    print(f"pacore: {path} cannot be used ({doc if isinstance(doc, Exception) else 'not a settings file'}); "
-          f"recording this run's settings in its place", file=sys.stderr)
-    return None
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise SettingsUnreadable(_unreadable(path, e.strerror or str(e))) from None
+    try:
+        doc = loads_json(data)
+    except ValueError as e:
+        raise SettingsUnreadable(_unreadable(path, f"not JSON: {e}")) from None
+    settings = doc.get("settings") if isinstance(doc, dict) else None
+    changes = doc.get("changes", []) if isinstance(doc, dict) else None
+    if not isinstance(settings, dict) or not isinstance(changes, list):
+        raise SettingsUnreadable(_unreadable(path, "not a settings file"))
+    missing = [name for name in FIRST if name not in settings]
+    if missing:
+        raise SettingsUnreadable(_unreadable(path, f"settings missing: {', '.join(missing)}"))
+    return {"settings": settings, "changes": changes}
 
 
-def _show(value: object) -> str:
+def _unreadable(path: str, why: str) -> str:
+    return (f"{path} cannot be read ({why}), so this resume cannot be checked against the settings the results "
+            f"were computed with; restore it, choose another --out, or pass --override-settings to record this "
+            f"run's settings in its place")
+
+
+def differences(recorded: dict, now: dict) -> list[str]:
+    """The settings whose recorded value differs from ``now`` (one recorded before it existed does not)."""
+    return [name for name in FLAGS if name in recorded and recorded[name] != now[name]]
+
+
+def listed(names: list[str], recorded: dict, now: dict) -> str:
+    """Each differing setting named by its flag, with both values."""
+    return "; ".join(f"{FLAGS[n]}: {_show(n, recorded[n])} in the results, {_show(n, now[n])} now" for n in names)
+
+
+def with_change(doc: dict, names: list[str], now: dict) -> dict:
+    """The settings document after an --override-settings resume: this run's settings, the change logged."""
+    change = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "from": {n: doc["settings"][n] for n in names}, "to": {n: now[n] for n in names}}
+    return {"settings": now, "changes": [*doc["changes"], change]}
+
+
+def _show(name: str, value: object) -> str:
+    if name == "grade":
+        return "graded" if value else "not graded"
     return "the default" if value is None else json.dumps(value)

@@ -17,6 +17,7 @@ import errno
 import hashlib
 import io
 import os
+import stat
 import sys
 from array import array
 
@@ -145,7 +146,9 @@ class SnapshotStore:
         if dir_fd is None:
             return None
         try:
-            fd = os.open(self._name(key, round_no), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            # O_NONBLOCK: a FIFO planted there is refused below, never waited on
+            fd = os.open(self._name(key, round_no), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                         dir_fd=dir_fd)
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -153,6 +156,9 @@ class SnapshotStore:
             fd = None
         finally:
             os.close(dir_fd)
+        if fd is not None and not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            fd, why = None, "not a regular file"
         if fd is not None:
             try:
                 with open(fd, "rb") as f:

@@ -148,3 +148,13 @@ def test_non_finite_prompt_logprobs_abort_that_request_alone(llm, monkeypatch):
     assert list(outputs) == ["good"] and all(not math.isnan(e[t].logprob) for e, t in zip(
         outputs["good"].prompt_logprobs[1:], [6, 8, 9]))
     assert [set(e.partial) for e in errors] == [{"bad"}] and isinstance(errors[0].cause, NonFiniteLogits)
+
+
+# -- issue 38, 10: stop_token_ids outside the vocabulary ----------------------------------------------------------
+def test_stop_token_ids_outside_the_vocabulary_are_refused_naming_its_size(llm):
+    vocab = llm.config.vocab_size
+    for bad in (vocab, 10**20):
+        with pytest.raises(ValueError, match=f"outside the model's vocabulary of {vocab} tokens"):
+            llm.add_request([1, 2, 3], SamplingParams(max_tokens=4, stop_token_ids=[5, bad]))
+    assert not llm.has_unfinished()
+    _run(llm, ("last-id", [1, 2, 3], SamplingParams(max_tokens=4, stop_token_ids=[vocab - 1])))  # taken

@@ -68,7 +68,7 @@ def test_resume_continues_at_the_next_round_with_the_same_results(tmp_path):
 def test_checkpoints_of_another_seed_are_not_used(tmp_path, capsys):
     cfg = _interrupted(tmp_path, step=40)
     assert checkpointed_rounds(cfg)
-    cfg.seed = 1
+    cfg.seed, cfg.override_settings = 1, True  # refused without it (results/settings.py)
     llm = FakeLLM(default_script)
     PaCoReRunner(llm, cfg).run()
     assert all(rounds == [1, 2, 3] for rounds in _rounds_called(llm).values())

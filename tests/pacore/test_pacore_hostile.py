@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from pacore.cli import build_parser, main
-from pacore.cli.run import _config, refused_paths
+from pacore.cli.run import _config
+from pacore.results.preflight import refused_paths
 from pacore.results.files import ResultsWriter, read_results, rounds_path, snapshot_dir
 from pacore.results.keys import RequestKey, parse_request_id, pool_key, request_id, run_key, unit_key
 from pacore.results.lock import OutputUnusable, ResultsLocked, lock_path, results_lock
@@ -319,14 +320,13 @@ def test_data_that_is_a_pipe_is_read_and_a_device_refused(tmp_path):
     fifo = tmp_path / "in.fifo"
     os.mkfifo(fifo)
     args = build_parser().parse_args(["run", "--data", str(fifo), "--out", str(tmp_path / "o.jsonl")])
-    assert refused_paths(args) is None
+    assert refused_paths(_config(args, args.data, args.out, False)) is None
     writer = threading.Thread(target=lambda: fifo.write_text(json.dumps(_problem("p0")) + "\n"))
     writer.start()
     items = list(read_problems(str(fifo)))
     writer.join()
     assert [x.id for x in items] == ["p0"]
-    args.data = "/dev/null"
-    assert "character device" in refused_paths(args)
+    assert "character device" in refused_paths(_config(args, "/dev/null", args.out, False))
 
 
 def test_a_lock_naming_a_live_pid_is_not_called_dead(tmp_path, capsys):

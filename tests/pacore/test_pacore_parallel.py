@@ -158,6 +158,7 @@ def test_ctrl_c_saves_what_the_replicas_hold_and_resume_completes(tmp_path, caps
         run_data_parallel(cfg, 2, fake_llm, on_reply=interrupt)
     assert "Run again with --resume" in capsys.readouterr().err
     assert not multiprocessing.active_children()  # every replica stopped
+    assert json.load(open(summary_path(cfg.out_path)))["completed"] >= 1  # the summary of what is done
     cfg.resume = True
     run_data_parallel(cfg, 2, fake_llm)
     assert _successes(cfg.out_path) == [f"p{i}" for i in range(8)]
