@@ -57,7 +57,7 @@ class _Server:
     def __init__(self, llm, model_name: str, max_queue: int, limits: api.Limits, max_logprob_entries: int,
                  aliases: tuple[str, ...] = ()):
         self.engine = EngineLoop(llm)
-        self.metrics = ServerMetrics(self.engine)
+        self.metrics = ServerMetrics(self.engine, model_name)
         self.model_name, self.max_queue = model_name, max_queue
         self.answers_to = {model_name, *aliases}  # the names a request's "model" may hold
         self.max_model_len = llm.max_model_len

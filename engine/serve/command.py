@@ -23,7 +23,8 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "serve", help="serve the model over an OpenAI-compatible HTTP API",
         description="Serve the model over an OpenAI-compatible HTTP API: /v1/chat/completions, /v1/completions, "
-        "/v1/models, /health, /metrics (Prometheus). Needs the serve extra: pip install -e '.[serve]'.")
+        "/v1/models, /tokenize, /detokenize, /health, /metrics (Prometheus, vLLM's names too). Needs the serve "
+        "extra: pip install -e '.[serve]'.")
     p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
                    help="the model, as vLLM's `vllm serve MODEL`: the same as --model")
     p.add_argument("--model", default=None, metavar="PATH|default",

@@ -1,12 +1,13 @@
-"""vLLM's /tokenize and /detokenize: its request and response shapes, the ids the completion routes
-generate from, behind the API key, and errors that name the problem."""
+"""What vLLM's clients and dashboards find on pacore serve: /tokenize and /detokenize in vLLM's shapes
+(the ids the completion routes generate from, behind the API key, errors that name the problem), and
+the engine's metrics under vLLM's names (docs/serving.md's table)."""
 import json
 from types import SimpleNamespace
 
 import httpx
 import openai
 import pytest
-from server_helpers import serving
+from server_helpers import metrics, serving
 
 from engine import LLM
 from engine.serve.app import create_app
@@ -64,3 +65,34 @@ def test_detokenize_inverts_tokenize(server):
 def test_tokenizer_route_errors_name_the_problem(server, path, body, key, status, said):
     reply = _post(server, path, body, key)
     assert reply.status_code == status and said in reply.json()["error"]["message"]
+
+
+def test_vllm_metric_names_carry_the_engines_figures(server):
+    client = openai.OpenAI(base_url=f"{server.base}/v1", api_key=KEY, max_retries=0)
+    client.completions.create(model=MODEL, prompt="abcabc", max_tokens=3, n=2, extra_body={"ignore_eos": True})
+    m = metrics(server.base)
+    label = '{model_name=tiny}'
+    ours = {k: m[k] for k in ("pacore_prefill_tokens_total", "pacore_prefix_cache_hit_tokens_total",
+                              "pacore_decode_tokens_total", "pacore_preemptions_total", "pacore_kv_blocks_used",
+                              "pacore_kv_blocks_total", "pacore_num_sequences_running", "pacore_num_sequences_waiting")}
+    prompt = ours["pacore_prefill_tokens_total"] + ours["pacore_prefix_cache_hit_tokens_total"]
+    assert m[f"vllm:prompt_tokens_total{label}"] == m[f"vllm:prefix_cache_queries_total{label}"] == prompt > 0
+    assert m[f"vllm:prefix_cache_hits_total{label}"] == ours["pacore_prefix_cache_hit_tokens_total"]
+    assert m[f"vllm:generation_tokens_total{label}"] == ours["pacore_decode_tokens_total"] == 2 * 2  # after the first
+    assert m[f"vllm:num_preemptions_total{label}"] == ours["pacore_preemptions_total"]
+    usage = ours["pacore_kv_blocks_used"] / ours["pacore_kv_blocks_total"]
+    assert m[f"vllm:kv_cache_usage_perc{label}"] == m[f"vllm:gpu_cache_usage_perc{label}"] == usage
+    assert m[f"vllm:num_requests_running{label}"] == ours["pacore_num_sequences_running"] == 0
+    assert m[f"vllm:num_requests_waiting{label}"] == ours["pacore_num_sequences_waiting"] == 0
+    assert not any(k.startswith("vllm:spec_decode") for k in m)  # without --speculative-config
+
+
+def test_the_docs_map_every_vllm_name_exposed(server):
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "serving.md").read_text()
+    exposed = {k.partition("{")[0].removesuffix("_total") for k in metrics(server.base) if k.startswith("vllm:")}
+    spec = {"vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens",
+            "vllm:spec_decode_num_accepted_tokens_per_pos"}  # with --speculative-config (tests/server/test_server_spec.py)
+    for name in exposed | spec:
+        assert f"`{name}" in page, name
