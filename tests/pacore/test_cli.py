@@ -131,3 +131,19 @@ def test_cpu_replicas_split_omp_num_threads(monkeypatch):
 
 class _Proc:
     pass
+
+
+def test_ctrl_c_says_how_to_go_on_for_each_command(tmp_path, capsys):
+    """`pacore run` names --resume; bench.rehearsal, which has none, passes its own line."""
+    from pacore.runner import run_pacore
+    from pacore_fakes import FakeLLM
+    from test_pacore_runner import _cfg, default_script
+
+    for i, (message, said) in enumerate([(None, "Run again with --resume"), ("rehearsal: run it again", "it again")]):
+        (tmp_path / str(i)).mkdir()
+        cfg = _cfg(tmp_path / str(i), n_problems=2)
+        with pytest.raises(KeyboardInterrupt):
+            run_pacore(FakeLLM(default_script, interrupt_at_step=2), cfg, print_summary=False,
+                       **({"interrupted": message} if message else {}))
+        err = capsys.readouterr().err
+        assert said in err and (message is None or "--resume" not in err)
