@@ -44,6 +44,7 @@ class ProfileSession(StepObserver):
 
     def __init__(self, llm, out_dir: str | os.PathLike, trace_steps: int = 8, plot: bool = True):
         self.llm, self.out_dir, self.trace_steps, self.plot = llm, Path(out_dir), trace_steps, plot
+        self.ranges = trace_steps > 0  # the engine marks its ops for the traces: no traces, no marks
         self.label = "run"
         self.records: list[dict] = []
         self._traced: dict[str, int] = {}  # label -> steps traced so far

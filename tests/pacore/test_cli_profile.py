@@ -20,7 +20,9 @@ def test_round_of_reads_pacore_request_ids():
 def test_the_timeline_records_each_steps_round_mix(tiny_model_dir, tmp_path):
     llm = LLM(str(tiny_model_dir("llama")), num_kv_blocks=64, max_model_len=256)
     params = SamplingParams(n=2, max_tokens=4, ignore_eos=True)
+    plain_ops = llm.runner.ops
     with profiled(llm, str(tmp_path / "prof")) as prof:
+        assert llm.runner.ops is plain_ops  # without traces the ops are not marked for the profiler
         llm.add_request(PROMPT, params, request_id="a#r1")
         llm.add_request(PROMPT, params, request_id="b#run1#r1")
         llm.step()  # round 1 of both problems

@@ -51,3 +51,23 @@ def test_a_round_records_its_interval_and_resumed_tokens():
     s = round_stats_from_output(1, 1, out, references=0, dropped=0, truncated=0, resumed=8)
     assert round(s.finished_at - s.started_at, 3) == 4.0 and s.resumed_tokens == 8 and s.tokens_per_s == 8.0
     assert round_throughput([s.to_dict()]) == (8.0, 4.0)
+
+
+def test_the_readme_and_docs_show_the_summary_as_it_prints():
+    """README's demo block and docs/pacore-runs.md's have the columns format_summary prints, and the
+    docs define each of them."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    records = [_record("a", _stats(1, 100, 0.0, 10.0), _stats(2, 30, 100.0, 110.0))]
+    header = format_summary({**summarize(records, [2, 1]), "run": None}).splitlines()[2]
+    docs = (root / "docs" / "pacore-runs.md").read_text()
+    for page in (root / "README.md", root / "docs" / "pacore-runs.md"):
+        block = re.search(r"```\n(PaCoRe run: .*?)```", page.read_text(), re.S).group(1)
+        assert block.splitlines()[2] == header, page.name
+    columns = ["round", "K", "acc", "prompt tok", "gen tok", "tok/s", "tok/s/prob", "cache hit", "KV saved", "dropped",
+               "cut (tokens)"]
+    assert header.split() == " ".join(columns).split()
+    section = docs.split("### The summary", 1)[1].split("\n### ", 1)[0]
+    assert all(f"`{column}`" in section for column in columns)
