@@ -26,7 +26,7 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
         "/v1/models, /tokenize, /detokenize, /health, /metrics (Prometheus, vLLM's names too). Needs the serve "
         "extra: pip install -e '.[serve]'.")
     p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
-                   help="the model, as vLLM's `vllm serve MODEL`: the same as --model")
+                   help="the model, as in vLLM's `vllm serve MODEL`: the same as --model (default: --model's)")
     p.add_argument("--model", default=None, metavar="PATH|default",
                    help="HF model folder (config.json, safetensors, tokenizer); 'default' or none: the embedded "
                         "SmolLM2-135M-Instruct")
