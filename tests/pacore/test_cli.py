@@ -147,3 +147,14 @@ def test_ctrl_c_says_how_to_go_on_for_each_command(tmp_path, capsys):
                        **({"interrupted": message} if message else {}))
         err = capsys.readouterr().err
         assert said in err and (message is None or "--resume" not in err)
+
+
+@pytest.mark.parametrize("argv, said", [(["/m/x", "--model", "/m/y"], "two models given"),
+                                        (["--data-parallel-size", "2"], "runs one engine")])
+def test_serve_refuses_before_the_model_loads(argv, said, monkeypatch, capsys):
+    pytest.importorskip("fastapi")
+    import engine
+
+    monkeypatch.setattr(engine, "LLM", lambda *a, **kw: pytest.fail("the model loaded"))
+    assert main(["serve", *argv]) == 2
+    assert said in capsys.readouterr().err
