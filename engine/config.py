@@ -210,10 +210,17 @@ def speculative_json(value: str) -> dict:
     return obj
 
 
-def _flag(help: str, *, name: str | None = None, type=None, metavar: str | None = None,
+def _flag(help: str, *, name: str | tuple[str, ...] | None = None, type=None, metavar: str | None = None,
           choices: tuple | None = None) -> dict:
-    """Field metadata making an EngineConfig field a command-line flag (``--field-name`` unless ``name``)."""
+    """Field metadata making an EngineConfig field a command-line flag (``--field-name`` unless ``name``;
+    a tuple of names: the first is the flag, the others its aliases)."""
     return {"flag": {"name": name, "help": help, "type": type, "metavar": metavar, "choices": choices}}
+
+
+def memory_fraction(value: str) -> float:
+    """argparse type: a fraction in (0, 1] (``--gpu-memory-utilization``)."""
+    return _number(value, float, "expected a number in (0, 1]", lambda x: 0 < x <= 1,
+                   "must be in (0, 1], e.g. 0.9, got {value}")
 
 
 @dataclass(slots=True)
@@ -265,9 +272,12 @@ class EngineConfig:
     kv_cache_memory: int | None = None
     kv_cache_dtype: str = field(default="auto", metadata=_flag(
         "KV cache format: auto (the model's dtype), fp8_e4m3 or fp8_e5m2 (one byte per value: twice the tokens "
-        "in the same memory, half the bytes read per decode step; vLLM's --kv-cache-dtype)",
+        "in the same memory, half the bytes read per decode step; vLLM's --kv-cache-dtype; default auto)",
         choices=KV_CACHE_DTYPES))
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = field(default=0.9, metadata=_flag(
+        "fraction of each GPU's memory the engine may fill, weights and KV cache together (vLLM's flag): the KV "
+        "cache gets what is left of it once the weights are loaded; ignored on a CPU (default 0.9)",
+        type=memory_fraction, metavar="F"))
     max_num_seqs: int = field(default=256, metadata=_flag(
         "most sequences (trajectories) decoded in one step (engine default 256)", type=positive_int, metavar="N"))
     max_num_batched_tokens: int = 2048
@@ -277,7 +287,7 @@ class EngineConfig:
     rope_scaling: dict | None = field(default=None, metadata=_flag(
         "RoPE parameters laid over the checkpoint's (vLLM's --rope-scaling), e.g. the paper's YaRN x2: "
         "'{\"rope_type\": \"yarn\", \"factor\": 2.0, \"original_max_position_embeddings\": 32768, "
-        "\"attention_factor\": 1.0}'", type=json_object, metavar="JSON"))
+        "\"attention_factor\": 1.0}' (default: the checkpoint's)", type=json_object, metavar="JSON"))
     enable_prefix_caching: bool = True
     enable_fork: bool = True
     cascade_attention: bool | None = None
@@ -297,7 +307,8 @@ class EngineConfig:
         "engine seed for requests without one (default 0)", type=seed_int))
     tensor_parallel_size: int = field(default=1, metadata=_flag(
         "split each engine over T GPUs (LLM(tensor_parallel_size=T)); pacore run with --data-parallel D uses "
-        "D x T GPUs (default 1)", name="--tensor-parallel", type=positive_int, metavar="T"))
+        "D x T GPUs (vLLM's name; --tensor-parallel is the same flag; default 1)",
+        name=("--tensor-parallel-size", "--tensor-parallel"), type=positive_int, metavar="T"))
     max_logprobs: int = field(default=20, metadata=_flag(
         "most top alternatives a request may ask for per token (logprobs / top_logprobs / prompt_logprobs; "
         "vLLM's --max-logprobs, default 20; at most the model's vocabulary)", type=positive_int, metavar="N"))
@@ -335,7 +346,7 @@ class EngineConfig:
 # The flags of `pacore run`, `demo` and `serve`, in their --help order; `serve` adds the engine's "seed"
 # (`pacore run --seed` is the run's seed, which also seeds its engine).
 ENGINE_FLAGS = ("dtype", "kv_cache_dtype", "max_model_len", "rope_scaling", "max_num_seqs", "num_kv_blocks",
-                "tensor_parallel_size", "batch_invariant", "enforce_eager", "max_logprobs", "logprobs_mode",
+                "gpu_memory_utilization", "tensor_parallel_size", "batch_invariant", "enforce_eager", "max_logprobs", "logprobs_mode",
                 "speculative_config")
 _FIELDS = {f.name: f for f in dataclasses.fields(EngineConfig)}
 
@@ -346,12 +357,13 @@ def add_engine_flags(group, names: tuple[str, ...] = ENGINE_FLAGS) -> None:
     for name in names:
         f = _FIELDS[name]
         spec = f.metadata["flag"]
-        flag = spec["name"] or "--" + name.replace("_", "-")
+        flags = spec["name"] or "--" + name.replace("_", "-")
+        flags = (flags,) if isinstance(flags, str) else flags
         if f.type == "bool":
-            group.add_argument(flag, dest=name, action="store_true", help=spec["help"])
+            group.add_argument(*flags, dest=name, action="store_true", help=spec["help"])
             continue
         kwargs = {k: spec[k] for k in ("type", "metavar", "choices") if spec.get(k) is not None}
-        group.add_argument(flag, dest=name, default=f.default, help=spec["help"], **kwargs)
+        group.add_argument(*flags, dest=name, default=f.default, help=spec["help"], **kwargs)
 
 
 def engine_kwargs(args: argparse.Namespace, names: tuple[str, ...] = ENGINE_FLAGS) -> dict:

@@ -9,14 +9,19 @@ On exit DIR holds:
 - timeline.jsonl: a {"meta": ...} line, then one line per step: the engine's StepRecord (kind, batch
   sizes, schedule/model/sample seconds, KV blocks used/shared/logical) + the label, the time since
   the session started and the step's shape (engine/step_shape.py: tokens, distinct vs logical KV
-  tokens) for bench.roofline;
-- trace_<label>.json: a chrome trace (chrome://tracing, ui.perfetto.dev) of the first `trace_steps`
-  steps of each label, with ranges engine.schedule / engine.model / engine.sample and one per kernel
-  op (attention.paged_decode, attention.cascade_decode, ...), which the engine marks while a
-  ranges-wanting observer is attached;
+  tokens) for bench.roofline; and the step's mix: ``rounds`` ({"1": {"prefill_tokens", "decode_tokens",
+  "problems"}, ...}) and ``problems`` (distinct problems in the step), read from request ids that end
+  in ``#rN`` (round N of problem KEY: PaCoRe's, pacore/results/keys.py). A step of one round is
+  labelled ``round<N>``, of several ``mixed``; one without such ids keeps ``label`` ("run");
+- trace_<label>.json: with trace_steps > 0, a chrome trace (chrome://tracing, ui.perfetto.dev) of
+  up to `trace_steps` steps of each label (from its second step on: a step's label is known once it is
+  planned, after the trace had to start), with ranges engine.schedule / engine.model / engine.sample
+  and one per kernel op (attention.paged_decode, attention.cascade_decode, ...), which the engine marks
+  while a ranges-wanting observer is attached; tens of MB per label;
 - kv_blocks.png: physical KV blocks held per step (shared ones apart) next to what the same sequences
   would hold without sharing (kv_blocks_logical); needs matplotlib (a base dependency);
-- profile_summary.json: where the time went, per label.
+- profile_summary.json: where the time went, per label (``labels``), per round (``rounds``: its tokens,
+  the steps it ran in and their wall span, decode tokens over that span) and in the traces.
 """
 from __future__ import annotations
 
@@ -39,11 +44,14 @@ class ProfileSession(StepObserver):
 
     def __init__(self, llm, out_dir: str | os.PathLike, trace_steps: int = 8, plot: bool = True):
         self.llm, self.out_dir, self.trace_steps, self.plot = llm, Path(out_dir), trace_steps, plot
+        self.ranges = trace_steps > 0  # the engine marks its ops for the traces: no traces, no marks
         self.label = "run"
         self.records: list[dict] = []
         self._traced: dict[str, int] = {}  # label -> steps traced so far
         self._prof = None
         self._shape = None
+        self._mix: tuple[dict, int] = ({}, 0)
+        self._round_label: str | None = None  # the last step's round label: a trace starting now is filed under it
         self._t0 = 0.0
         self._trace_ranges: dict[str, dict] = {}
 
@@ -60,10 +68,10 @@ class ProfileSession(StepObserver):
 
     # -- StepObserver ------------------------------------------------------------------------
     def step_started(self) -> None:
-        label = self.label
+        label = self._round_label or self.label
         if self._prof is not None and self._prof_label != label:
             self._end_trace()  # a new label (round) starts: its first steps get their own trace
-        if self._prof is None and self._traced.get(label, 0) < self.trace_steps:
+        if self._prof is None and label not in self._traced and self.trace_steps > 0:  # once each: no overwrite
             from torch.profiler import ProfilerActivity, profile
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.llm.device.type == "cuda" else [])
             self._prof, self._prof_label = profile(activities=acts), label
@@ -71,16 +79,22 @@ class ProfileSession(StepObserver):
 
     def step_planned(self, plan) -> None:
         self._shape = shape_of_plan(plan, self.llm.block_size)
+        self._mix = step_mix(plan)
 
     def step_finished(self, record: StepRecord) -> None:
         rec = record.to_dict()
+        rounds, problems = self._mix
+        label = self.label if not rounds else f"round{next(iter(rounds))}" if len(rounds) == 1 else "mixed"
+        self._round_label = label if rounds else None
         # Traced steps run under the profiler (slower): flagged so bench.roofline skips them.
-        rec.update(label=self.label, t=time.perf_counter() - self._t0, traced=self._prof is not None)
+        rec.update(label=label, t=time.perf_counter() - self._t0, traced=self._prof is not None)
+        if rounds:
+            rec.update(rounds=rounds, problems=problems)
         rec.update(dataclasses.asdict(self._shape))
         self.records.append(rec)
         if self._prof is not None:
-            self._traced[self.label] = self._traced.get(self.label, 0) + 1
-            if self._traced[self.label] >= self.trace_steps:
+            self._traced[self._prof_label] = self._traced.get(self._prof_label, 0) + 1
+            if self._traced[self._prof_label] >= self.trace_steps:
                 self._end_trace()
 
     def _end_trace(self) -> None:
@@ -120,7 +134,7 @@ class ProfileSession(StepObserver):
         for s in by_label.values():
             total = s["schedule_s"] + s["model_s"] + s["sample_s"]
             s["host_share"] = (s["schedule_s"] + s["sample_s"]) / total if total else 0.0
-        return dict(labels=by_label, traced_ranges=self._trace_ranges)
+        return dict(labels=by_label, rounds=rounds_summary(self.records), traced_ranges=self._trace_ranges)
 
     def write(self) -> dict:
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -139,9 +153,55 @@ class ProfileSession(StepObserver):
         return summary
 
 
-def profiled(llm, profile_dir: str | None):
-    """A ProfileSession around ``llm`` when ``profile_dir`` is set, else a context that does nothing."""
-    return ProfileSession(llm, profile_dir) if profile_dir else nullcontext()
+def profiled(llm, profile_dir: str | None, trace_steps: int = 0):
+    """A ProfileSession around ``llm`` when ``profile_dir`` is set (chrome traces only with
+    ``trace_steps``: they are tens of MB each), else a context that does nothing."""
+    return ProfileSession(llm, profile_dir, trace_steps) if profile_dir else nullcontext()
+
+
+def round_of(request_id: str) -> tuple[str, str] | None:
+    """(round, problem) of a request id ``KEY[#...]#rN`` (PaCoRe's: pacore/results/keys.py), else None."""
+    problem, _, last = request_id.rpartition("#")
+    if not problem or last[:1] != "r" or not last[1:].isdigit():
+        return None
+    return last[1:], problem.partition("#")[0]
+
+
+def step_mix(plan) -> tuple[dict, int]:
+    """The rounds a step's tokens belong to ({round: {prefill_tokens, decode_tokens, problems}}) and its
+    distinct problems; ({}, 0) when its request ids carry no round."""
+    rounds: dict[str, dict] = {}
+    seen: dict[str, set] = {}
+    rows = [(seq, n, "prefill_tokens") for seq, n in plan.prefills]
+    rows += [(seq, 1 + len(plan.drafts.get(seq.seq_id, ())), "decode_tokens") for seq in plan.decodes]
+    for seq, n, kind in rows:
+        found = round_of(seq.request.request_id)
+        if found is None:
+            continue
+        r = rounds.setdefault(found[0], {"prefill_tokens": 0, "decode_tokens": 0, "problems": 0})
+        r[kind] += n
+        seen.setdefault(found[0], set()).add(found[1])
+    for key, problems in seen.items():
+        rounds[key]["problems"] = len(problems)
+    return dict(sorted(rounds.items(), key=lambda kv: int(kv[0]))), len(set().union(*seen.values()))
+
+
+def rounds_summary(records: list[dict]) -> dict:
+    """Per round: its tokens, the steps it ran in, their wall span (first such step's start to the last
+    one's end) and decode tokens over that span: the round's throughput, as the run summary's tok/s."""
+    out: dict[str, dict] = {}
+    for r in records:
+        start = r["t"] - (r["schedule_s"] + r["model_s"] + r["sample_s"])
+        for key, mix in r.get("rounds", {}).items():
+            s = out.setdefault(key, {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "start": start})
+            s["steps"] += 1
+            s["prefill_tokens"] += mix["prefill_tokens"]
+            s["decode_tokens"] += mix["decode_tokens"]
+            s["end"] = r["t"]
+    for s in out.values():
+        s["span_s"] = s.pop("end") - s.pop("start")
+        s["decode_tokens_per_s"] = s["decode_tokens"] / s["span_s"] if s["span_s"] > 0 else None
+    return out
 
 
 def _safe(label: str) -> str:

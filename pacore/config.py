@@ -76,6 +76,7 @@ class RunConfig:
     show_progress: bool = True
     # Where `pacore run --profile` writes the step timeline and traces (engine/profiler.py).
     profile_dir: str | None = None
+    profile_trace_steps: int = 0  # with profile_dir: steps per round to trace with torch.profiler (--profile-traces)
     # Seconds between snapshots of the rounds in flight (results/snapshots.py); <= 0: only when stopped.
     checkpoint_every_s: float = 300.0
     # The engine's options: EngineConfig's keyword arguments (engine/config.py), "model" included, as

@@ -46,7 +46,7 @@ class PaCoReRunner:
     events for the driver. A replica is driven with ``begin``, ``add`` and ``step`` instead of ``process``.
     """
 
-    def __init__(self, llm, cfg: RunConfig, sink=None):
+    def __init__(self, llm, cfg: RunConfig, sink=None, interrupted: str = INTERRUPTED):
         if cfg.max_problems_in_flight < 1:
             raise ValueError("max_problems_in_flight must be at least 1")
         validate_runs(cfg)
@@ -64,6 +64,7 @@ class PaCoReRunner:
         self._progress: Progress | None = None
         self.generated_tokens = 0  # this session, finished rounds only
         self._speculative = getattr(llm, "speculator", None) is not None  # its counters go in RoundStats
+        self.interrupted = interrupted  # what Ctrl-C prints ({out}: the results path): how to go on
 
     # -- public ------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -104,7 +105,7 @@ class PaCoReRunner:
         except BaseException as e:
             self.snapshot_safely()  # Ctrl-C or a crash: the rounds in flight continue from here on --resume
             if isinstance(e, KeyboardInterrupt):
-                print(f"\n{INTERRUPTED.format(out=self.cfg.out_path)}", file=sys.stderr)
+                print(f"\n{self.interrupted.format(out=self.cfg.out_path)}", file=sys.stderr)
             raise
         finally:
             self.end()
@@ -404,10 +405,12 @@ def _engine_stats(llm) -> dict:
         return {"error": str(e)}
 
 
-def run_pacore(llm, cfg: RunConfig, print_summary: bool = True, pending: Pending | None = None) -> dict:
+def run_pacore(llm, cfg: RunConfig, print_summary: bool = True, pending: Pending | None = None,
+               interrupted: str = INTERRUPTED) -> dict:
     """Run PaCoRe with ``cfg`` on ``llm``; prints and returns the summary. ``pending``: what a preflight
-    already found to do (results/preflight.py), its lock held; without it the runner takes its own."""
-    runner = PaCoReRunner(llm, cfg)
+    already found to do (results/preflight.py), its lock held; without it the runner takes its own.
+    ``interrupted``: the line Ctrl-C prints (default: pacore run's, which names --resume)."""
+    runner = PaCoReRunner(llm, cfg, interrupted=interrupted)
     summary = runner.run() if pending is None else runner.run_pending(pending)
     if print_summary:
         show_summary(summary, cfg)

@@ -110,7 +110,7 @@ def rehearse(args, name: str, options: dict, out: Path, device: DeviceParams) ->
     if llm.speculator is not None:
         scripted_drafts(llm, spec_profiles(args, options, cfg.temperature), args.seed)
     t0 = time.perf_counter()
-    summary = run_pacore(llm, cfg, print_summary=False)
+    summary = run_pacore(llm, cfg, print_summary=False, interrupted="bench.rehearsal: interrupted (it has no --resume: run it again to start over)")
     wall = time.perf_counter() - t0
     if summary["errors"]:  # a table of what did not happen would read as a result
         first = summary["error_samples"][0]

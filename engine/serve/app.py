@@ -1,4 +1,5 @@
-"""The routes: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics (the API key,
+"""The routes: /v1/chat/completions, /v1/completions, /v1/models, /tokenize and /detokenize
+(tokenize.py), /health, /metrics (the API key,
 the body limit and the content type are checked before them: front_door.py; CORS, when origins are
 allowed, before that). Past 300 lines: the two completion routes share their helpers here (submit,
 collect, stream); their JSON is rendered off the event loop (replies.py)."""
@@ -26,6 +27,7 @@ from .logprobs import TokenTexts
 from .metrics import ServerMetrics
 from .prompts import PromptReader
 from .replies import Renderer, logprob_entries
+from .tokenize import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest, detokenize, tokenize
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                 413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
@@ -55,7 +57,7 @@ class _Server:
     def __init__(self, llm, model_name: str, max_queue: int, limits: api.Limits, max_logprob_entries: int,
                  aliases: tuple[str, ...] = ()):
         self.engine = EngineLoop(llm)
-        self.metrics = ServerMetrics(self.engine)
+        self.metrics = ServerMetrics(self.engine, model_name)
         self.model_name, self.max_queue = model_name, max_queue
         self.answers_to = {model_name, *aliases}  # the names a request's "model" may hold
         self.max_model_len = llm.max_model_len
@@ -94,10 +96,22 @@ class _Server:
         finally:
             self._close(job, endpoint, outcome)
 
-    async def _submit(self, body: api._Generate, endpoint: str, prompts: list) -> Job:
-        if body.model not in self.answers_to:
-            raise APIError(404, f"The model `{body.model}` does not exist; this server serves "
+    def check_model(self, model: str | None) -> None:
+        if model not in self.answers_to:
+            raise APIError(404, f"The model `{model}` does not exist; this server serves "
                                 f"`{self.model_name}`.", param="model")
+
+    async def tokenizer_call(self, work, *args) -> dict:
+        """``work(tokenizer, *args)`` on a worker thread (a long text takes seconds); ValueError: 400."""
+        if args[0].model is not None:
+            self.check_model(args[0].model)
+        try:
+            return await asyncio.to_thread(work, self.prompts.tokenizer, *args)
+        except ValueError as e:
+            raise APIError(400, str(e)) from None
+
+    async def _submit(self, body: api._Generate, endpoint: str, prompts: list) -> Job:
+        self.check_model(body.model)
         if not prompts:
             raise APIError(400, "prompt is empty", param="prompt")
         chat = endpoint == "chat"
@@ -324,6 +338,14 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
     @app.post("/v1/completions")
     async def completions(body: api.CompletionRequest, request: Request):
         return await server.generate(request, body, "completions", body.prompts())
+
+    @app.post("/tokenize")
+    async def tokenize_route(body: TokenizeCompletionRequest | TokenizeChatRequest):
+        return await server.tokenizer_call(tokenize, body, server.max_model_len)
+
+    @app.post("/detokenize")
+    async def detokenize_route(body: DetokenizeRequest):
+        return await server.tokenizer_call(detokenize, body)
 
     @app.get("/v1/models")
     async def models():

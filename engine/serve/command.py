@@ -23,7 +23,10 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "serve", help="serve the model over an OpenAI-compatible HTTP API",
         description="Serve the model over an OpenAI-compatible HTTP API: /v1/chat/completions, /v1/completions, "
-        "/v1/models, /health, /metrics (Prometheus). Needs the serve extra: pip install -e '.[serve]'.")
+        "/v1/models, /tokenize, /detokenize, /health, /metrics (Prometheus, vLLM's names too). Needs the serve "
+        "extra: pip install -e '.[serve]'.")
+    p.add_argument("model_tag", nargs="?", default=None, metavar="MODEL",
+                   help="the model, as in vLLM's `vllm serve MODEL`: the same as --model (default: --model's)")
     p.add_argument("--model", default=None, metavar="PATH|default",
                    help="HF model folder (config.json, safetensors, tokenizer); 'default' or none: the embedded "
                         "SmolLM2-135M-Instruct")
@@ -59,8 +62,24 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--shutdown-timeout", type=seconds, default=30.0, metavar="S",
                    help="on SIGTERM or Ctrl-C: stop admitting requests, let running ones finish for up to S "
                         "seconds, then abort the rest and exit (default 30)")
-    add_engine_flags(p.add_argument_group("engine"), SERVE_FLAGS)
+    engine = p.add_argument_group("engine")
+    add_engine_flags(engine, SERVE_FLAGS)
+    engine.add_argument("--data-parallel-size", type=positive_int, default=1, metavar="D",
+                        help="vLLM's flag, taken for its command lines: only 1, since a server runs one engine "
+                             "(run one server per replica behind a load balancer, or use `pacore run "
+                             "--data-parallel-size D`; default 1)")
     return p
+
+
+def model_of(args) -> str | None:
+    """The model ``pacore serve MODEL`` or ``--model`` names (None: the embedded one); ValueError when
+    both are given and differ, or --data-parallel-size asks for replicas a server does not run."""
+    if args.model_tag is not None and args.model is not None and args.model_tag != args.model:
+        raise ValueError(f"two models given: {args.model_tag} (positional) and --model {args.model}; give one")
+    if args.data_parallel_size > 1:
+        raise ValueError(f"--data-parallel-size {args.data_parallel_size}: pacore serve runs one engine; start "
+                         f"one server per replica (behind a load balancer), or use pacore run --data-parallel-size")
+    return args.model_tag if args.model_tag is not None else args.model
 
 
 def _at_most(limit: int):
@@ -105,6 +124,7 @@ def main(args) -> int:
 
     try:
         check_api_key(args.api_key)  # before the model loads
+        args.model = model_of(args)
     except ValueError as e:
         print(f"pacore: {e}", file=sys.stderr)
         return 2

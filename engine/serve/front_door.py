@@ -7,8 +7,9 @@ Every POST must say ``Content-Type: application/json``: a web page may send a PO
 which this server grants to the ``--allowed-origins`` alone (none by default). So a page cannot
 start generations on a server without a key that listens on the browser's machine.
 
-The key guards the /v1 routes only, as vLLM's ``--api-key`` does: /health, /metrics, /docs and
-/openapi.json stay open (probes and scrapers carry no key).
+The key guards the /v1 routes and the tokenizer's (/tokenize, /detokenize: a client that knows the
+key sends it there too): /health, /metrics, /docs and /openapi.json stay open (probes and scrapers
+carry no key).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from starlette.responses import JSONResponse
 
 from .protocol import error_body
 
-GUARDED_PREFIX = "/v1"
+GUARDED_PREFIXES = ("/v1", "/tokenize", "/detokenize")
 
 
 def check_api_key(api_key: str | None) -> str | None:
@@ -61,7 +62,7 @@ class FrontDoor:
         return await self.app(scope, self._counted(receive), send)
 
     def _refusal(self, scope, headers: Headers) -> tuple[int, str, str] | None:
-        if self.api_key is not None and scope["path"].startswith(GUARDED_PREFIX):
+        if self.api_key is not None and scope["path"].startswith(GUARDED_PREFIXES):
             scheme, _, given = headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not secrets.compare_digest(given.strip().encode(), self.api_key.encode()):
                 return 401, "authentication_error", "invalid or missing API key: send 'Authorization: Bearer KEY'"

@@ -1,5 +1,7 @@
 """Prometheus metrics: the server's request and token counters, and the engine's own counters and
-gauges read at scrape time from the stats the engine thread last published."""
+gauges read at scrape time from the stats the engine thread last published; and the same stats under
+vLLM's names (``vllm:...``, labelled ``model_name``), so a dashboard built for vLLM reads them as they
+are (docs/serving.md maps each name)."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -65,10 +67,64 @@ def _spec_metrics(stats: dict):
     yield per_pos
 
 
+# vLLM's name -> (help, the value from the engine's stats). Requests there are sequences here: vLLM
+# counts each of a request's n choices as a request of its own.
+_VLLM_GAUGES = {
+    "vllm:num_requests_running": ("Sequences running (each of a request's n counts once)",
+                                  lambda s: s["num_running"]),
+    "vllm:num_requests_waiting": ("Sequences waiting to be admitted", lambda s: s["num_waiting"]),
+    "vllm:kv_cache_usage_perc": ("KV cache usage: blocks held / blocks in the cache (1 = full)", lambda s: _usage(s)),
+    "vllm:gpu_cache_usage_perc": ("KV cache usage (vLLM's older name of kv_cache_usage_perc)", lambda s: _usage(s)),
+}
+_VLLM_COUNTERS = {
+    "vllm:prompt_tokens": ("Prompt tokens processed: computed by prefill or taken from the prefix cache",
+                           lambda s: s["prefill_tokens"] + s["prefix_cache_hit_tokens"]),
+    "vllm:generation_tokens": ("Tokens decode steps generated (a sequence's first token, sampled from its "
+                               "prefill, not counted)", lambda s: s["decode_tokens"]),
+    "vllm:num_preemptions": ("Sequences preempted for KV blocks", lambda s: s["preemptions"]),
+    "vllm:prefix_cache_queries": ("Prompt tokens looked up in the prefix cache",
+                                  lambda s: s["prefill_tokens"] + s["prefix_cache_hit_tokens"]),
+    "vllm:prefix_cache_hits": ("Prompt tokens found in the prefix cache", lambda s: s["prefix_cache_hit_tokens"]),
+}
+
+
+def _usage(stats: dict) -> float:
+    return stats["kv_blocks_used"] / stats["kv_blocks_total"] if stats["kv_blocks_total"] else 0.0
+
+
+class _VllmCollector:
+    """The engine's stats under vLLM's metric names, with its ``model_name`` label."""
+
+    def __init__(self, engine, model_name: str):
+        self.engine, self.model_name = engine, model_name
+
+    def collect(self):
+        stats, label = self.engine.latest_stats, [self.model_name]
+        for name, (doc, value) in _VLLM_GAUGES.items():
+            family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric(label, value(stats))
+            yield family
+        for name, (doc, value) in _VLLM_COUNTERS.items():
+            family = CounterMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric(label, value(stats))
+            yield family
+        if "spec_decode_num_drafts" not in stats:
+            return
+        for key, (ours, doc) in _SPEC_COUNTERS.items():
+            family = CounterMetricFamily(ours.replace("pacore_", "vllm:"), doc, labels=["model_name"])
+            family.add_metric(label, stats[key])
+            yield family
+        per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted at "
+                                      "each draft position (0: the first)", labels=["model_name", "position"])
+        for pos, n in enumerate(stats["spec_decode_num_accepted_tokens_per_pos"]):
+            per_pos.add_metric([self.model_name, str(pos)], n)
+        yield per_pos
+
+
 class ServerMetrics:
     """A registry of its own per server, so several servers (tests) never share counters."""
 
-    def __init__(self, engine):
+    def __init__(self, engine, model_name: str = "default"):
         self.registry = CollectorRegistry()
         self.requests = Counter("pacore_requests", "Generation requests by endpoint and outcome "
                                 "(ok, error, aborted: the client went away)", ["endpoint", "outcome"],
@@ -82,6 +138,7 @@ class ServerMetrics:
         self.queued = Gauge("pacore_queued_sequences", "Sequences (prompts x n) of the requests in the engine, "
                             "bounded by --max-queue", registry=self.registry)
         self.registry.register(_EngineCollector(engine))
+        self.registry.register(_VllmCollector(engine, model_name))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

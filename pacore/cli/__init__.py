@@ -8,9 +8,36 @@ the preflight, one engine or its replicas), demo.py (the built-in problems).
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 import tempfile
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, except that an unknown flag is named by the subcommand it was given to, with the
+    closest flags it has ("did you mean --x?"), instead of the top-level usage."""
+
+    def parse_args(self, args=None, namespace=None):
+        ns, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = self._commands.get(getattr(ns, "command", None), self)
+            command.error(unknown_flags(command, extras))
+        return ns
+
+
+def unknown_flags(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """The error for arguments ``parser`` does not take: each unknown flag with the nearest ones it has."""
+    known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    flags = [arg.partition("=")[0] for arg in extras if arg.startswith("-")]
+    if not flags:  # only values: say which (a value after an unknown flag is that flag's, not news)
+        return f"unexpected argument(s): {' '.join(extras)}"
+    parts = []
+    for flag in flags:
+        near = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+        hint = f"did you mean {near[0]}?" if near else f"see {parser.prog} --help"
+        parts.append(f"unrecognized flag {flag}: {hint}")
+    return "; ".join(parts)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,12 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .flags import add_engine_options, add_method_options
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="pacore",
         description="PaCoRe (Parallel Coordinated Reasoning) inference on the PaCoRe Engine.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="`pacore COMMAND --help` lists a command's flags, each with its default.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser(
         "run",
@@ -60,15 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
     # A 135M model rambles at temperature 1.0; a cooler default makes the demo's answers readable.
     add_method_options(demo, max_tokens=64, preset="low", temperature=0.7)
     add_engine_options(demo)
-    serve = add_serve_parser(sub)
-    # `pacore --help` documents every option, not just the subcommand names.
-    parser.epilog = "\n\n".join(sp.format_help() for sp in (run, demo, serve))
+    add_serve_parser(sub)
+    parser._commands = sub.choices
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``pacore`` command; returns the exit status."""
     args = build_parser().parse_args(argv)
+    if args.command != "serve":
+        from .flags import apply_threads
+
+        apply_threads(args.threads)
     if args.command == "serve":
         from engine.serve.command import main as serve
 

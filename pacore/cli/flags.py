@@ -80,24 +80,60 @@ def _max_tokens(value: str):
         raise argparse.ArgumentTypeError(f"expected 'auto' or a positive integer, got {value!r}") from None
 
 
+def _trace_steps(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of steps >= 0, got {value!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of steps >= 0, got {value}")
+    return n
+
+
+def apply_threads(threads: int | None) -> None:
+    """``--threads``: what OMP_NUM_THREADS=N sets, for this process (torch, if loaded already) and the
+    replicas and tensor-parallel ranks it spawns, which split them (engine/spawn.py). None: torch's
+    choice."""
+    if not threads:
+        return
+    import os
+    import sys
+
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(threads)
+    if "torch" in sys.modules:  # read OMP_NUM_THREADS when it loaded: set it directly
+        sys.modules["torch"].set_num_threads(threads)
+
+
 def add_engine_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--model", default=None, metavar="DIR",
                    help="HF model folder (config.json, safetensors, tokenizer); default: the embedded SmolLM2-135M")
     add_engine_flags(g)
-    g.add_argument("--data-parallel", type=positive_int, default=None, metavar="D",
-                   help="D engine replicas, each on --tensor-parallel GPUs of its own (replica r gets GPUs "
+    g.add_argument("--data-parallel-size", "--data-parallel", dest="data_parallel", type=positive_int, default=None,
+                   metavar="D",
+                   help="D engine replicas, each on --tensor-parallel-size GPUs of its own (replica r gets GPUs "
                         "[r*T, (r+1)*T) in CUDA_VISIBLE_DEVICES order), problems handed to whichever has room; "
-                        "only this process writes the results; on a CPU host D processes that split the cores "
-                        "(default 1; with --ray: the cluster's GPUs // T, or one replica per node without GPUs)")
+                        "only this process writes the results; on a CPU host D processes that split the cores, or "
+                        "--threads (vLLM's name; --data-parallel is the same flag; default 1; with --ray: the "
+                        "cluster's GPUs // T, or one replica per node without GPUs)")
+    g.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                   help="CPU threads torch may use in all, as OMP_NUM_THREADS=N would set (replicas and "
+                        "tensor-parallel ranks on a CPU split them); on a CPU shared with other jobs, set it to the "
+                        "cores you may use: more threads than free cores makes every step many times slower "
+                        "(default: what torch chooses, OMP_NUM_THREADS if set, else one per core)")
     g.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="run the replicas as Ray actors (pip install -e '.[ray]'): 'auto', HOST:PORT or "
                         "ray://HOST:PORT joins a running cluster (`ray start` on each node); without ADDRESS a "
                         "local one is started. The model folder must exist at the same path on every node; "
-                        "the records stream back here, so no shared filesystem is needed")
+                        "the records stream back here, so no shared filesystem is needed (default: no Ray)")
     g.add_argument("--profile", default=None, metavar="DIR",
-                   help="write a per-step timeline (timeline.jsonl), torch.profiler traces and a KV-sharing "
-                        "plot (kv_blocks.png) of the run to DIR")
+                   help="write a per-step timeline (timeline.jsonl: each step's rounds and problems), where the time "
+                        "went per round (profile_summary.json) and a KV-sharing plot (kv_blocks.png) of the run to DIR "
+                        "(default: no profile)")
+    g.add_argument("--profile-traces", type=_trace_steps, default=0, metavar="STEPS",
+                   help="with --profile: also a torch.profiler chrome trace of the first STEPS steps of each round "
+                        "(trace_<round>.json; tens of MB each, and traced steps run slower; default 0: none)")
 
 
 def add_method_options(p: argparse.ArgumentParser, *, max_tokens: int | None, preset: str,
@@ -108,7 +144,7 @@ def add_method_options(p: argparse.ArgumentParser, *, max_tokens: int | None, pr
                         help="round schedule preset: " + ", ".join(f"{k}={list(v)}" for k, v in PRESETS.items())
                         + f" (default: {preset}); a final K=1 round is always appended")
     rounds.add_argument("--rounds", type=_rounds, default=None, metavar="K1,K2,...",
-                        help="trajectories per round, e.g. 32,4; a final K=1 round is always appended")
+                        help="trajectories per round, e.g. 32,4; a final K=1 round is always appended (default: --preset's)")
     default = (f"{max_tokens}" if max_tokens else
                f"auto with --model, {EMBEDDED_MODEL_MAX_TOKENS} for the embedded default model")
     g.add_argument("--max-tokens", type=_max_tokens, default=max_tokens, metavar="auto|N",

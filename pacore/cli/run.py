@@ -43,6 +43,7 @@ def _config(args, data_path: str, out_path: str, resume: bool) -> RunConfig:
         record_confidence=args.record_confidence,
         show_progress=not args.no_progress,
         profile_dir=args.profile,
+        profile_trace_steps=args.profile_traces,
         checkpoint_every_s=args.checkpoint_every,
         engine_options={**({"model": args.model} if args.model is not None else {}), **engine_kwargs(args)},
     )
@@ -176,7 +177,7 @@ def _run_one(cfg: RunConfig, pending: Pending) -> dict:
         llm = build_llm(cfg)
     except (ValueError, FileNotFoundError) as e:  # a bad model folder or engine option, said plainly
         raise _Failed(str(e), 2) from None
-    with profiled(llm, cfg.profile_dir):
+    with profiled(llm, cfg.profile_dir, cfg.profile_trace_steps):
         summary = run_pacore(llm, cfg, pending=pending)
     if cfg.profile_dir:
         print(f"profile: {cfg.profile_dir}")

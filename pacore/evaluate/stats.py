@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -48,12 +49,20 @@ class RoundStats:
     spec_decode_num_draft_tokens: int | None = None
     spec_decode_num_accepted_tokens: int | None = None
     spec_decode_num_emitted_tokens: int | None = None
+    # When the round's request was in the engine, as wall-clock times (time.time(): comparable across
+    # replicas and sessions), and the tokens it took over from an earlier session's snapshot: the
+    # summary's per-round tok/s is the round's new tokens over the union of these intervals.
+    started_at: float | None = None
+    finished_at: float | None = None
+    resumed_tokens: int = 0
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        for name in ("correct", *SPEC_DECODE_COUNTS):
+        for name in ("correct", *SPEC_DECODE_COUNTS, "started_at", "finished_at"):
             if d[name] is None:
                 del d[name]  # a run without --record-confidence or speculation records what it always has
+        if not d["resumed_tokens"]:
+            del d["resumed_tokens"]
         return d
 
 
@@ -68,6 +77,7 @@ def round_stats_from_output(round_no: int, k: int, out, *, references: int, drop
     prefill = max(0.0, first - m.arrival_time)
     decode = max(0.0, m.finished_time - first)
     total = prefill + decode
+    finished_at = time.time()  # the engine's clock may be a process's own (or virtual): only its durations
     return RoundStats(
         round=round_no,
         k=k,
@@ -83,5 +93,6 @@ def round_stats_from_output(round_no: int, k: int, out, *, references: int, drop
         truncated_messages=truncated,
         truncated_tokens=truncated_tokens,
         finish_reasons=dict(Counter(c.finish_reason for c in out.outputs)),
+        started_at=round(finished_at - total, 3), finished_at=round(finished_at, 3), resumed_tokens=resumed,
         **({name: getattr(m, name) for name in SPEC_DECODE_COUNTS} if speculative else {}),
     )

@@ -64,8 +64,11 @@ class ProcessReplicas(Replicas):
 
     def __init__(self, cfg: RunConfig, build_llm, devices: list[str | None]):
         self.count = len(devices)
-        # On a CPU host the replicas split the cores instead of each oversubscribing all of them.
-        threads = split_threads(os.cpu_count() or 1, self.count) if devices[0] is None else 0
+        # On a CPU host the replicas split the cores (OMP_NUM_THREADS, `pacore run --threads`, if set) instead
+        # of each oversubscribing all of them.
+        omp = os.environ.get("OMP_NUM_THREADS", "")
+        cores = int(omp) if omp.isdigit() and int(omp) > 0 else os.cpu_count() or 1
+        threads = split_threads(cores, self.count) if devices[0] is None else 0
         self.processes: list[mp.Process] = []
         self._conns: list[Connection] = []
         self._calling: set[int] = set(range(self.count))  # each answers first once its engine is built

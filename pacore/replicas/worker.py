@@ -56,7 +56,7 @@ class ReplicaWorker:
         self.runner.begin()
         self._slice_s = slice_s
         self._stack = ExitStack()
-        self._stack.enter_context(profiled(llm, profile_dir))
+        self._stack.enter_context(profiled(llm, profile_dir, cfg.profile_trace_steps))
 
     def advance(self, work: list[Work]) -> Reply:
         """Take ``work``, then step until there is something to report; a failure is the reply's error."""

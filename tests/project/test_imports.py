@@ -17,7 +17,7 @@ def test_importing_the_cli_loads_no_torch():
 
 def test_help_answers_without_torch():
     code = ("import sys, pacore.cli\n"
-            "try:\n    pacore.cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "try:\n    pacore.cli.main(['run', '--help'])\nexcept SystemExit:\n    pass\n"
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().endswith("False") and "pacore run" in out.stdout

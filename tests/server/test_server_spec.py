@@ -114,9 +114,12 @@ def test_metrics_count_the_drafts_under_vllms_names(server, client):
     served, stats = metrics(server.base), server.llm.stats()
     for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
         assert served[f"pacore_spec_decode_{name}_total"] == stats[f"spec_decode_{name}"] > 0
+        assert served[f"vllm:spec_decode_{name}_total{{model_name={MODEL}}}"] == stats[f"spec_decode_{name}"]
     per_pos = [served[f"pacore_spec_decode_num_accepted_tokens_per_pos_total{{position={j}}}"]
                for j in range(SPEC["num_speculative_tokens"])]
     assert per_pos == stats["spec_decode_num_accepted_tokens_per_pos"]
+    assert per_pos == [served[f"vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name={MODEL},position={j}}}"]
+                       for j in range(SPEC["num_speculative_tokens"])]
     assert sum(per_pos) == stats["spec_decode_num_accepted_tokens"] and per_pos[0] >= per_pos[-1]
     # an engine without speculation exposes none of them
     engine = SimpleNamespace(latest_stats=server.plain.stats() | {"num_requests": 0}, rates=lambda: (0.0, 0.0))

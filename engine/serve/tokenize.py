@@ -1,0 +1,86 @@
+"""vLLM's /tokenize and /detokenize: the served model's tokenizer over HTTP, in vLLM's request and
+response shapes, for clients that probe them to find the tokenizer (lm-eval, agent frameworks) or
+count tokens before they send a prompt.
+
+POST /tokenize takes a text (``prompt``, special tokens added unless ``add_special_tokens`` is
+false) or chat ``messages`` (through the chat template, the generation prompt added unless
+``add_generation_prompt`` is false; ``continue_final_message`` leaves the last message open) and
+answers ``{"count", "max_model_len", "tokens", "token_strs"}`` (``token_strs`` only with
+``return_token_strs``). With the defaults, the ids are those the completion routes generate from.
+POST /detokenize takes ``{"tokens": [...]}`` and answers ``{"prompt": text}``.
+"""
+from __future__ import annotations
+
+from pydantic import Field
+
+from engine.checks import check_text
+
+from .protocol import ChatMessage, _Body
+
+
+class TokenizeCompletionRequest(_Body):
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool | None = False
+
+
+class TokenizeChatRequest(_Body):
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False  # the template writes its own
+    return_token_strs: bool | None = False
+
+
+class DetokenizeRequest(_Body):
+    model: str | None = None
+    tokens: list[int]
+
+
+def tokenize(tokenizer, body: TokenizeCompletionRequest | TokenizeChatRequest, max_model_len: int) -> dict:
+    """The reply to /tokenize (ValueError: a 400 naming the problem). Runs on a worker thread."""
+    if tokenizer is None:
+        raise ValueError("this server has no tokenizer (it was started without one)")
+    if isinstance(body, TokenizeChatRequest):
+        if body.continue_final_message and body.add_generation_prompt:
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true: set "
+                             "add_generation_prompt to false to continue the last message")
+        text = _render(tokenizer, [m.for_template() for m in body.messages], body.add_generation_prompt,
+                       body.continue_final_message)
+    else:
+        text = body.prompt
+    check_text(text)
+    try:
+        ids = tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
+    except Exception as e:
+        raise ValueError(f"the prompt could not be tokenized: {e}") from None
+    strs = tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+    return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids, "token_strs": strs}
+
+
+def detokenize(tokenizer, body: DetokenizeRequest) -> dict:
+    """The reply to /detokenize (ValueError: a 400 naming the problem)."""
+    if tokenizer is None:
+        raise ValueError("this server has no tokenizer (it was started without one)")
+    vocab = len(tokenizer)
+    bad = next((t for t in body.tokens if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise ValueError(f"token id {bad} is not in the tokenizer's vocabulary of {vocab} ids")
+    return {"prompt": tokenizer.decode(body.tokens)}
+
+
+def _render(tokenizer, messages: list[dict], add_generation_prompt: bool, continue_final: bool) -> str:
+    """The chat template's text, as engine/chat.py renders it for generation when the flags are left at
+    their defaults (and the same transcript for a model without a template)."""
+    try:
+        if getattr(tokenizer, "chat_template", None):
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                                 continue_final_message=continue_final)
+    except Exception as e:  # a template that rejects these messages (roles, order)
+        raise ValueError(f"the messages could not be rendered by the chat template: {e}") from None
+    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+    if continue_final:
+        return text.removesuffix("\n")
+    return text + ("assistant: " if add_generation_prompt else "")
