@@ -1,0 +1,78 @@
+"""Penalties and logit_bias: a transform of the logits before sampling (vLLM's meanings and order).
+
+logit_bias is added first; then repetition_penalty divides the positive logits of the tokens seen in
+the prompt or the generated tokens and multiplies the others; then frequency_penalty is subtracted once
+per occurrence of a token in the generated tokens, presence_penalty once per token that occurs there.
+Greedy requests see them too (their argmax is taken after them).
+
+An entry's generated tokens are its sequence's plus, for a speculative query, the drafts before it
+(``outputs_before``): the draft a query verifies was drawn under the same history, so every emitted
+token is the one decoding without speculation draws (engine/spec/verify.py). Only the rows whose
+request asks are touched, on the logits' own device, so the other rows are bit for bit unchanged.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from engine.sequence import Sequence
+
+
+def outputs_before(seqs: list[Sequence], offsets: list[int] | None = None,
+                   drafts: dict[int, list[int]] | None = None) -> list[list[int] | None]:
+    """Per sample entry: the tokens generated before it (its sequence's, then the first ``offsets[i]``
+    of the sequence's drafts), None where the request has no penalty."""
+    offsets = offsets or [0] * len(seqs)
+    return [None if not s.params.penalized else
+            s.generated + (list(drafts[s.seq_id][:off]) if off else [])
+            for s, off in zip(seqs, offsets)]
+
+
+def penalize(logits: torch.Tensor, seqs: list[Sequence], outputs: list[list[int] | None]) -> torch.Tensor:
+    """logits fp32 [N, V], entry i seqs[i]'s with ``outputs[i]`` generated before it: a copy with the
+    penalised rows transformed, or ``logits`` itself when no row is (the common step costs nothing)."""
+    rows = [i for i, out in enumerate(outputs) if out is not None]
+    if not rows:
+        return logits
+    sub = apply_penalties(logits[torch.tensor(rows, device=logits.device)], [seqs[i].params for i in rows],
+                          [seqs[i].token_ids[:seqs[i].num_prompt_tokens] for i in rows], [outputs[i] for i in rows])
+    if len(rows) == len(outputs):
+        return sub
+    out = logits.clone()
+    out[torch.tensor(rows, device=logits.device)] = sub
+    return out
+
+
+def apply_penalties(logits: torch.Tensor, params: list, prompts: list[list[int]],
+                    outputs: list[list[int]]) -> torch.Tensor:
+    """fp32 [R, V]: each row's logits with its params' logit_bias and penalties applied, given the
+    row's prompt and generated tokens. ``logits`` is not changed."""
+    dev, (R, V) = logits.device, logits.shape
+    logits = logits.clone()
+
+    def flat(lists):  # (row index, token) pairs of a list per row, on the logits' device
+        r = [i for i, toks in enumerate(lists) for _ in toks]
+        t = [t for toks in lists for t in toks]
+        return torch.tensor(r, dtype=torch.int64).to(dev), torch.tensor(t, dtype=torch.int64).to(dev)
+
+    biased = [p.logit_bias or {} for p in params]
+    if any(biased):
+        r, t = flat([list(b) for b in biased])
+        bias = torch.tensor([v for b in biased for v in b.values()], dtype=logits.dtype).to(dev)
+        logits.index_put_((r, t), bias, accumulate=True)
+    counts = torch.zeros(R, V, dtype=logits.dtype, device=dev)
+    r, t = flat(outputs)
+    counts.index_put_((r, t), torch.ones(len(t), dtype=logits.dtype, device=dev), accumulate=True)
+    generated = counts > 0
+    rep = torch.tensor([p.repetition_penalty for p in params], dtype=logits.dtype).to(dev)[:, None]
+    if bool((rep != 1).any()):
+        seen = generated.clone()
+        r, t = flat(prompts)
+        seen[r, t] = True
+        penalised = torch.where(logits > 0, logits / rep, logits * rep)
+        logits = torch.where(seen, penalised, logits)
+    freq = torch.tensor([p.frequency_penalty for p in params], dtype=logits.dtype).to(dev)[:, None]
+    presence = torch.tensor([p.presence_penalty for p in params], dtype=logits.dtype).to(dev)[:, None]
+    return logits - freq * counts - presence * generated
