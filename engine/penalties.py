@@ -34,7 +34,7 @@ def penalize(logits: torch.Tensor, seqs: list[Sequence], outputs: list[list[int]
     """logits fp32 [N, V], entry i seqs[i]'s with ``outputs[i]`` generated before it: a copy with the
     penalised rows transformed, or ``logits`` itself when no row is (the common step costs nothing)."""
     rows = [i for i, out in enumerate(outputs) if out is not None]
-    if not rows:
+    if not rows or logits.shape[-1] == 0:  # (a rehearsal's placeholder logits: nothing to change)
         return logits
     sub = apply_penalties(logits[torch.tensor(rows, device=logits.device)], [seqs[i].params for i in rows],
                           [seqs[i].token_ids[:seqs[i].num_prompt_tokens] for i in rows], [outputs[i] for i in rows])
