@@ -12,6 +12,7 @@ request asks are touched, on the logits' own device, so the other rows are bit f
 """
 from __future__ import annotations
 
+import array
 from typing import TYPE_CHECKING
 
 import torch
@@ -53,9 +54,12 @@ def apply_penalties(logits: torch.Tensor, params: list, prompts: list[list[int]]
     logits = logits.clone()
 
     def flat(lists):  # (row index, token) pairs of a list per row, on the logits' device
-        r = [i for i, toks in enumerate(lists) for _ in toks]
-        t = [t for toks in lists for t in toks]
-        return torch.tensor(r, dtype=torch.int64).to(dev), torch.tensor(t, dtype=torch.int64).to(dev)
+        r = torch.arange(len(lists)).repeat_interleave(torch.tensor([len(x) for x in lists], dtype=torch.int64))
+        ids = array.array("q")
+        for x in lists:  # ~10x faster than torch.tensor of a long list: histories reach 10^5 tokens
+            ids.fromlist(x)
+        t = torch.frombuffer(ids, dtype=torch.int64) if ids else torch.empty(0, dtype=torch.int64)
+        return r.to(dev), t.to(dev)
 
     biased = [p.logit_bias or {} for p in params]
     if any(biased):

@@ -172,3 +172,16 @@ def test_rows_that_sample_draw_what_the_whole_batch_drew():
     plain = (gumbel_noise_ref(keys, 700) + logits / temps[:, None]).argmax(-1)
     expected = [int(logits[i].argmax()) if sq.params.greedy else int(plain[i]) for i, sq in enumerate(seqs)]
     assert s(logits, seqs, keys=keys) == expected
+
+
+def test_processed_logprobs_are_of_the_penalised_distribution(tiny_model_dir):
+    from engine import LLM
+
+    llm = LLM(str(tiny_model_dir("llama")), skip_tokenizer_init=True, logprobs_mode="processed_logprobs")
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1, repetition_penalty=3.0,
+                            frequency_penalty=2.0, logit_bias={5: 1.5})
+    out = llm.generate([[7, 8, 9, 7, 8, 9]], params, use_tqdm=False)[0].outputs[0]
+    lp = out.logprobs
+    assert len(set(out.token_ids)) > 3  # the penalties at work: no token repeated over and over
+    for i, t in enumerate(out.token_ids):  # greedy draws the top of the distribution recorded
+        assert lp.top(i)[0][0] == t and lp.logprobs[i] == lp.top(i)[0][1]
