@@ -38,7 +38,8 @@ def penalize(logits: torch.Tensor, seqs: list[Sequence], outputs: list[list[int]
     if not rows or logits.shape[-1] == 0:  # (a rehearsal's placeholder logits: nothing to change)
         return logits
     sub = apply_penalties(logits[torch.tensor(rows, device=logits.device)], [seqs[i].params for i in rows],
-                          [seqs[i].token_ids[:seqs[i].num_prompt_tokens] for i in rows], [outputs[i] for i in rows])
+                          [seqs[i].token_ids[:seqs[i].num_prompt_tokens] if seqs[i].params.repetition_penalty != 1
+                           else [] for i in rows], [outputs[i] for i in rows])
     if len(rows) == len(outputs):
         return sub
     out = logits.clone()
@@ -49,7 +50,8 @@ def penalize(logits: torch.Tensor, seqs: list[Sequence], outputs: list[list[int]
 def apply_penalties(logits: torch.Tensor, params: list, prompts: list[list[int]],
                     outputs: list[list[int]]) -> torch.Tensor:
     """fp32 [R, V]: each row's logits with its params' logit_bias and penalties applied, given the
-    row's prompt and generated tokens. ``logits`` is not changed."""
+    row's prompt (read for a repetition penalty only) and generated tokens. ``logits`` is not changed.
+    Its cost follows the histories' length: the rows' tokens become tensors at every step."""
     dev, (R, V) = logits.device, logits.shape
     logits = logits.clone()
 
@@ -70,8 +72,8 @@ def apply_penalties(logits: torch.Tensor, params: list, prompts: list[list[int]]
     r, t = flat(outputs)
     counts.index_put_((r, t), torch.ones(len(t), dtype=logits.dtype, device=dev), accumulate=True)
     generated = counts > 0
-    rep = torch.tensor([p.repetition_penalty for p in params], dtype=logits.dtype).to(dev)[:, None]
-    if bool((rep != 1).any()):
+    if any(p.repetition_penalty != 1 for p in params):
+        rep = torch.tensor([p.repetition_penalty for p in params], dtype=logits.dtype).to(dev)[:, None]
         seen = generated.clone()
         r, t = flat(prompts)
         seen[r, t] = True
