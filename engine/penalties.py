@@ -51,34 +51,36 @@ def apply_penalties(logits: torch.Tensor, params: list, prompts: list[list[int]]
                     outputs: list[list[int]]) -> torch.Tensor:
     """fp32 [R, V]: each row's logits with its params' logit_bias and penalties applied, given the
     row's prompt (read for a repetition penalty only) and generated tokens. ``logits`` is not changed.
-    Its cost follows the histories' length: the rows' tokens become tensors at every step."""
+    Only the entries of tokens in the histories change: a few passes over the rows, and work that
+    follows the histories' length."""
     dev, (R, V) = logits.device, logits.shape
     logits = logits.clone()
 
-    def flat(lists):  # (row index, token) pairs of a list per row, on the logits' device
+    def flat(lists):  # each row's tokens as entries r * V + token of the [R, V] logits, on their device
         r = torch.arange(len(lists)).repeat_interleave(torch.tensor([len(x) for x in lists], dtype=torch.int64))
         ids = array.array("q")
         for x in lists:  # ~10x faster than torch.tensor of a long list: histories reach 10^5 tokens
             ids.fromlist(x)
         t = torch.frombuffer(ids, dtype=torch.int64) if ids else torch.empty(0, dtype=torch.int64)
-        return r.to(dev), t.to(dev)
+        return (r * V + t).to(dev)
 
+    def per_row(values):
+        return torch.tensor(values, dtype=logits.dtype).to(dev)
+
+    flat_logits = logits.view(-1)
     biased = [p.logit_bias or {} for p in params]
     if any(biased):
-        r, t = flat([list(b) for b in biased])
-        bias = torch.tensor([v for b in biased for v in b.values()], dtype=logits.dtype).to(dev)
-        logits.index_put_((r, t), bias, accumulate=True)
-    counts = torch.zeros(R, V, dtype=logits.dtype, device=dev)
-    r, t = flat(outputs)
-    counts.index_put_((r, t), torch.ones(len(t), dtype=logits.dtype, device=dev), accumulate=True)
-    generated = counts > 0
+        flat_logits.index_add_(0, flat([list(b) for b in biased]), per_row([v for b in biased for v in b.values()]))
+    counts = torch.bincount(flat(outputs), minlength=R * V)  # (a sort, as torch.unique does, is far slower)
+    generated = counts.nonzero()[:, 0]
     if any(p.repetition_penalty != 1 for p in params):
-        rep = torch.tensor([p.repetition_penalty for p in params], dtype=logits.dtype).to(dev)[:, None]
-        seen = generated.clone()
-        r, t = flat(prompts)
-        seen[r, t] = True
-        penalised = torch.where(logits > 0, logits / rep, logits * rep)
-        logits = torch.where(seen, penalised, logits)
-    freq = torch.tensor([p.frequency_penalty for p in params], dtype=logits.dtype).to(dev)[:, None]
-    presence = torch.tensor([p.presence_penalty for p in params], dtype=logits.dtype).to(dev)[:, None]
-    return logits - freq * counts - presence * generated
+        seen = counts > 0
+        seen[flat(prompts)] = True
+        seen = seen.nonzero()[:, 0]
+        rep, x = per_row([p.repetition_penalty for p in params])[seen // V], flat_logits[seen]
+        flat_logits[seen] = torch.where(x > 0, x / rep, x * rep)
+    rows = generated // V
+    freq = per_row([p.frequency_penalty for p in params])[rows]
+    presence = per_row([p.presence_penalty for p in params])[rows]
+    flat_logits[generated] = flat_logits[generated] - freq * counts[generated].to(logits.dtype) - presence
+    return logits

@@ -177,7 +177,8 @@ def test_rows_that_sample_draw_what_the_whole_batch_drew():
 def test_processed_logprobs_are_of_the_penalised_distribution(tiny_model_dir):
     from engine import LLM
 
-    llm = LLM(str(tiny_model_dir("llama")), skip_tokenizer_init=True, logprobs_mode="processed_logprobs")
+    llm = LLM(str(tiny_model_dir("llama")), skip_tokenizer_init=True, logprobs_mode="processed_logprobs",
+              num_kv_blocks=16, max_model_len=128)
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1, repetition_penalty=3.0,
                             frequency_penalty=2.0, logit_bias={5: 1.5})
     out = llm.generate([[7, 8, 9, 7, 8, 9]], params, use_tqdm=False)[0].outputs[0]
