@@ -9,6 +9,7 @@
     python -m bench.replicas [--ray]               # pacore run on 2 data-parallel replicas vs 1, tokens/s
     python -m bench.serve_sharing                  # pacore serve: prefill of K concurrent n=1 requests vs one n=K
     python -m bench.logprobs_cost                  # the sampler step without / with top-20 logprobs (--record-confidence)
+    python -m bench.sampler_cost                   # the CPU sampler per step: Gumbel-max as plainly stated vs as drawn
     python -m bench.spec_acceptance                # speculative drafts' acceptance on the embedded model: the rehearsal's profile
     python -m pytest bench/bench_decode.py bench/bench_host.py --benchmark-only   # microbenchmarks
 """

@@ -216,6 +216,11 @@ def reference_prompts(llm, args, messages: list[dict]) -> list[list[int]]:
     outs = sorted(out.outputs, key=lambda o: o.index)
     trajs = [Trajectory(o.index, o.text, o.finish_reason, len(o.token_ids)) for o in outs]
     refs = [t.message for t in order_responses(trajs, "official", 0) if t.passes_on]
+    if args.bins is None:  # --quick: two bins split where the references' prompts reach, each measured
+        fitted = [len(fit_round_prompt(tok, messages, refs[:m], max_model_len=L, max_tokens=args.max_tokens,
+                                       message_token_cap="auto").token_ids) for m in range(1, len(refs) + 1)]
+        mid = fitted[len(fitted) // 2]
+        args.bins = [(fitted[0], mid), (mid, fitted[-1] + 1)]
     prompts = []
     for lo, hi in args.bins:
         target, ids = lo + (hi - lo) // 4, None
@@ -224,6 +229,9 @@ def reference_prompts(llm, args, messages: list[dict]) -> list[list[int]]:
                                    message_token_cap="auto").token_ids
             if len(ids) >= target:
                 break
+        if not lo <= len(ids) < hi:  # a bin is labelled by the contexts it measured, never another's
+            raise ValueError(f"context bin {lo}-{hi}: the prompt with round 1's {len(refs)} references is {len(ids)} "
+                             f"tokens, outside the bin; raise --refs-k / --refs-tokens, or change --bins")
         prompts.append(ids)
     return prompts
 
@@ -399,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.max_model_len, args.refs_k, args.refs_tokens, args.bins, args.k, args.max_tokens = 1024, 16, 16, \
-            [(448, 640), (640, 960)], 2, 24
+            None, 2, 24  # bins where the quick prompts (a few hundred tokens) fall: reference_prompts
         args.temperatures, args.windows, args.sinks, args.depth, args.stride = [1.0, 0.6], [16, 64, 512], [16], 4, 2
         args.full_window_chunks, args.check_window = 8, (64, 16)
     from bench.profile_run import apply_threads

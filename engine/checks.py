@@ -91,6 +91,8 @@ def check_logprobs(params: SamplingParams, max_logprobs: int, vocab_size: int, r
         if value > vocab_size:
             raise ValueError(f"SamplingParams.{name}={value} is above the model's vocabulary of {vocab_size} "
                              f"tokens; ask for at most {vocab_size}")
+    if params.logit_bias:
+        check_vocab("SamplingParams.logit_bias", list(params.logit_bias), vocab_size)
 
 
 def check_resume_logprobs(params: SamplingParams, resume: list[Partial],

@@ -5,6 +5,10 @@ from kernels.gumbel_sample import GOLDEN, MIX1, MIX2, signed64  # splitmix64's c
 
 _MASK64 = (1 << 64) - 1
 
+# What a seeded stream's draws are for, besides its tokens' own (0): rejection acceptance's draft noise,
+# accept draws and residual draws (engine/spec/self_window.py, verify.py), each from a stream of its own.
+DRAFT, ACCEPT, RESIDUAL = 1, 2, 3
+
 
 def mix64(x: int) -> int:
     """splitmix64's finaliser: a bijective scramble of a 64-bit integer."""
@@ -14,12 +18,20 @@ def mix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def stream_key(stream: int, step: int) -> int:
+def stream_key(stream: int, step: int, purpose: int = 0) -> int:
     """The noise key of draw ``step`` of a seeded sequence's stream, a signed 64-bit integer
-    (kernels/gumbel_sample.py makes the draw's Gumbel noise from it).
+    (kernels/gumbel_sample.py makes the draw's Gumbel noise from it); ``purpose`` (DRAFT, ACCEPT,
+    RESIDUAL) takes it from a stream derived from this one instead.
 
     Counter-based (splitmix64 at state stream + (step + 1) * golden), so a token depends on
     (seed, child, position) alone: not on what else is batched, on preemption, or on a restart,
     and no per-sequence generator launches a kernel per row per step.
     """
+    if purpose:
+        stream = mix64(stream + purpose)
     return signed64(mix64(stream + (step + 1) * GOLDEN))
+
+
+def uniform(key: int) -> float:
+    """A uniform float64 in [0, 1) from a key's top 53 bits."""
+    return ((key & _MASK64) >> 11) * 2.0 ** -53

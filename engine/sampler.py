@@ -1,5 +1,6 @@
-"""Turn logits into tokens: greedy, temperature, top-k, top-p, min-p, per-sequence seeded draws; and
-record the logprobs of the rows that ask (raw, or the distribution sampled from; engine/logprobs.py)."""
+"""Turn logits into tokens: greedy, temperature, min-p, top-k, top-p, per-sequence seeded draws; and
+record the logprobs of the rows that ask (raw, or the distribution sampled from; engine/logprobs.py).
+Penalties and logit_bias are a transform of the logits before the sampler (engine/penalties.py)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -7,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.logprobs import LogprobRows, compute_logprobs, raw_logprobs
+from engine.penalties import penalize
 from engine.rng import stream_key
 from kernels.gumbel_sample import gumbel_argmax_ref
 
@@ -35,28 +37,33 @@ class Sampler:
     @torch.no_grad()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence], offsets: list[int] | None = None,
                  keys: torch.Tensor | None = None) -> list[int]:
-        """logits fp32 [N, V], one row per entry to sample: entry i draws sequence seqs[i]'s token at
-        ``offsets[i]`` positions after its next one (a verified row's later queries; default 0), with
-        the noise of ``keys[i]`` (default: ``keys(seqs, offsets)``). A seeded draw is the one plain
-        decoding makes at that position."""
+        """logits fp32 [N, V] (penalties applied: engine/penalties.py), one row per entry to sample:
+        entry i draws sequence seqs[i]'s token at ``offsets[i]`` positions after its next one (a
+        verified row's later queries; default 0), with the noise of ``keys[i]`` (default: ``keys(seqs,
+        offsets)``). A seeded draw is the one plain decoding makes at that position."""
         params = [s.params for s in seqs]
-        if all(p.greedy for p in params):
+        sampled = [i for i, p in enumerate(params) if not p.greedy]
+        if not sampled:
             return logits.argmax(dim=-1).tolist()
         if keys is None:
             keys = self.keys(seqs, offsets)
-        sampled = self._argmax(self.scores(logits, params), keys.to(logits.device))
-        if any(p.greedy for p in params):
-            greedy = torch.tensor([p.greedy for p in params], device=logits.device)
-            sampled = torch.where(greedy, logits.argmax(dim=-1), sampled)
-        return sampled.tolist()
+        keys = keys.to(logits.device)
+        if len(sampled) == len(params):
+            return self._argmax(self.scores(logits, params), keys).tolist()
+        # Only the rows that sample make noise; the greedy ones take their argmax.
+        tokens = logits.argmax(dim=-1)
+        rows = torch.tensor(sampled, device=logits.device)
+        tokens[rows] = self._argmax(self.scores(logits[rows], [params[i] for i in sampled]), keys[rows])
+        return tokens.tolist()
 
-    def keys(self, seqs: list[Sequence], offsets: list[int] | None = None) -> torch.Tensor:
+    def keys(self, seqs: list[Sequence], offsets: list[int] | None = None, purpose: int = 0) -> torch.Tensor:
         """int64 [N]: each entry's noise key: a seeded sequence's from its stream at its position
-        (engine/rng.py), the others' from the engine's generator. Drawn ahead, they let a self-drafting
-        step draw its draft with the noise the target's own draw will use (engine/spec/self_window.py)."""
+        (engine/rng.py; ``purpose``: a derived stream's), the others' from the engine's generator. Drawn
+        ahead, they let a self-drafting step draw its draft with the noise the target's own draw will
+        use (engine/spec/self_window.py)."""
         keys = self.random_keys(len(seqs))
         offsets = offsets or [0] * len(seqs)
-        seeded = [(i, stream_key(s.stream, s.num_generated + off))
+        seeded = [(i, stream_key(s.stream, s.num_generated + off, purpose))
                   for i, (s, off) in enumerate(zip(seqs, offsets)) if s.stream is not None]
         if seeded:
             rows, draws = zip(*seeded)
@@ -119,17 +126,22 @@ class Sampler:
 
     @staticmethod
     def _filter(probs: torch.Tensor, params) -> torch.Tensor:
+        # vLLM's and transformers' order: min-p and top-k first, then top-p over what they kept,
+        # renormalised (top-p over the whole distribution would keep more tokens).
         dev = probs.device
         top_k = torch.tensor([p.top_k if p.top_k > 0 else probs.shape[1] for p in params], device=dev)
         top_p = torch.tensor([p.top_p for p in params], device=dev)
         min_p = torch.tensor([p.min_p for p in params], device=dev)
         sorted_p, idx = probs.sort(dim=-1, descending=True)
         rank = torch.arange(probs.shape[1], device=dev)[None, :]
-        # Keep a token if the mass strictly before it is below top_p. The top token always stays: a
-        # top_p below float32's smallest subnormal (~7e-46) is 0 here, and 0 < 0 would keep nothing.
-        before = sorted_p.cumsum(dim=-1) - sorted_p
-        keep = (rank < top_k[:, None]) & ((before < top_p[:, None]) | (rank == 0))
-        keep &= sorted_p >= min_p[:, None] * sorted_p[:, :1]
+        keep = (rank < top_k[:, None]) & (sorted_p >= min_p[:, None] * sorted_p[:, :1])
+        kept = sorted_p * keep
+        kept = kept / kept.sum(dim=-1, keepdim=True)
+        # Keep a token if the kept mass strictly before it is below top_p. The top token always stays
+        # (a top_p below float32's smallest subnormal, ~7e-46, is 0 here, and 0 < 0 would keep
+        # nothing), and top_p = 1 keeps every token however the float32 sum rounds.
+        before = kept.cumsum(dim=-1) - kept
+        keep &= (before < top_p[:, None]) | (rank == 0) | (top_p[:, None] >= 1)
         sorted_p = sorted_p * keep
         return torch.zeros_like(probs).scatter_(1, idx, sorted_p)
 
@@ -160,11 +172,15 @@ def record_logprobs(plan: StepPlan, logits: torch.Tensor | None, runs: list[Run]
             for i in range(at, at + span.count):
                 store.append_row(scored, i)
             at += span.count
-    asking = [(seq, first + j, t) for seq, run, first in runs if seq.logprobs is not None for j, t in enumerate(run)]
+    asking = [(seq, first + j, t, seq.num_generated - len(run) + j)  # the run is appended: its tokens' places
+              for seq, run, first in runs if seq.logprobs is not None for j, t in enumerate(run)]
     if not asking:
         return  # the common step: no log-softmax, no transfer
-    seqs, entries, tokens = zip(*asking)
+    seqs, entries, tokens, places = zip(*asking)
     rows = logits[torch.tensor(entries, device=logits.device)] if len(entries) < logits.shape[0] else logits
+    if processed:  # the distribution sampled from: after the penalties, at each token's own history
+        rows = penalize(rows, list(seqs), [s.generated[:at] if s.params.penalized else None
+                                           for s, at in zip(seqs, places)])
     lp = distribution(rows, [s.params for s in seqs] if processed else None)
     computed = compute_logprobs(lp, torch.tensor(tokens), max(s.params.logprobs for s in seqs))
     for j, seq in enumerate(seqs):

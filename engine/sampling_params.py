@@ -18,7 +18,13 @@ class SamplingParams:
     """How to sample one request (vLLM's names and meanings).
 
     n: trajectories forked from the prompt (prefilled once, KV shared).
-    temperature: 0 (or below 1e-5, as vLLM) means greedy. top_p in (0, 1], top_k (-1 = off), min_p in [0, 1].
+    temperature: 0 (or below 1e-5, as vLLM) means greedy. top_p in (0, 1], top_k (-1 = off), min_p in [0, 1]:
+    min-p and top-k first, then top-p over what they keep, renormalised (vLLM's and transformers' order).
+    presence_penalty, frequency_penalty in [-2, 2]: subtracted from the logit of each token the
+    trajectory has generated, once (presence) or once per occurrence (frequency). repetition_penalty > 0
+    (1 = off): the logit of each token in the prompt or the generated tokens is divided by it if
+    positive, multiplied by it if not. logit_bias: token id -> a value added to its logit. All of them
+    apply before temperature, to greedy requests too (engine/penalties.py).
     max_tokens: tokens to generate per trajectory; None generates until EOS, a stop, or the
     context (max_model_len) is full, as vLLM does.
     seed: per-request seed; child i samples from a stream derived from (seed, i).
@@ -41,6 +47,10 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
     _stop_index: StopStrings | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -52,12 +62,15 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.stop_token_ids must be a list of token ids, got {self.stop_token_ids!r}")
         self.stop = [s for s in (self.stop or []) if s != ""]
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.logit_bias is not None and not isinstance(self.logit_bias, dict):
+            raise ValueError(f"SamplingParams.logit_bias must be a dict of token id -> bias, got {self.logit_bias!r}")
+        self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
         self.validate()
 
     def validate(self) -> None:
         if not _is_int(self.n) or self.n < 1:
             raise ValueError(f"SamplingParams.n must be an integer >= 1, got {self.n!r}")
-        for name in ("temperature", "top_p", "min_p"):
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"SamplingParams.{name} must be a finite number, got {value!r}")
@@ -69,6 +82,16 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_k must be an integer, -1 (off) or >= 1, got {self.top_k!r}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"SamplingParams.min_p must be in [0, 1], got {self.min_p}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"SamplingParams.{name} must be in [-2, 2] (0 = off), got {getattr(self, name)}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"SamplingParams.repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+        for token, bias in (self.logit_bias or {}).items():
+            if not _is_int(token) or token < 0:
+                raise ValueError(f"SamplingParams.logit_bias keys must be token ids (integers >= 0), got {token!r}")
+            if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+                raise ValueError(f"SamplingParams.logit_bias[{token}] must be a finite number, got {bias!r}")
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
             raise ValueError(f"SamplingParams.max_tokens must be an integer >= 1 or None (fill the context), "
                              f"got {self.max_tokens!r}")
@@ -95,6 +118,12 @@ class SamplingParams:
         if self._stop_index is None:
             self._stop_index = StopStrings(self.stop)
         return self._stop_index
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty or logit_bias changes this request's logits (engine/penalties.py)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
+                    or self.logit_bias)
 
     @property
     def greedy(self) -> bool:

@@ -4,14 +4,16 @@ from collections import Counter
 from engine import LLM, SamplingParams
 
 PROMPT = [3, 4, 3, 4, 3]  # repetitive: n-gram drafts are proposed at almost every position
+# Penalties on every sample (baseline and speculative alike): each query's must see the drafts before it
+PENALTIES = dict(repetition_penalty=1.3, frequency_penalty=0.5, presence_penalty=0.2)
 
 
 def samples(model, spec, n=4000, requests=5, sampler_seed=3):
-    """(n x requests trajectories of 5 tokens at temperature 1, the engine). Every trajectory of a request
+    """(n x requests trajectories of 5 tokens at temperature 1 with PENALTIES, the engine). Every trajectory of a request
     is forked at once (n <= max_num_seqs): five big steps per request."""
     llm = LLM(str(model), skip_tokenizer_init=True, max_num_seqs=n, max_num_batched_tokens=5 * n,
               speculative_config=spec, seed=sampler_seed)  # a token budget for every row's drafts
-    params = SamplingParams(n=n, temperature=1.0, max_tokens=5, ignore_eos=True)
+    params = SamplingParams(n=n, temperature=1.0, max_tokens=5, ignore_eos=True, **PENALTIES)
     outs = llm.generate([PROMPT] * requests, params, use_tqdm=False)
     return [o.token_ids for r in outs for o in r.outputs], llm
 

@@ -3,8 +3,9 @@
 Requests forbid unknown fields, so a misspelt or unsupported option is a 422 naming it instead of
 being silently ignored, and take types strictly, as OpenAI does: ``"max_tokens": true`` or ``"2"``
 is a 422, not 1 or 2. A string that is no Unicode text (a lone surrogate, which JSON can escape)
-is a 400 in any field. The penalties, which the engine cannot honour, are accepted only at their
-"off" value, for clients that always send them. Log-probabilities follow OpenAI's shapes (and vLLM's
+is a 400 in any field. The penalties and logit_bias are the engine's (engine/penalties.py);
+``response_format`` is accepted as ``{"type": "text"}`` only, and ``tools`` not at all: structured
+output and tool calls are not implemented, and a 422 naming the field says so. Log-probabilities follow OpenAI's shapes (and vLLM's
 ``prompt_logprobs``); their ranges are checked in ``sampling_params`` (a 400 naming the limit), since
 the limit is the engine's ``max_logprobs``.
 """
@@ -71,8 +72,8 @@ class StreamOptions(_Body):
 
 
 class _Generate(_Body):
-    """The sampling fields shared by both endpoints (OpenAI's, plus vLLM's top_k, min_p, ignore_eos,
-    stop_token_ids, prompt_logprobs)."""
+    """The sampling fields shared by both endpoints (OpenAI's, plus vLLM's top_k, min_p,
+    repetition_penalty, ignore_eos, stop_token_ids, prompt_logprobs)."""
     model: str
     n: int | None = None
     temperature: float | None = None
@@ -88,14 +89,45 @@ class _Generate(_Body):
     stream_options: StreamOptions | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
+    repetition_penalty: float | None = None  # vLLM's
+    logit_bias: dict[str, float] | None = None  # token id (a JSON key, so a string) -> bias in [-100, 100]
+    response_format: dict | None = None
+    tools: list | None = None
+    tool_choice: str | dict | None = None
     user: str | None = None  # an end-user id for abuse tracking; nothing to do with generation
     prompt_logprobs: int | None = None  # vLLM's: each prompt token's logprob (the first's None) and top N
 
-    @field_validator("frequency_penalty", "presence_penalty")
+    @field_validator("logit_bias")
     @classmethod
-    def _only_off(cls, value, info):
-        if value not in (None, 0):
-            raise ValueError(f"{info.field_name} is not supported by this server; remove it or set it to 0")
+    def _token_biases(cls, value):
+        for token, bias in (value or {}).items():
+            if not token.isascii() or not token.isdigit():
+                raise ValueError(f"keys must be token ids (integers >= 0, as strings), got {token!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"biases must be in [-100, 100] (OpenAI's range), got {bias} for token {token}")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value):
+        kind = (value or {}).get("type", "text")
+        if value is not None and kind != "text":
+            raise ValueError(f"type {kind!r} is not supported by this server (no structured output); remove "
+                             "response_format or set its type to 'text'")
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, value):
+        if value:
+            raise ValueError("tools are not supported by this server (no tool calling); remove tools")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_choice(cls, value):
+        if value not in (None, "none", "auto"):
+            raise ValueError(f"tool_choice {value!r} is not supported by this server (no tool calling); remove it")
         return value
 
     def budget(self) -> int | None:
@@ -136,7 +168,10 @@ class _Generate(_Body):
             min_p=0.0 if self.min_p is None else self.min_p,
             max_tokens=default_max_tokens if max_tokens is None else max_tokens,
             seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids or [],
-            ignore_eos=self.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs)
+            ignore_eos=self.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            logit_bias={int(t): b for t, b in self.logit_bias.items()} if self.logit_bias else None)
 
     def logprobs_field(self) -> str:
         return "logprobs"

@@ -13,13 +13,17 @@ sum_y 1 / sum_j max(p_j / p_y, q_j / q_y): on the embedded model at temperature 
 the first draft at a 512-token window, against 0.92-0.94 for rejection sampling and 0.67 for a
 coupling by one uniform through the inverse CDF (bench/spec_self_acceptance.py). Rejection acceptance: the
 draft is drawn with its own noise and q kept for verification (engine/spec/verify.py,
-rejection_runs).
+rejection_runs); a seeded request's noise and accept draws come from streams of its own, keyed by
+position (engine/rng.py), so its tokens do not depend on what else runs.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 import torch
+
+from engine.penalties import outputs_before, penalize
+from engine.rng import DRAFT
 
 if TYPE_CHECKING:
     from engine.model_runner import ModelRunner
@@ -43,10 +47,12 @@ def self_draft(plan: StepPlan, config: SpeculativeConfig, runner: ModelRunner, s
     for j in range(max(len(plan.drafts[s.seq_id]) for s in rows)):
         active = [s for s in rows if len(plan.drafts[s.seq_id]) > j]
         logits = runner.run_draft(active, [tokens[s.seq_id] for s in active], j, config.window, config.sink)
+        # the penalties at the draft's position: the verify pass applies the same ones there
+        logits = penalize(logits, active, outputs_before(active, [j] * len(active), plan.drafts))
         if coupled:
             drawn = sampler(logits, active, [j] * len(active), keys=keys[[first[s.seq_id] + j for s in active]])
-        else:
-            drawn = sampler(logits, active, [j] * len(active), keys=sampler.random_keys(len(active)))
+        else:  # the draft's own noise: a seeded request's from its stream, keyed by position
+            drawn = sampler(logits, active, [j] * len(active), keys=sampler.keys(active, [j] * len(active), DRAFT))
             probs = sampler.normalised_probs(logits, [s.params for s in active])
             for s, p in zip(active, probs):
                 q[s.seq_id].append(p)  # views of one tensor per step: no copy

@@ -1,7 +1,8 @@
 """Exact verification: which of a row's draft tokens it keeps.
 
 Each position of a verify row is sampled exactly as plain decoding would sample it: the same
-distribution (temperature, top-k/top-p/min-p) and, for a seeded request, the same counter-based draw
+distribution (penalties at that position's history, its drafts before it included; temperature,
+min-p/top-k/top-p) and, for a seeded request, the same counter-based draw
 (seed, trajectory, position). Drafts are kept while the target's own token equals them; the first
 position where it differs emits the target's token and ends the run, and when all d drafts agree the
 next position's token is emitted too. Every emitted token is therefore the token plain decoding would
@@ -12,7 +13,9 @@ with exactly its probability under the target.
 ``rejection_runs`` is textbook speculative sampling for drafts drawn from a full distribution q (a
 self-drafting step's): a draft d is kept with probability min(1, p(d) / q(d)), a rejected one replaced
 by a draw from norm(max(0, p - q)), and a bonus drawn from p when all are kept. The output has the
-target's distribution exactly, with different tokens than plain decoding would draw.
+target's distribution exactly, with different tokens than plain decoding would draw. A seeded
+request's accept and residual draws come from streams of its own, keyed by position (engine/rng.py),
+so they do not depend on what else runs; the others' from the engine's generator.
 """
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.penalties import outputs_before, penalize
+from engine.rng import ACCEPT, RESIDUAL, stream_key, uniform
 from engine.scheduler import Run
 
 if TYPE_CHECKING:
@@ -30,6 +35,8 @@ if TYPE_CHECKING:
 def sample_runs(plan: StepPlan, logits, sampler: Sampler, drafted=None) -> list[Run]:
     """The step's tokens, a run per sampled sequence. ``drafted``: what self-drafting handed back (the
     noise keys its drafts were coupled to, or per row the distributions q they were drawn from)."""
+    if plan.sample_seqs:
+        logits = penalize(logits, plan.sample_seqs, outputs_before(plan.sample_seqs, plan.sample_offsets, plan.drafts))
     if isinstance(drafted, dict):
         return rejection_runs(plan, logits, drafted, sampler)
     tokens = sampler(logits, plan.sample_seqs, plan.sample_offsets, drafted) if plan.sample_seqs else []
@@ -105,6 +112,7 @@ def _speculative_sampling(rows, logits: torch.Tensor, q: dict[int, torch.Tensor]
     p_d = p[:, :N].gather(2, drafts[..., None])[..., 0]
     q_d = qs.gather(2, drafts[..., None])[..., 0]
     u = torch.rand(R, N, dtype=torch.float64, generator=gen, device=sampler.device).to(dev)
+    u = _seeded(u, rows, lambda seq, r: [stream_key(seq.stream, seq.num_generated + j, ACCEPT) for j in range(N)])
     keep = (u * q_d < p_d) & (j[None, :N] < n[:, None])
     m = keep.long().cumprod(1).sum(1)                                           # drafts kept
     rows_ = torch.arange(R, device=dev)
@@ -114,8 +122,20 @@ def _speculative_sampling(rows, logits: torch.Tensor, q: dict[int, torch.Tensor]
     residual = torch.where((residual.sum(-1, keepdim=True) > 0), residual, last)
     w = torch.where(rejected[:, None], residual, last).double().cumsum(-1)
     v = torch.rand(R, dtype=torch.float64, generator=gen, device=sampler.device).to(dev)
+    kept = m.tolist()
+    v = _seeded(v[:, None], rows, lambda seq, r: [stream_key(seq.stream, seq.num_generated + kept[r], RESIDUAL)])[:, 0]
     final = torch.searchsorted(w, (v * w[:, -1])[:, None], right=True)[:, 0].clamp_(max=w.shape[1] - 1)
     out = {}
-    for (seq, f, d), k, t in zip(rows, m.tolist(), final.tolist()):
+    for (seq, f, d), k, t in zip(rows, kept, final.tolist()):
         out[f] = d[:k] + [t]
     return out
+
+
+def _seeded(draws: torch.Tensor, rows, keys_of) -> torch.Tensor:
+    """draws (float64 [R, k], uniforms from the engine's generator) with each seeded row's replaced by
+    uniforms from its own stream (``keys_of(seq, r)``: row r's k keys)."""
+    seeded = [r for r, (seq, _, _) in enumerate(rows) if seq.stream is not None]
+    if seeded:
+        own = [uniform(k) for r in seeded for k in keys_of(rows[r][0], r)]
+        draws[torch.tensor(seeded, device=draws.device)] = torch.tensor(own, dtype=torch.float64).view(len(seeded), -1).to(draws.device)
+    return draws

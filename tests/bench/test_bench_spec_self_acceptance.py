@@ -13,12 +13,17 @@ def test_quick_profile_has_its_shape_and_the_rehearsal_reads_it(tiny_model_dir, 
     out = tmp_path / "acc"
     assert main(["--quick", "--model", str(tiny_model_dir("qwen3_sharp")), "--out", str(out)]) == 0
     sec = json.loads((out / "profile.json").read_text())["self_window"]
+    report = json.loads((out / "report.json").read_text())
+    contexts = [b["context"] for b in report["bins"]]
+    assert len(contexts) == 2 and contexts[0][1] == contexts[1][0]  # two adjacent bins
+    for b in report["bins"]:  # each measured contexts of its own range (--quick used to label one it never did)
+        assert b["context"][0] <= b["prompt_tokens"] < b["context"][1]
     assert "135M" in sec["note"] and sec["full_window_max_abs_diff"] < 1e-5
     for temp in ("1.0", "0.6"):
         for rule in ("coupled", "rejection", "inverse_cdf"):
             for ws in ("16/16", "64/16", "512/16"):
                 bins = sec["profiles"][temp][rule][ws]
-                assert [b["context"] for b in bins] == [[448, 640], [640, 960]]
+                assert [b["context"] for b in bins] == contexts
                 for b in bins:
                     assert len(b["accept"]) == len(b["tokens_per_verify"]) == 4 and b["chunks"] > 0
                     assert all(0 <= a <= 1 for a in b["accept"])
@@ -27,7 +32,7 @@ def test_quick_profile_has_its_shape_and_the_rehearsal_reads_it(tiny_model_dir, 
     for temp in ("1.0", "0.6"):
         for c, r in zip(sec["profiles"][temp]["coupled"]["64/16"], sec["profiles"][temp]["rejection"]["64/16"]):
             assert r["tokens_per_verify"][-1] >= c["tokens_per_verify"][-1] - 1e-9
-    check = json.loads((out / "report.json").read_text())["check"]
+    check = report["check"]
     assert check["coupled"]["same_as_plain"] == check["coupled"]["trajectories"]  # coupled: plain decoding's tokens
     for rule in ("coupled", "rejection"):
         assert check[rule]["counters"]["spec_decode_num_drafts"] > 0
@@ -39,7 +44,7 @@ def test_quick_profile_has_its_shape_and_the_rehearsal_reads_it(tiny_model_dir, 
         assert tpv[1] > tpv[0]
 
     profile = load_self_window(out / "profile.json", 512, 16, "coupled", temperature=0.7)
-    assert profile.bounds == (640, 960) and profile.at(100) == profile.accept[0] and profile.at(10**6) == profile.accept[1]
+    assert profile.bounds == tuple(contexts[1]) and profile.at(100) == profile.accept[0] and profile.at(10**6) == profile.accept[1]
     with pytest.raises(ValueError, match="window 256 and sink 16"):
         load_self_window(out / "profile.json", 256, 16, "coupled", temperature=1.0)
     r, device = tmp_path / "r", tmp_path / "kv_bound.json"

@@ -102,3 +102,87 @@ def test_a_tiny_top_p_keeps_the_top_token_at_the_edges_of_float32(top_p):
     mixed = [_seqs(params, 16)[i] if i % 2 else _seqs(SamplingParams(top_p=1.0), 16)[i] for i in range(16)]
     draws = Sampler(torch.device("cpu"))(logits[:16], mixed)  # beside unfiltered rows too
     assert draws[1::2] == logits[:16].argmax(-1).tolist()[1::2]
+
+
+def _penalised_by_hand(row, p, prompt, output):
+    """One row, token by token, in vLLM's order: logit_bias, repetition, frequency, presence."""
+    row = row.clone()
+    for t, b in (p.logit_bias or {}).items():
+        row[t] += b
+    for t in set(prompt) | set(output):
+        row[t] = row[t] / p.repetition_penalty if row[t] > 0 else row[t] * p.repetition_penalty
+    for t in set(output):
+        row[t] = row[t] - p.frequency_penalty * output.count(t)
+        row[t] = row[t] - p.presence_penalty
+    return row
+
+
+def test_penalties_and_logit_bias_are_the_token_by_token_rule_on_their_rows_only():
+    from engine.penalties import outputs_before, penalize
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 50, generator=g) * 3
+    kinds = [SamplingParams(), SamplingParams(repetition_penalty=1.3, seed=1),
+             SamplingParams(frequency_penalty=0.7, presence_penalty=-0.4, temperature=0),
+             SamplingParams(logit_bias={3: 5.0, 7: -100}, repetition_penalty=0.8, frequency_penalty=2),
+             SamplingParams(presence_penalty=1.5)]
+    seqs = []
+    for i, p in enumerate(kinds):
+        req = Request(str(i), None, [1, 2, 3, 9], p)
+        seqs.append(Sequence(req, 0, [1, 2, 3, 9, 4, 4, 9, 12, 4], 4, stream=req.stream(0)))
+    drafts = {seqs[4].seq_id: [30, 4, 31]}
+    offsets = [0, 0, 0, 0, 2]  # entry 4: a speculative query, after two of its drafts
+    out = penalize(logits, seqs, outputs_before(seqs, offsets, drafts))
+    assert torch.equal(out[0], logits[0])  # no penalty: the row untouched
+    for i in range(1, 5):
+        output = seqs[i].generated + (drafts[seqs[i].seq_id][:2] if i == 4 else [])
+        assert torch.equal(out[i], _penalised_by_hand(logits[i], kinds[i], [1, 2, 3, 9], output)), i
+    assert not torch.equal(out[4], penalize(logits, seqs, outputs_before(seqs))[4])  # the drafts count
+    greedy = Sampler(torch.device("cpu"))(out[2:3], seqs[2:3])
+    assert greedy == [int(out[2].argmax())]  # a greedy request takes its argmax after the penalties
+
+
+def test_top_p_applies_to_the_top_k_survivors_renormalised():
+    # The issue's case: top_k=8 and top_p=0.9 keep 8 tokens with top-p over the whole distribution,
+    # 7 with vLLM's and transformers' order (top-p over the 8, renormalised).
+    probs = torch.tensor([0.3, 0.2, 0.1, 0.08, 0.06, 0.05, 0.05, 0.04] + [0.12 / 92] * 92)
+    logits = probs.log()[None, :]
+    kept = Sampler.probs(logits, [SamplingParams(top_k=8, top_p=0.9)]) > 0
+    top8 = probs[:8] / probs[:8].sum()
+    before = top8.cumsum(0) - top8
+    assert int(kept.sum()) == int((before < 0.9).sum()) == 7
+    assert int((probs.cumsum(0) - probs < 0.9)[:8].sum()) == 8  # the old rule's count
+    draws = Sampler(torch.device("cpu"))(logits.repeat(300, 1), _seqs(SamplingParams(top_k=8, top_p=0.9), 300))
+    assert set(draws) == set(range(7))
+    # min-p first too: 0.25 * 0.3 drops every token after the fourth, and top-p sees those four
+    kept = Sampler.probs(logits, [SamplingParams(min_p=0.25, top_p=0.8)]) > 0
+    four = probs[:4] / probs[:4].sum()
+    assert int(kept.sum()) == int((four.cumsum(0) - four < 0.8).sum()) == 3
+
+
+def test_rows_that_sample_draw_what_the_whole_batch_drew():
+    from kernels.gumbel_sample import gumbel_noise_ref
+
+    logits = torch.randn(6, 700)
+    seqs = [_seqs(SamplingParams(temperature=t, seed=s), 1)[0]
+            for t, s in [(0, None), (0.7, 3), (1.0, 4), (0, 5), (1.3, 6), (0, None)]]
+    s = Sampler(torch.device("cpu"))
+    keys = s.keys(seqs)
+    temps = torch.tensor([sq.params.temperature or 1.0 for sq in seqs])
+    plain = (gumbel_noise_ref(keys, 700) + logits / temps[:, None]).argmax(-1)
+    expected = [int(logits[i].argmax()) if sq.params.greedy else int(plain[i]) for i, sq in enumerate(seqs)]
+    assert s(logits, seqs, keys=keys) == expected
+
+
+def test_processed_logprobs_are_of_the_penalised_distribution(tiny_model_dir):
+    from engine import LLM
+
+    llm = LLM(str(tiny_model_dir("llama")), skip_tokenizer_init=True, logprobs_mode="processed_logprobs",
+              num_kv_blocks=16, max_model_len=128)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1, repetition_penalty=3.0,
+                            frequency_penalty=2.0, logit_bias={5: 1.5})
+    out = llm.generate([[7, 8, 9, 7, 8, 9]], params, use_tqdm=False)[0].outputs[0]
+    lp = out.logprobs
+    assert len(set(out.token_ids)) > 3  # the penalties at work: no token repeated over and over
+    for i, t in enumerate(out.token_ids):  # greedy draws the top of the distribution recorded
+        assert lp.top(i)[0][0] == t and lp.logprobs[i] == lp.top(i)[0][1]

@@ -105,12 +105,33 @@ def test_stop_string_and_max_tokens_cut_inside_an_accepted_run(tiny_model_dir):
 
 
 # -- seeded sampling: token for token, bit for bit under batch_invariant ---------------------------------
+# Penalties see each query's own history, drafts before it included: a penalised request (sampled, and
+# greedy) is token for token the same too.
+PENALISED = dict(repetition_penalty=1.4, frequency_penalty=0.6, presence_penalty=0.3, logit_bias={7: 2.0, 40: -3.0})
+
+
 def test_seeded_sampling_is_identical_with_fork_and_preemption(tiny_model_dir):
-    params = [SamplingParams(n=8, temperature=1.0, max_tokens=48, seed=s, ignore_eos=True) for s in (1, 2, 3)]
+    params = [SamplingParams(n=8, temperature=1.0, max_tokens=48, seed=1, ignore_eos=True),
+              SamplingParams(n=8, temperature=1.0, max_tokens=48, seed=2, ignore_eos=True, **PENALISED),
+              SamplingParams(n=8, temperature=0, max_tokens=48, ignore_eos=True, **PENALISED)]
     plain, spec, llm = _both(tiny_model_dir("qwen3_sharp"), PROMPTS, params, skip_tokenizer_init=True,
                              batch_invariant=True, num_kv_blocks=24, max_num_seqs=12)
     assert _tokens(spec) == _tokens(plain)
     assert _exercised(llm)["preemptions"] > 0
+    assert _tokens(plain)[1] != _tokens(LLM(str(tiny_model_dir("qwen3_sharp")), skip_tokenizer_init=True).generate(
+        PROMPTS[1:2], SamplingParams(n=8, temperature=1.0, max_tokens=48, seed=2, ignore_eos=True),
+        use_tqdm=False))[0]  # the penalties change the tokens
+
+
+def test_penalties_that_forgot_the_drafts_before_a_query_would_be_caught(tiny_model_dir, monkeypatch):
+    from engine import penalties
+    from engine.spec import verify
+
+    params = [SamplingParams(n=4, temperature=1.0, max_tokens=32, seed=s, ignore_eos=True, **PENALISED) for s in (1, 2, 3)]
+    model = tiny_model_dir("qwen3_sharp")
+    monkeypatch.setattr(verify, "outputs_before", lambda seqs, offsets, drafts: penalties.outputs_before(seqs))
+    plain, spec, _ = _both(model, PROMPTS, params, skip_tokenizer_init=True, batch_invariant=True)
+    assert _tokens(spec) != _tokens(plain)
 
 
 def test_seeded_resume_in_a_new_engine_is_identical(tiny_model_dir):

@@ -7,7 +7,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from spec_samples import same_distribution, samples
-from test_spec_decode import PROMPTS, _exercised, _tokens
+from test_spec_decode import PENALISED, PROMPTS, _exercised, _tokens
 
 SW = {"method": "self_window", "num_speculative_tokens": 3, "window": 8, "sink": 2, "policy": "fixed"}
 
@@ -33,7 +33,8 @@ def test_greedy_is_identical(tiny_model_dir, kind, options):
 
 
 def test_seeded_sampling_is_identical_bit_for_bit(tiny_model_dir):
-    params = [SamplingParams(n=4, temperature=1.0, max_tokens=40, seed=s, logprobs=2, ignore_eos=True) for s in (1, 2)]
+    params = [SamplingParams(n=4, temperature=1.0, max_tokens=40, seed=1, logprobs=2, ignore_eos=True),
+              SamplingParams(n=4, temperature=1.0, max_tokens=40, seed=2, logprobs=2, ignore_eos=True, **PENALISED)]
     plain, spec, llm = _both(tiny_model_dir("qwen3_sharp"), PROMPTS[:2], params, batch_invariant=True)
     assert _tokens(spec) == _tokens(plain)
     assert [[o.logprobs.logprobs for o in r.outputs] for r in spec] == [[o.logprobs.logprobs for o in r.outputs]
@@ -85,6 +86,20 @@ def test_rejection_accepts_more_than_coupled_and_changes_the_tokens(tiny_model_d
     rate = lambda llm: llm.stats()["spec_decode_acceptance_rate"]  # noqa: E731
     assert rate(r) > rate(c) > 0
     assert _tokens(rejected) != _tokens(coupled)
+
+
+def test_rejection_gives_a_seeded_request_the_same_tokens_alone_and_beside_others(tiny_model_dir):
+    """Its draft noise and accept/residual draws come from its own streams, keyed by position."""
+    model = str(tiny_model_dir("qwen3_sharp"))
+    spec = dict(SW, acceptance="rejection")
+    seeded = SamplingParams(n=4, temperature=1.0, max_tokens=32, seed=9, ignore_eos=True, **PENALISED)
+    others = SamplingParams(n=4, temperature=1.0, max_tokens=32, ignore_eos=True)
+    opts = dict(skip_tokenizer_init=True, batch_invariant=True, speculative_config=spec)
+    alone = LLM(model, **opts).generate(PROMPTS[:1], seeded, use_tqdm=False)
+    llm = LLM(model, seed=5, **opts)
+    beside = llm.generate(PROMPTS, [seeded, others, others], use_tqdm=False)
+    assert _tokens(beside)[0] == _tokens(alone)[0]
+    _exercised(llm)
 
 
 @pytest.mark.parametrize("bad,match", [

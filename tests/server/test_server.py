@@ -241,9 +241,10 @@ def test_refusals_are_openai_errors(server, client):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
                                        extra_body={"frobnicate": 1})
     assert e.value.body["param"] == "frobnicate" and "frobnicate" in e.value.message
-    with pytest.raises(openai.UnprocessableEntityError) as e:  # accepted only at its default, 0
-        client.completions.create(model=MODEL, prompt="x", frequency_penalty=0.5)
-    assert e.value.body["param"] == "frequency_penalty"
+    with pytest.raises(openai.UnprocessableEntityError) as e:  # no tool calling: named, not ignored
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                       tools=[{"type": "function", "function": {"name": "f"}}])
+    assert e.value.body["param"] == "tools" and "not supported" in e.value.message
     r = _post(server, "/v1/chat/completions", b'{"model": "tiny", "messages": [')
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     assert "malformed JSON" in r.json()["error"]["message"]

@@ -303,10 +303,19 @@ def test_limits_are_named_in_plain_sentences(tiny_model_dir):
         assert (status, param) == (400, "prompt_logprobs") and "stream" in message
         assert _error(create, model=MODEL, prompt="x", max_tokens=0)[:2] == (400, "max_tokens")  # 0: echo only
         # Truly unsupported: 422, saying what to do instead.
-        status, param, message = _error(create, frequency_penalty=0.5, **comp)
-        assert (status, param, message) == (422, "frequency_penalty", "frequency_penalty: frequency_penalty is not "
-                                            "supported by this server; remove it or set it to 0")
-        assert create(presence_penalty=0, **comp).choices  # the off value is accepted
+        status, param, message = _error(create_chat, response_format={"type": "json_schema", "json_schema": {}}, **chat)
+        assert (status, param) == (422, "response_format") and "'json_schema' is not supported" in message
+        assert _error(create_chat, response_format={"type": "json_object"}, **chat)[:2] == (422, "response_format")
+        status, param, message = _error(create_chat, tools=[{"type": "function", "function": {"name": "f"}}], **chat)
+        assert (status, param) == (422, "tools") and "tools are not supported" in message
+        assert _error(create_chat, tool_choice="required", **chat)[:2] == (422, "tool_choice")
+        assert create_chat(response_format={"type": "text"}, **chat).choices  # plain text is what it does
+        # Out of range: the field named, with its range.
+        status, param, message = _error(create, frequency_penalty=2.5, **comp)
+        assert (status, param) == (400, "frequency_penalty") and "[-2, 2]" in message
+        assert _error(create, extra_body={"repetition_penalty": 0}, **comp)[:2] == (400, "repetition_penalty")
+        assert _error(create, logit_bias={"5": 101}, **comp)[:2] == (422, "logit_bias")
+        assert _error(create, logit_bias={"999999": 1}, **comp)[0] == 400  # beyond the vocabulary
         # Pydantic's other errors read as sentences too.
         assert _error(create, extra_body={"frobnicate": 1}, **comp)[1:] == (
             "frobnicate", "frobnicate: not a field of this endpoint; remove it")
@@ -323,3 +332,17 @@ def test_a_server_without_a_tokenizer_names_tokens_by_id(tiny_model_dir):
     lp = r.json()["choices"][0]["logprobs"]
     assert lp["tokens"][:3] == ["token_id:5", "token_id:6", "token_id:7"] and len(lp["tokens"]) == 5
     assert all(t.startswith("token_id:") for top in lp["top_logprobs"][1:] for t in top)
+
+
+def test_penalties_and_logit_bias_are_the_engines(server, client):
+    """vLLM's and OpenAI's sampling fields reach the engine: the served tokens are LLM.generate's with the
+    same SamplingParams."""
+    ids = server.direct.tokenizer.encode("penalised")
+    fields = dict(presence_penalty=0.5, frequency_penalty=1.0, logit_bias={"13": 4.0, "20": -50})
+    r = client.completions.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0.8, seed=4, logprobs=0,
+                                  extra_body={"repetition_penalty": 1.3, **NO_EOS}, **fields)
+    out = _engine(server.direct, ids, max_tokens=8, temperature=0.8, seed=4, logprobs=0, ignore_eos=True,
+                  repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=1.0, logit_bias={13: 4.0, 20: -50})
+    assert r.choices[0].logprobs.token_logprobs == out.outputs[0].logprobs.logprobs
+    plain = _engine(server.direct, ids, max_tokens=8, temperature=0.8, seed=4, ignore_eos=True)
+    assert out.outputs[0].token_ids != plain.outputs[0].token_ids and 20 not in out.outputs[0].token_ids
