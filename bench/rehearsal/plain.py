@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dataset-name", choices=("random",), help="rehearse a plain workload instead of PaCoRe")
     g.add_argument("--random-input-len", type=positive_int, default=1024, help="prompt tokens (default 1024)")
     g.add_argument("--random-output-len", type=positive_int, default=128, help="output tokens (default 128)")
+    g.add_argument("--random-range-ratio", type=_ratio, default=0.0,
+                   help="lengths drawn uniformly within this fraction of --random-input-len/--random-output-len, "
+                        "as vllm bench's random dataset (default 0: fixed)")
     g.add_argument("--num-prompts", type=positive_int, default=1000, help="prompts (default 1000)")
     g.add_argument("--max-concurrency", type=positive_int, help="requests in flight at most (default: all at once)")
     g.add_argument("--n", type=positive_int, default=1, help="samples per prompt (default 1)")
@@ -43,6 +46,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--self-draft", type=positive_int, metavar="K",
                    help="self-drafting (sink 16 + window 512 of the model's own KV) up to K tokens, each accepted "
                         "with --spec-acceptance (default 0.8)")
+
+
+def _ratio(value: str) -> float:
+    x = probability(value)
+    if x >= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value!r}")
+    return x
 
 
 @dataclass(slots=True)
@@ -60,14 +70,17 @@ class Trace:
 
 
 def rehearse_plain(llm, input_len: int, output_len: int, num_prompts: int, n: int = 1,
-                   max_concurrency: int | None = None, seed: int = 0) -> Trace:
-    """Run the workload on a rehearsed LLM (``device_model`` set) through its step API; its Trace."""
+                   max_concurrency: int | None = None, seed: int = 0, range_ratio: float = 0.0) -> Trace:
+    """Run the workload on a rehearsed LLM (``device_model`` set) through its step API; its Trace.
+    ``range_ratio``: each prompt's lengths uniform in [len x (1 - r), len x (1 + r)], as vLLM's random dataset."""
     from engine import SamplingParams
     rng = random.Random(seed)
     vocab = min(llm.config.vocab_size, 49_152)
-    prompts = [[rng.randrange(1000, vocab) for _ in range(input_len)] for _ in range(num_prompts)]
-    params = SamplingParams(n=n, max_tokens=output_len, ignore_eos=True, temperature=1.0)
-    trace = Trace(input_tokens=input_len * num_prompts, kv_tokens=llm.block_manager.num_blocks * llm.block_size)
+    span = lambda x: rng.randint(max(1, int(x * (1 - range_ratio))), max(1, int(x * (1 + range_ratio))))  # noqa: E731
+    lengths = [(span(input_len), span(output_len)) for _ in range(num_prompts)]
+    prompts = [([rng.randrange(1000, vocab) for _ in range(i)], SamplingParams(n=n, max_tokens=o, ignore_eos=True))
+               for i, o in lengths]
+    trace = Trace(input_tokens=sum(i for i, _ in lengths), kv_tokens=llm.block_manager.num_blocks * llm.block_size)
     llm.runner.trace = trace.works
     limit = max_concurrency or num_prompts
     pending = iter(prompts)
@@ -75,7 +88,7 @@ def rehearse_plain(llm, input_len: int, output_len: int, num_prompts: int, n: in
     steps = 0
     while True:
         while len(live) < limit and (p := next(pending, None)) is not None:
-            live[llm.add_request(p, params)] = [steps, -1, 0, 0]
+            live[llm.add_request(*p)] = [steps, -1, 0, 0]
         if not live:
             break
         done = llm.step()
@@ -139,7 +152,8 @@ def engine_options(args) -> dict:
     """The rehearsed engine's options for a plain workload: vLLM's sizing by --gpu-memory-utilization."""
     opts = {"gpu_memory_utilization": args.gpu_memory_utilization, "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens,
-            "max_model_len": args.max_model_len or args.random_input_len + args.random_output_len}
+            "max_model_len": args.max_model_len or int((args.random_input_len + args.random_output_len)
+                                                       * (1 + args.random_range_ratio)) + 2}
     if args.self_draft:
         opts["speculative_config"] = {"method": "self_window", "num_speculative_tokens": args.self_draft,
                                       "window": 512, "sink": 16}
@@ -150,9 +164,10 @@ def run(args, folder, device: DeviceParams, options: dict | None = None) -> dict
     """Rehearse the plain workload the flags describe; its figures (Refused: what cannot be rehearsed)."""
     from engine import LLM
     opts = engine_options(args) | (options or {})
-    if opts["max_model_len"] < args.random_input_len + args.random_output_len:
-        raise Refused(f"--max-model-len {opts['max_model_len']} is shorter than a request (--random-input-len "
-                      f"{args.random_input_len} + --random-output-len {args.random_output_len}); raise it")
+    longest = int((args.random_input_len + args.random_output_len) * (1 + args.random_range_ratio)) + 2
+    if opts["max_model_len"] < longest:
+        raise Refused(f"--max-model-len {opts['max_model_len']} is shorter than the longest request ({longest:,} tokens: "
+                      f"--random-input-len + --random-output-len, by --random-range-ratio); raise it")
     kv = _kv_tokens(folder, device, opts)  # before the engine: its bookkeeping of the blocks is this CPU's memory
     if kv > args.max_kv_tokens:
         raise Refused(f"the modelled KV cache would hold {kv:,} tokens, beyond --max-kv-tokens={args.max_kv_tokens:,}"
@@ -167,7 +182,7 @@ def run(args, folder, device: DeviceParams, options: dict | None = None) -> dict
         p = 0.8 if args.spec_acceptance is None else args.spec_acceptance
         use_scripted_self_drafts(llm, WindowProfile.flat(p, args.self_draft), seed=args.seed)
     trace = rehearse_plain(llm, args.random_input_len, args.random_output_len, args.num_prompts, args.n,
-                           args.max_concurrency, args.seed)
+                           args.max_concurrency, args.seed, args.random_range_ratio)
     return figures(trace, llm.runner.shape, llm.runner.device_params) | {"trace": trace, "shape": llm.runner.shape}
 
 

@@ -22,6 +22,7 @@ def small(tmp_path_factory):
 
 def _args(**kw):
     flags = dict(device="h200", shape="tiny", random_input_len=40, random_output_len=24, num_prompts=6, n=1,
+                 random_range_ratio=0.0,
                  max_concurrency=None, gpu_memory_utilization=0.9, max_num_seqs=4, max_num_batched_tokens=64,
                  max_model_len=None, max_kv_tokens=MAX_KV_TOKENS, self_draft=None, spec_acceptance=None, seed=0)
     return argparse.Namespace(**(flags | kw))
@@ -46,6 +47,13 @@ def test_plain_workload_counts_and_its_clock(folder, small, kw):
     assert 0 < f["mean_ttft_ms"] and 0 < f["mean_tpot_ms"] and f["mean_itl_ms"] >= f["mean_tpot_ms"] * 0.999
     if "max_concurrency" in kw:  # two in flight at a time: later requests start after earlier ones end
         assert max(r[0] for r in trace.requests) > 0
+
+
+def test_random_range_ratio_draws_lengths_around_the_given_ones(folder, small):
+    f = plain.run(_args(device=small, random_range_ratio=0.5, num_prompts=12), folder, DeviceParams.named(small))
+    outs = [r[4] for r in f["trace"].requests]
+    assert min(outs) >= 12 and max(outs) <= 36 and len(set(outs)) > 3  # 24 +- 50%
+    assert f["output_tokens"] == sum(outs) and 12 * 20 <= f["input_tokens"] <= 12 * 60
 
 
 def test_the_fit_prices_a_trace_as_the_device_model_does(folder, small):
@@ -76,7 +84,7 @@ def test_kv_tokens_follow_gpu_memory_utilization_as_vllm_means_it(folder, small)
 def test_plain_refusals(tmp_path, capsys):
     base = ["--dataset-name", "random", "--shape", "tiny", "--out", str(tmp_path)]
     assert main(base + ["--random-input-len", "100", "--random-output-len", "100", "--max-model-len", "150"]) == 2
-    assert "shorter than a request" in capsys.readouterr().err
+    assert "shorter than the longest request" in capsys.readouterr().err
     assert main(base + ["--device", "a100"]) == 2
     assert "h100" in capsys.readouterr().err
     assert main(base + ["--num-prompts", "1"]) == 2  # the tiny shape on a whole H200: a cache too big to keep
