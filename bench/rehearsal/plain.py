@@ -3,9 +3,9 @@
     python -m bench.rehearsal --dataset-name random --random-input-len 1024 --random-output-len 1024 \\
         --num-prompts 1000 --device h100 --shape llama3-8b
 
-``--dataset-name random`` is vLLM's random dataset at a range ratio of 0: every prompt ``--random-input-len``
-random token ids (distinct prompts: no prefix is shared), every request ``--random-output-len`` tokens out
-(as ``--ignore-eos``), ``--n`` samples each (children of one prompt, as vLLM's ``n``). ``--max-concurrency``
+``--dataset-name random`` is vLLM's random dataset: every prompt ``--random-input-len`` random token ids
+(distinct prompts: no prefix is shared), every request ``--random-output-len`` tokens out (as
+``--ignore-eos``), both fixed or, with ``--random-range-ratio r``, uniform within r of them, ``--n`` samples each (children of one prompt, as vLLM's ``n``). ``--max-concurrency``
 keeps at most that many requests in flight (all at once without it: ``vllm bench throughput``).
 ``--gpu-memory-utilization`` has vLLM's meaning: the fraction of the GPU's whole memory the engine may take,
 weights, activations and KV together; the KV cache gets what is left (engine/device_model.py, kv_tokens).
