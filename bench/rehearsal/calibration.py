@@ -31,7 +31,7 @@ from bench.rehearsal.shapes import model_folder
 
 FIT = ("linear_bw_eff", "attention_bw_eff", "matmul_eff", "step_overhead_s")
 BOUNDS = {"linear_bw_eff": (0.3, 1.0), "attention_bw_eff": (0.2, 1.0), "matmul_eff": (0.2, 1.0),
-          "step_overhead_s": (0.0, 3e-3), "prefill_attention_eff": (0.1, 1.0)}
+          "step_overhead_s": (1e-6, 3e-3), "prefill_attention_eff": (0.1, 1.0)}
 
 
 @dataclass(slots=True)
@@ -212,24 +212,31 @@ def residual(runs, values: list[float], fitted: bool = True) -> float:
 
 
 def fit(runs, start: DeviceParams, names=FIT) -> tuple[DeviceParams, float]:
-    """The figures ``names`` that minimise the residual (scipy's bounded L-BFGS-B over log-ratios), the
-    rest as ``start`` has them; with the residual they leave."""
-    from scipy.optimize import minimize
-
+    """The figures ``names`` that minimise the residual, the rest as ``start`` has them; with the residual
+    they leave. A coordinate search in log space within BOUNDS: each figure in turn times e^+-step while that
+    helps, the step halved when none does (deterministic; every evaluation re-prices the traces at once)."""
     def devices(x) -> dict[str, DeviceParams]:
         changes = dict(zip(names, x))
         return {k: dataclasses.replace(p, **changes) for k, p in PRESETS.items()} | {
             start.name: dataclasses.replace(start, **changes)}
 
     def loss(x) -> float:
-        return residual(runs, evaluate(runs, devices(x))) ** 2
+        return residual(runs, evaluate(runs, devices(x)))
 
-    x0 = [getattr(start, n) for n in names]
-    scale = np.array([BOUNDS[n][1] for n in names])
-    res = minimize(lambda z: loss(z * scale), np.array(x0) / scale, method="L-BFGS-B",
-                   bounds=[(BOUNDS[n][0] / BOUNDS[n][1], 1.0) for n in names])
-    best = devices(res.x * scale)
-    return best[start.name], math.sqrt(res.fun)
+    x = [min(BOUNDS[n][1], max(BOUNDS[n][0], getattr(start, n))) for n in names]
+    best, step = loss(x), 0.5
+    while step > 1e-3:
+        moved = False
+        for i, n in enumerate(names):
+            for sign in (1, -1):
+                y = list(x)
+                y[i] = min(BOUNDS[n][1], max(BOUNDS[n][0], x[i] * math.exp(sign * step)))
+                value = loss(y)
+                if value < best - 1e-12:
+                    x, best, moved = y, value, True
+        if not moved:
+            step /= 2
+    return devices(x)[start.name], best
 
 
 def table(runs, before: list[float], after: list[float]) -> str:
