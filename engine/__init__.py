@@ -2,7 +2,7 @@
 from engine.sampling_params import SamplingParams
 
 __all__ = ["LLM", "StepError", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics"]
-_LAZY = {"LLM": "engine.llm", "StepError": "engine.llm", "RequestOutput": "engine.sequence",
+_LAZY = {"LLM": "engine.llm", "StepError": "engine.step_errors", "RequestOutput": "engine.sequence",
          "CompletionOutput": "engine.sequence", "RequestMetrics": "engine.sequence"}
 
 

@@ -6,10 +6,10 @@ tensors and runs the model (on every tensor-parallel rank; self-drafting's draft
 Sampler picks the tokens and verification keeps the drafts they agree with (engine/spec/verify.py),
 the Scheduler's postprocess appends them and finishes what stopped, the logprobs of the rows that
 ask are recorded, and the StepHooks (engine/observers.py) time it for the observers. What add_request
-refuses is in engine/checks.py; a Request assembles its own outputs (engine/sequence.py). The file is
-past 300 lines because it is the whole public API, each method with its docstring, and the step's
-failure handling (a failed step, a request whose logits are not finite) that keeps every other
-request running.
+refuses is in engine/checks.py; a Request assembles its own outputs (engine/sequence.py); a step that
+fails (it raised, or a request's logits are not finite) hands its requests back in a StepError and
+keeps every other one running (engine/step_errors.py). The file is past 300 lines because it is the
+whole public API, each method with its docstring.
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ from engine.checks import (check_fits, check_logprobs, check_max_logprobs, check
 from engine.config import EngineConfig, ModelConfig, resolve_dtype
 from engine.default_model import resolve_model
 from engine.kv_cache import kv_dtype_name
+from engine.loader import load_tokenizer
 from engine.logprobs import TokenLogprobs, prompt_logprobs_list
-from engine.non_finite import NonFiniteLogits, non_finite_requests
 from engine.observers import StepHooks, StepObserver, StepRecord
 from engine.sampler import Sampler, record_logprobs
 from engine.sampling_params import SamplingParams
@@ -42,24 +42,12 @@ from engine.spec.config import SpeculativeConfig
 from engine.spec.policy import adaptive_policy
 from engine.spec.speculator import Speculator
 from engine.spec.verify import sample_runs
+from engine.step_errors import StepError  # noqa: F401 (engine.llm.StepError, as before the move)
+from engine.step_errors import abort_set_aside, fail_step, set_aside_non_finite
 from engine.stopping import StopChecker
 from engine.tp_workers import start_ranks
 
 log = logging.getLogger("engine")
-
-
-class StepError(RuntimeError):
-    """A step failed. The requests it was running were aborted (blocks freed); ``partial`` holds
-    each one's ``partial_outputs`` and ``logprobs`` its ``partial_logprobs``, so that nothing computed
-    is lost (resume them with ``add_request(..., resume=..., resume_logprobs=...)``). Other requests are untouched and the engine stays usable."""
-
-    def __init__(self, partial: dict[str, list[Partial]], cause: Exception,
-                 logprobs: dict[str, list[TokenLogprobs | None]] | None = None):
-        self.partial = partial
-        self.logprobs = logprobs or {}  # per request, each child's partial_logprobs (resume_logprobs=)
-        self.cause = cause
-        super().__init__(f"engine step failed ({type(cause).__name__}: {cause}); aborted requests "
-                         f"{sorted(partial)}")
 
 
 class LLM:
@@ -88,7 +76,7 @@ class LLM:
         self.device = torch.device(opts.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         # A rehearsal models a GPU, so its dtype is a GPU's default.
         self.dtype = resolve_dtype(opts.dtype, torch.device("cuda") if opts.device_model else self.device)
-        self.tokenizer = None if opts.skip_tokenizer_init else _load_tokenizer(opts.tokenizer or path)
+        self.tokenizer = None if opts.skip_tokenizer_init else load_tokenizer(opts.tokenizer or path)
         self.max_model_len = opts.max_model_len or cfg.max_position_embeddings
         self.block_size = opts.block_size
         spec = SpeculativeConfig.from_dict(opts.speculative_config)
@@ -298,14 +286,14 @@ class LLM:
                 logits, scored = self.runner.run(plan)
                 hooks.model_done()
             with hooks.phase("engine.sample"):
-                logits, failed = self._set_aside_non_finite(plan, logits, scored)
+                logits, failed = set_aside_non_finite(self, plan, logits, scored)
                 runs = sample_runs(plan, logits, self.sampler, drafted)  # per sequence: several for a verified row
                 finished = self.scheduler.postprocess(plan, runs)  # cuts each run at its stop
                 record_logprobs(plan, logits, runs, scored, self.processed_logprobs)
         except Exception as e:
-            raise self._fail_step(plan, e) from e
+            raise fail_step(self, plan, e) from e
         if failed is not None:
-            finished = self._abort_set_aside(failed, finished)
+            finished = abort_set_aside(self, failed, finished)
         self._close_step(plan, finished)
         hooks.finished(self._steps - 1, plan, self.block_manager)
         if failed is not None:
@@ -330,44 +318,6 @@ class LLM:
     def _take_outbox(self) -> list[RequestOutput]:
         done, self._outbox = self._outbox, []
         return done
-
-    def _fail_step(self, plan: StepPlan, error: Exception) -> StepError:
-        # The step's KV writes may be half done: its requests cannot continue, and blocks they
-        # filled must not be found by the prefix cache.
-        ids = {seq.request.request_id for seq, _ in plan.prefills} | {s.request.request_id for s in plan.decodes}
-        if self.runner.dead:
-            ids = set(self.requests)  # no request can run another step: hand every one back
-        partial, logprobs = {}, {}
-        for rid in sorted(ids):
-            if rid in self.requests:
-                partial[rid] = self.partial_outputs(rid)
-                logprobs[rid] = self.partial_logprobs(rid)
-                self.scheduler.abort(self.requests.pop(rid), keep_cached=False)
-        return StepError(partial, error, logprobs)
-
-    def _set_aside_non_finite(self, plan: StepPlan, logits, scored) -> tuple:
-        """Before sampling: the requests whose logits are NaN or inf (engine/non_finite.py) get a
-        StepError holding their tokens and logprobs so far (all from finite logits), and their rows
-        become zeros, so that the step runs as planned for every row; they are aborted once it is
-        done (_abort_set_aside). Returns the logits and the StepError (None: every row is finite)."""
-        ids = non_finite_requests(plan, logits, scored)
-        if not ids:
-            return logits, None
-        failed = StepError({rid: self.partial_outputs(rid) for rid in ids}, NonFiniteLogits(ids),
-                           {rid: self.partial_logprobs(rid) for rid in ids})
-        if logits is not None:
-            logits = logits.clone()
-            logits[[i for i, seq in enumerate(plan.sample_seqs) if seq.request.request_id in failed.partial]] = 0.0
-        return logits, failed
-
-    def _abort_set_aside(self, failed: StepError, finished: list[Request]) -> list[Request]:
-        """Abort the requests set aside in this step (their blocks leave the prefix cache), one that
-        finished in it too; returns the other requests that finished."""
-        for rid in failed.partial:
-            req = self.requests.pop(rid, None)
-            if req is not None:
-                self.scheduler.abort(req, keep_cached=False)
-        return [req for req in finished if req.request_id not in failed.partial]
 
     def _finish_request(self, req: Request, now: float) -> RequestOutput:
         del self.requests[req.request_id]
@@ -468,11 +418,3 @@ class LLM:
             num_running=len(sch.running),
         ) | (self.speculator.stats.as_dict(self.speculator.policy) if self.speculator is not None else {})
 
-
-def _load_tokenizer(path):
-    from transformers import AutoTokenizer
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"no tokenizer could be loaded from {path} ({e}); pass tokenizer=FOLDER with "
-                         "tokenizer files, or skip_tokenizer_init=True to work with token ids only") from None

@@ -201,3 +201,13 @@ def load_model(cfg, dtype: torch.dtype, device: torch.device, shard: Shard | Non
     if device.type == "cuda":
         torch.cuda.empty_cache()  # what loading left cached counts as used in the KV cache's sizing
     return model.eval()
+
+
+def load_tokenizer(path):
+    """The tokenizer in ``path``; ValueError names the fix when there is none."""
+    from transformers import AutoTokenizer
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"no tokenizer could be loaded from {path} ({e}); pass tokenizer=FOLDER with "
+                         "tokenizer files, or skip_tokenizer_init=True to work with token ids only") from None

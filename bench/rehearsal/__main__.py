@@ -3,6 +3,8 @@
     python -m bench.rehearsal --shape qwen3-8b --device h200 --preset high --problems 8
     python -m bench.rehearsal --preset high --problems 2 --compare      # engine vs vLLM-style vs ablations
     python -m bench.rehearsal --replay results.jsonl --preset high       # a real run's lengths
+    python -m bench.rehearsal --dataset-name random --random-input-len 1024 --random-output-len 128 \
+        --num-prompts 1000 --device h100                                 # a plain workload, as vllm bench
 
 Everything but the model's arithmetic is the real code: ``LLM`` with ``device_model`` set, the
 scheduler and block manager at the real block count, fork, the prefix cache, preemption,
@@ -21,7 +23,7 @@ from pathlib import Path
 from engine.config import positive_int, seed_int
 from engine.device_model import DeviceParams, StepCost
 
-from bench.rehearsal import report
+from bench.rehearsal import plain, report
 from bench.rehearsal.checks import (BLOCK_SIZE, MAX_KV_TOKENS, Refused, check_args, check_cache, positive_number,
                                     probability, replayed_problems)
 from bench.rehearsal.shapes import SHAPES, model_folder
@@ -201,7 +203,8 @@ def _spec_line(res: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.rehearsal", description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
-    p.add_argument("--device", default="h200", help="'h200' or a parameters JSON a GPU run of bench/ wrote")
+    p.add_argument("--device", default="h200", help="a preset (h100, h200, b200) or a parameters JSON a GPU run of "
+                   "bench/ wrote")
     p.add_argument("--preset", choices=sorted(PRESETS), default="high")
     p.add_argument("--problems", type=positive_int, default=None,
                    help="problems to rehearse (default 8; with --replay, every problem the file recorded)")
@@ -232,7 +235,10 @@ def main(argv: list[str] | None = None) -> int:
                         "rehearsal verifies as 'coupled' does: only the acceptance differs; 'inverse_cdf' is a what-if: the coupling before Gumbel-max sampling)")
     p.add_argument("--out", default="runs/rehearsal")
     p.add_argument("--quiet", action="store_true")
+    plain.add_arguments(p)
     args = p.parse_args(argv)
+    if args.dataset_name:
+        return main_plain(p, args)
     names = list(CONFIGS) if args.compare else (args.config or ["engine"])
     out = Path(args.out)
     results = {}
@@ -256,6 +262,22 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     print(host)
     print(f"written: {out / 'table.md'}, {out / 'rehearsal.png'}, {out}/*/report.json")
+    return 0
+
+
+def main_plain(p: argparse.ArgumentParser, args) -> int:
+    """A plain workload (--dataset-name): vllm bench's figures on the rehearsed device."""
+    try:
+        device = DeviceParams.named(args.device)
+    except ValueError as e:
+        print(f"{p.prog}: --device: {e}", file=sys.stderr)
+        return 2
+    try:
+        figures = plain.run(args, model_folder(args.shape, Path(args.out) / "model"), device)
+    except Refused as e:
+        print(f"{p.prog}: {e}", file=sys.stderr)
+        return 2
+    plain.print_figures(figures, device)
     return 0
 
 

@@ -17,11 +17,18 @@ QWEN3_8B = {
     "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
     "rope_theta": 1000000.0,
 }
+# Meta-Llama-3-8B's published config (the calibration's published Llama measurements ran it).
+LLAMA3_8B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+    "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "hidden_act": "silu", "tie_word_embeddings": False,
+    "attention_bias": False, "torch_dtype": "bfloat16", "rope_theta": 500000.0,
+}
 # A small Qwen3 for tests: the same code paths at a size a test steps through in seconds.
 TINY = QWEN3_8B | {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
                    "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 49152, "max_position_embeddings": 8192,
                    "rope_scaling": None}
-SHAPES = {"qwen3-8b": QWEN3_8B, "tiny": TINY}
+SHAPES = {"qwen3-8b": QWEN3_8B, "llama3-8b": LLAMA3_8B, "tiny": TINY}
 
 
 def model_folder(shape: str, folder: Path) -> Path:

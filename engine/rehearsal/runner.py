@@ -103,6 +103,7 @@ class RehearsalRunner(ModelRunner):
         self.clock = VirtualClock()
         self.ledger = Ledger()
         self.keep_steps = keep_steps
+        self.trace: list[StepWork] | None = None  # a list: every step's work (draft steps too), to price again
         self.account_by: Callable[[str], object] = str  # request id -> the account its costs go to
         self.used_blocks: Callable[[], int] = lambda: 0
         self.shared_prefix: Callable[[object], int] = lambda req: 0  # tokens a request's running rows share
@@ -199,6 +200,8 @@ class RehearsalRunner(ModelRunner):
                                             [min(s.num_computed + offset + 1, window + sink) for s in seqs[i:j]]))
         cost, per = step_cost(work, self.shape, self.device_params, self.account_by)
         self._charge(cost, per)
+        if self.trace is not None:
+            self.trace.append(work)
         for k, c in per.items():
             self.ledger.drafts.setdefault(k, StepCost()).add(c)
         drafted, host = self._drafted
@@ -211,7 +214,10 @@ class RehearsalRunner(ModelRunner):
         t0 = time.perf_counter()
         self.prepare(plan)  # the real host work of a step: table rows, slots, metadata
         prepare_s = time.perf_counter() - t0
-        cost, per = step_cost(self.work(plan), self.shape, self.device_params, self.account_by)
+        work = self.work(plan)
+        cost, per = step_cost(work, self.shape, self.device_params, self.account_by)
+        if self.trace is not None:
+            self.trace.append(work)
         ledger = self.ledger
         if self.keep_steps:  # one sample per engine step: its draft steps' cost and host time with it
             drafted, host = self._drafted

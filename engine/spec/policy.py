@@ -60,8 +60,11 @@ class DepthPolicy:
 
     def choose(self, ctx_lens: list[int]) -> int:
         a = self.acceptance
-        # Contexts grow a token or a few per step: recompute when the batch or its KV changed by ~3%.
-        key = (len(ctx_lens), round(math.log(max(1, sum(ctx_lens))) * 32), round(a * 64))
+        # Contexts grow a token or a few per step: recompute when the batch or its KV changed by ~3%, or the
+        # acceptance by 1/64 or ~3% of itself (a choice made at the top of a coarse bucket near 0 would hold
+        # down to 0: speculating at an acceptance that no longer pays).
+        key = (len(ctx_lens), round(math.log(max(1, sum(ctx_lens))) * 32), round(a * 64),
+               round(math.log(max(a, 1e-9)) * 32))
         if self._cache and self._cache[0] == key:
             depth, every = self._cache[1:]
         else:

@@ -25,6 +25,14 @@ def test_no_probes_where_always_right_drafts_would_not_pay():
     assert {policy.choose([100] * 8) for _ in range(1000)} == {0} and policy.chosen[0] == 1000
 
 
+def test_speculation_stops_where_the_acceptance_falls_below_its_break_even():
+    """Depth 1 pays above an acceptance of 0.007 here; nothing is accepted. The choice follows the estimate
+    down (it held depth 1 for good once made at the top of the acceptance's coarse bucket: 0.993x)."""
+    near_even = lambda ctx, n: (0.0, 1.0) if n == 0 else (0.005, 1.0 + 0.002 * n)  # noqa: E731
+    o = simulate(near_even, batch=256, context=1000, a=0.0, warmup=1500, steps=1000)
+    assert o.ratio > 0.998 and o.depths[0] > 0.9 * sum(o.depths.values())
+
+
 def test_probes_keep_within_their_budget():
     cheap_drafts = lambda ctx, n: (0.0, 1.0) if n == 0 else (0.5, 1.0 + 0.1 * n)  # noqa: E731
     o = simulate(cheap_drafts, batch=4, context=1000, a=0.0, warmup=100, steps=4000)

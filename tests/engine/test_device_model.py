@@ -77,7 +77,7 @@ def test_parameters_from_a_gpu_run(tmp_path):
     f.write_text('{"hbm_bandwidth": 1}')
     with pytest.raises(ValueError, match="unknown device parameter"):
         DeviceParams.from_file(f)
-    with pytest.raises(ValueError, match="'h200' or the path"):
+    with pytest.raises(ValueError, match="unknown device 'a100'"):
         DeviceParams.named("a100")
 
 
