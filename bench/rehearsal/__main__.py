@@ -144,6 +144,7 @@ def rehearse(args, name: str, options: dict, out: Path, device: DeviceParams) ->
         "overall": report.overall(ledger),
         "preemptions": llm.scheduler.num_preemptions,
         "prefill_tokens": llm.scheduler.prefill_tokens,
+        "prefix_hit_tokens": llm.scheduler.prefix_hit_tokens,
         "recompute_tokens": ledger.recompute_tokens,
         "recompute_fraction": ledger.recompute_tokens / max(1, sum(ledger.generated.values())),
         "cascade_steps": sum(s.cascade for s in ledger.steps),
