@@ -23,6 +23,7 @@ DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
 # Which distribution logprobs report (vLLM's names; engine/logprobs.py).
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
+CASCADE_SCOPES = ("request", "batch")  # cascade_scope: a request's own rows, or a prefix common to the whole step
 
 
 @dataclass(slots=True)
@@ -235,6 +236,8 @@ class EngineConfig:
     and group: >= cascade_min_group sequences sharing >= cascade_min_prefix tokens, with group size *
     prefix length >= cascade_min_shared_tokens, in a step where cascade skips at least
     cascade_min_saved_fraction of the KV the plain path would read (engine/scheduler.py, CascadePolicy).
+    cascade_scope: 'request' (a request's rows share its prompt, per group) or 'batch' (vLLM V1's: one
+    prefix common to every sequence the step runs, whatever their request, else none).
     enable_fork=False turns a request with n=K into K independent prompts (an ablation).
     enforce_eager=True skips CUDA graphs (on CUDA, decode steps replay captured graphs by default).
     batch_invariant=True: a token's logits, hence seeded draws, do not depend on the batch, chunking,
@@ -295,6 +298,7 @@ class EngineConfig:
     cascade_min_prefix: int = 64
     cascade_min_shared_tokens: int = 1024
     cascade_min_saved_fraction: float = 0.05
+    cascade_scope: str = "request"
     attention_backend: str | None = None
     enforce_eager: bool = field(default=False, metadata=_flag(
         "run decode steps eagerly instead of replaying CUDA graphs (vLLM's flag; for a GPU setup where "
@@ -333,6 +337,8 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if not 0 <= self.cascade_min_saved_fraction <= 1:
             raise ValueError(f"cascade_min_saved_fraction must be in [0, 1], got {self.cascade_min_saved_fraction}")
+        if self.cascade_scope not in CASCADE_SCOPES:
+            raise ValueError(f"cascade_scope must be one of {list(CASCADE_SCOPES)}, got {self.cascade_scope!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.logprobs_mode not in LOGPROBS_MODES:

@@ -82,7 +82,7 @@ class LLM:
         spec = SpeculativeConfig.from_dict(opts.speculative_config)
         cascade = CascadePolicy(False if opts.batch_invariant else opts.cascade_attention, opts.cascade_min_group,
                                 opts.cascade_min_prefix, opts.cascade_min_shared_tokens,
-                                opts.cascade_min_saved_fraction)
+                                opts.cascade_min_saved_fraction, opts.cascade_scope)
         runner_kwargs = dict(
             cfg=cfg, dtype=self.dtype, block_size=opts.block_size, max_num_seqs=opts.max_num_seqs,
             max_model_len=self.max_model_len, backend=opts.attention_backend or default_backend(self.device),

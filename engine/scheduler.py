@@ -22,46 +22,13 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from engine.block_manager import BlockManager, NoFreeBlocks
+from engine.cascade import CascadePolicy, common_prefix_blocks  # noqa: F401 (CascadePolicy: its home was here)
 from engine.sequence import Partial, Request, Sequence, Status
 from engine.stopping import StopChecker
 
 # One sampled sequence's share of a step, what postprocess appends: (the sequence, the tokens it emits,
 # several for a verified row (engine/spec/verify.py), its first entry in StepPlan.sample_seqs).
 Run = tuple[Sequence, list[int], int]
-
-
-@dataclass(slots=True)
-class CascadePolicy:
-    """When prefix-shared decode attention pays: forced on/off, or by thresholds.
-
-    The plain path reads a group's prefix once per member, cascade once per group, but each layer
-    pays a second kernel and a merge of two partial states per row. So in auto mode a group takes
-    cascade when it is large enough (min_group, min_prefix, members * prefix >= min_shared_tokens;
-    on CPU cascade breaks even near 1024 tokens, bench/bench_decode.py), and a step uses it only
-    when the bytes it saves are at least ``min_saved_fraction`` of the KV the plain path would
-    read: round 1 of PaCoRe-8B, 32 rows of a 512-token prompt each 16k tokens long, saves ~3% and
-    stays on the plain path; round 2, 4 rows of a 64k prompt, saves ~74% and takes cascade.
-    """
-    enabled: bool | None = None
-    min_group: int = 2
-    min_prefix: int = 64
-    min_shared_tokens: int = 1024  # group size * prefix length
-    min_saved_fraction: float = 0.05
-
-    def prefix_for(self, group_size: int, prefix_len: int) -> int:
-        if self.enabled is False or group_size < 2 or prefix_len == 0:
-            return 0
-        if self.enabled is None and (group_size < self.min_group or prefix_len < self.min_prefix
-                                     or group_size * prefix_len < self.min_shared_tokens):
-            return 0
-        return prefix_len
-
-    def pays(self, saved_tokens: int, read_tokens: int) -> bool:
-        """Whether a step whose cascade groups would skip ``saved_tokens`` of the ``read_tokens`` the
-        plain path reads should take cascade (always when forced on)."""
-        if saved_tokens <= 0:
-            return False
-        return self.enabled is True or saved_tokens >= self.min_saved_fraction * read_tokens
 
 
 def request_runs(seqs: list[Sequence]):
@@ -417,6 +384,8 @@ class Scheduler:
             return
         decodes = plan.decodes
         decodes.sort(key=lambda s: s.request.seqs[0].seq_id)
+        if self.cascade.scope == "batch":
+            return self._group_batch(plan)
         starts, prefix_lens, largest, saved = [0], [], 0, 0
         for i, j in request_runs(decodes):
             req = decodes[i].request
@@ -430,6 +399,16 @@ class Scheduler:
         if saved and self.cascade.pays(saved, sum(s.num_computed + 1 for s in decodes)):
             plan.group_starts, plan.group_prefix_lens, plan.max_group_size = starts, prefix_lens, largest
 
+    def _group_batch(self, plan: StepPlan) -> None:
+        """vLLM V1's cascade: one group of every decode row over the leading blocks that every sequence
+        the step runs holds in common (its prefills too), when the policy's thresholds allow."""
+        tables = [s.block_table for s in plan.decodes] + [s.block_table for s, _ in plan.prefills]
+        n = common_prefix_blocks(tables, min(s.num_computed for s in plan.decodes) // self.bm.block_size)
+        rows = len(plan.decodes)
+        prefix = self.cascade.prefix_for(rows, n * self.bm.block_size)
+        if prefix and self.cascade.pays((rows - 1) * prefix, sum(s.num_computed + 1 for s in plan.decodes)):
+            plan.group_starts, plan.group_prefix_lens, plan.max_group_size = [0, rows], [prefix], rows
+
     def shared_prefix_tokens(self, req: Request) -> int:
         """Tokens at the start of the request's running sequences that they hold in the same blocks."""
         return self._shared_prefix_blocks(req) * self.bm.block_size
@@ -442,13 +421,8 @@ class Scheduler:
             members = [s for s in req.seqs if s.status is Status.RUNNING and s.block_table]
             n = 0
             if len(members) > 1:
-                first = members[0].block_table
-                n = min(s.num_computed for s in members) // self.bm.block_size
-                for s in members[1:]:
-                    k = 0
-                    while k < n and s.block_table[k] == first[k]:
-                        k += 1
-                    n = k
+                n = common_prefix_blocks([s.block_table for s in members],
+                                         min(s.num_computed for s in members) // self.bm.block_size)
             self._shared_blocks[req.request_id] = n
         return n
 

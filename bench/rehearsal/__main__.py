@@ -1,7 +1,9 @@
 """Rehearse PaCoRe at a real model's shape on this CPU, against a modelled GPU.
 
     python -m bench.rehearsal --shape qwen3-8b --device h200 --preset high --problems 8
-    python -m bench.rehearsal --preset high --problems 2 --compare      # engine vs vLLM-style vs ablations
+    python -m bench.rehearsal --preset high --problems 2 --compare      # engine vs vLLM's defaults vs ablations
+    python -m bench.rehearsal --problems 30 --runs 64 --pool 512 --gpus 8 --config fp8 --config vllm-fp8
+                                                                        # hours for the paper's HMMT protocol
     python -m bench.rehearsal --replay results.jsonl --preset high       # a real run's lengths
     python -m bench.rehearsal --dataset-name random --random-input-len 1024 --random-output-len 128 \
         --num-prompts 1000 --device h100                                 # a plain workload, as vllm bench
@@ -23,7 +25,7 @@ from pathlib import Path
 from engine.config import positive_int, seed_int
 from engine.device_model import DeviceParams, StepCost
 
-from bench.rehearsal import plain, report
+from bench.rehearsal import plain, protocol, report
 from bench.rehearsal.checks import (BLOCK_SIZE, MAX_KV_TOKENS, Refused, check_args, check_cache, positive_number,
                                     probability, replayed_problems)
 from bench.rehearsal.shapes import SHAPES, model_folder
@@ -31,11 +33,24 @@ from bench.rehearsal.workload import PaperLengths, ReplayLengths, mean_trajector
 
 PRESETS = {"low": (4,), "medium": (16,), "high": (32, 4)}
 SELF_WINDOW = {"method": "self_window", "num_speculative_tokens": 6, "window": 512, "sink": 16}
-# name -> engine options; "engine" is this engine's default, "vllm-style" what a server without
-# fork or prefix caching does with K requests of one prompt.
+# vLLM V1 as `vllm serve` runs it on an H100/H200 (docs/rehearsal.md cites the source of each):
+# n=K as K requests sharing the prompt's full blocks through the automatic prefix cache, chunked
+# prefill with a budget of 8,192 tokens, 1,024 sequences, cascade attention only over a prefix every
+# sequence of the step shares (>= 256 tokens, >= 8 requests).
+VLLM = {"enable_fork": False, "enable_prefix_caching": True, "max_num_batched_tokens": 8192, "max_num_seqs": 1024,
+        "gpu_memory_utilization": 0.9, "cascade_scope": "batch", "cascade_min_group": 8, "cascade_min_prefix": 256,
+        "cascade_min_shared_tokens": 0, "cascade_min_saved_fraction": 0.0}
+# vLLM's n-gram proposer: the request's own tokens (prompt and output), prompt_lookup_min = max = 5
+VLLM_NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 5, "prompt_lookup_max": 5,
+              "lookup_siblings": False}
+# name -> engine options; "engine" is this engine's default, "vllm*" vLLM's defaults (the baselines),
+# "no-sharing" an ablation: no fork, no prefix cache, no cascade (K requests each prefilling the prompt).
 CONFIGS = {
     "engine": {},
-    "vllm-style": {"enable_fork": False, "enable_prefix_caching": False, "cascade_attention": False},
+    "vllm": VLLM,
+    "vllm-fp8": VLLM | {"kv_cache_dtype": "fp8_e4m3"},
+    "vllm-fp8+ngram": VLLM | {"kv_cache_dtype": "fp8_e4m3", "speculative_config": VLLM_NGRAM},
+    "no-sharing": {"enable_fork": False, "enable_prefix_caching": False, "cascade_attention": False},
     "no-cascade": {"cascade_attention": False},
     "no-fork": {"enable_fork": False},
     "fp8": {"kv_cache_dtype": "fp8_e4m3"},  # FP8 KV: one byte per value, twice the tokens in the same memory
@@ -97,7 +112,7 @@ def rehearse(args, name: str, options: dict, out: Path, device: DeviceParams) ->
             raise Refused(str(e)) from None
         problem_ids = replayed_problems(llm.sampler.workload, args.problems, args.preset, rounds, args.replay)
     else:
-        problem_ids = [f"p{i}" for i in range(args.problems or 8)]
+        problem_ids = [f"p{i}" for i in range(args.protocol.sample[0])]
         mean = args.mean_tokens or mean_trajectory_tokens(args.preset, rounds)
         llm.sampler.workload = PaperLengths(mean, seed=args.seed, conclusion_median=args.conclusion_tokens,
                                             context=llm.max_model_len)
@@ -108,7 +123,8 @@ def rehearse(args, name: str, options: dict, out: Path, device: DeviceParams) ->
         if stale.is_file():
             stale.unlink()
     cfg = RunConfig(data_path=str(data), out_path=str(results), rounds=rounds, max_tokens="auto", grade=False,
-                    show_progress=not args.quiet, max_problems_in_flight=args.problems_in_flight, seed=args.seed)
+                    show_progress=not args.quiet, max_problems_in_flight=args.problems_in_flight, seed=args.seed,
+                    runs=args.protocol.sample[1], pool=args.protocol.sample_pool)
     if llm.speculator is not None:
         scripted_drafts(llm, spec_profiles(args, options, cfg.temperature), args.seed)
     t0 = time.perf_counter()
@@ -129,6 +145,7 @@ def rehearse(args, name: str, options: dict, out: Path, device: DeviceParams) ->
         "overall": report.overall(ledger),
         "preemptions": llm.scheduler.num_preemptions,
         "prefill_tokens": llm.scheduler.prefill_tokens,
+        "prefix_hit_tokens": llm.scheduler.prefix_hit_tokens,
         "recompute_tokens": ledger.recompute_tokens,
         "recompute_fraction": ledger.recompute_tokens / max(1, sum(ledger.generated.values())),
         "cascade_steps": sum(s.cascade for s in ledger.steps),
@@ -141,6 +158,8 @@ def rehearse(args, name: str, options: dict, out: Path, device: DeviceParams) ->
         "spec": {k: v for k, v in llm.stats().items() if k.startswith("spec_")},
         "draft_parts": report.parts(sum_costs(ledger.drafts.values())),  # self-drafting's draft steps, in total
     }
+    if not args.replay:
+        res["protocol"] = protocol.extrapolate(args.protocol, res)
     (out / "report.json").write_text(json.dumps(res, indent=1))
     return res
 
@@ -233,6 +252,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spec-self-rule", choices=("coupled", "rejection", "inverse_cdf"), default="coupled",
                    help="the acceptance rule whose measured self-drafting profile the spec-self configs take (the "
                         "rehearsal verifies as 'coupled' does: only the acceptance differs; 'inverse_cdf' is a what-if: the coupling before Gumbel-max sampling)")
+    # the protocol (bench/rehearsal/protocol.py): pacore run's --runs / --pool / --data-parallel, and its sample
+    p.add_argument("--runs", type=positive_int, default=1, help="independent runs of each problem (pacore run --runs)")
+    p.add_argument("--pool", type=positive_int, help="round-1 trajectories sampled once per problem, each run drawing "
+                   "its K from them (pacore run --pool)")
+    p.add_argument("--gpus", type=positive_int, default=1, help="data-parallel replicas splitting the problems "
+                   "(pacore run --data-parallel); the hours are the slowest replica's")
+    p.add_argument("--sample-problems", type=positive_int, help="problems of the slowest replica rehearsed "
+                   "(default: all of them, or 1 when --sample-runs is below --runs); the rest extrapolated")
+    p.add_argument("--sample-runs", type=positive_int, help="runs of each rehearsed problem (default min(--runs, 4)), "
+                   "the pool scaled alike; each round extrapolated to --runs")
     p.add_argument("--out", default="runs/rehearsal")
     p.add_argument("--quiet", action="store_true")
     plain.add_arguments(p)
@@ -244,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     try:
         device = check_args(args, SHAPES, args.mean_tokens or mean_trajectory_tokens(args.preset, PRESETS[args.preset]))
+        args.protocol = protocol.protocol_of(args, PRESETS[args.preset])
         from pacore.config import RunConfig
         for name in names:  # a speculative configuration's profile, read before anything runs
             spec_profiles(args, CONFIGS[name], RunConfig.__dataclass_fields__["temperature"].default)
@@ -254,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{p.prog}: {e}", file=sys.stderr)
         return 2 if isinstance(e, Refused) else 1
     table = report.markdown_table(results)
+    if not args.replay:
+        table += "\n\n" + protocol.table(args.protocol, results)
     host = "\n".join(f"{n}: host {r['host_ms_per_step']:.2f} ms/step (engine), loop {r['loop_ms_per_step']:.2f} "
                      f"ms/step (PaCoRe + rehearsal), modelled device {r['device_ms_per_step']:.2f} ms/step, "
                      f"{r['steps']} steps, {r['wall_s']:.0f} s wall" + _spec_line(r) for n, r in results.items())

@@ -161,22 +161,21 @@ class RehearsalRunner(ModelRunner):
             self.ledger.recompute_tokens += redo
             work.prefills.append(PrefillChunk(rid, start, chunk, redo))
             self._computed[seq.seq_id] = max(self._computed.get(seq.seq_id, 0), start + chunk)
-        groups = iter(zip(plan.group_starts, plan.group_starts[1:], plan.group_prefix_lens)) if plan.cascade else None
         decodes, drafts = plan.decodes, plan.drafts
-        for i, j in request_runs(decodes):
+        if plan.cascade:  # cascade groups: one request's rows each, or (scope "batch") every row of the step
+            spans = list(zip(plan.group_starts, plan.group_starts[1:], plan.group_prefix_lens))
+        else:
+            spans = [(i, j, 0) for i, j in request_runs(decodes)]
+        for i, j, cascade in spans:
             req = decodes[i].request
-            cascade = 0
-            if groups is not None:
-                g_start, g_end, prefix = next(groups)
-                assert (g_start, g_end) == (i, j), "cascade groups are one request's contiguous rows"
-                cascade = prefix
             # a verify row's queries: its last token and its drafts, each row's KV read once for all
             queries = [1 + len(drafts.get(s.seq_id, ())) for s in decodes[i:j]] if drafts else None
             lens = [s.num_computed + q for s, q in zip(decodes[i:j], queries or [1] * (j - i))]
             for s in decodes[i:j]:
                 self._computed[s.seq_id] = s.num_computed + 1  # a verify row's kept drafts: trimmed()
-            work.decodes.append(DecodeGroup(req.request_id, lens, self.shared_prefix(req) if j - i > 1 else 0,
-                                            cascade, queries))
+            one_request = all(s.request is req for s in decodes[i:j])
+            shared = (self.shared_prefix(req) if one_request else cascade) if j - i > 1 else 0
+            work.decodes.append(DecodeGroup(req.request_id, lens, shared, cascade, queries))
         return work
 
     def _charge(self, cost: StepCost, per: dict[object, StepCost]) -> None:

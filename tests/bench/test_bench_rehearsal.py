@@ -44,9 +44,9 @@ def test_replayed_lengths_equal_the_results_files(tiny_model_dir, tmp_path):
 def test_the_command_reports_rounds_baseline_and_host_time(tmp_path):
     out = tmp_path / "r"
     assert main(["--shape", "tiny", "--preset", "low", "--problems", "2", "--prompt-tokens", "64", "--mean-tokens", "300",
-                 "--conclusion-tokens", "20", "--kv-tokens", "20000", "--config", "engine", "--config", "vllm-style",
+                 "--conclusion-tokens", "20", "--kv-tokens", "20000", "--config", "engine", "--config", "no-sharing",
                  "--out", str(out), "--quiet"]) == 0
-    engine, baseline = (json.loads((out / n / "report.json").read_text()) for n in ("engine", "vllm-style"))
+    engine, baseline = (json.loads((out / n / "report.json").read_text()) for n in ("engine", "no-sharing"))
     assert set(engine["rounds"]) == {"1", "2"} and engine["overall"]["tokens"] == baseline["overall"]["tokens"]
     # fork and the prefix cache prefill each round-1 prompt once; the baseline prefills it K times
     assert engine["prefill_tokens"] < baseline["prefill_tokens"]
