@@ -226,7 +226,7 @@ class EngineConfig:
     cascade_attention: True/False forces prefix-shared decode attention on/off; None decides per step
     and group: >= cascade_min_group sequences sharing >= cascade_min_prefix tokens, with group size *
     prefix length >= cascade_min_shared_tokens, in a step where cascade skips at least
-    cascade_min_saved_fraction of the KV the plain path would read (engine/scheduler.py, CascadePolicy).
+    cascade_min_saved_fraction of the KV the plain path would read (engine/cascade.py, CascadePolicy).
     enable_fork=False turns a request with n=K into K independent prompts (an ablation).
     enforce_eager=True skips CUDA graphs (on CUDA, decode steps replay captured graphs by default).
     batch_invariant=True: a token's logits, hence seeded draws, do not depend on the batch, chunking,

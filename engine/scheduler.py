@@ -1,6 +1,7 @@
 """Scheduler: the one owner of a sequence's life, from admission to finish.
 
-Past 300 lines: admission, preemption, fork and cascade grouping all decide one plan together.
+Past 300 lines: admission, preemption, fork and cascade grouping all decide one plan together. The
+plan itself is engine/step_plan.py; when cascade attention pays, engine/cascade.py.
 
 Each step, ``schedule()`` returns a StepPlan: running sequences first (one token for a decode, the
 next chunk for a prefill in progress), then waiting ones admitted while the token budget, the
@@ -18,117 +19,17 @@ verified row) up to a stop, and finishes those that stop.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Callable
 
 from engine.block_manager import BlockManager, NoFreeBlocks
+from engine.cascade import CascadePolicy
 from engine.sequence import Partial, Request, Sequence, Status
+# StepPlan and its parts live in engine/step_plan.py; imported here for the scheduler and re-exported
+# for the modules that import them from here.
+from engine.step_plan import Run, ScoredSpan, StepPlan, prefill_completes, request_runs
 from engine.stopping import StopChecker
 
-# One sampled sequence's share of a step, what postprocess appends: (the sequence, the tokens it emits,
-# several for a verified row (engine/spec/verify.py), its first entry in StepPlan.sample_seqs).
-Run = tuple[Sequence, list[int], int]
-
-
-@dataclass(slots=True)
-class CascadePolicy:
-    """When prefix-shared decode attention pays: forced on/off, or by thresholds.
-
-    The plain path reads a group's prefix once per member, cascade once per group, but each layer
-    pays a second kernel and a merge of two partial states per row. So in auto mode a group takes
-    cascade when it is large enough (min_group, min_prefix, members * prefix >= min_shared_tokens;
-    on CPU cascade breaks even near 1024 tokens, bench/bench_decode.py), and a step uses it only
-    when the bytes it saves are at least ``min_saved_fraction`` of the KV the plain path would
-    read: round 1 of PaCoRe-8B, 32 rows of a 512-token prompt each 16k tokens long, saves ~3% and
-    stays on the plain path; round 2, 4 rows of a 64k prompt, saves ~74% and takes cascade.
-    """
-    enabled: bool | None = None
-    min_group: int = 2
-    min_prefix: int = 64
-    min_shared_tokens: int = 1024  # group size * prefix length
-    min_saved_fraction: float = 0.05
-
-    def prefix_for(self, group_size: int, prefix_len: int) -> int:
-        if self.enabled is False or group_size < 2 or prefix_len == 0:
-            return 0
-        if self.enabled is None and (group_size < self.min_group or prefix_len < self.min_prefix
-                                     or group_size * prefix_len < self.min_shared_tokens):
-            return 0
-        return prefix_len
-
-    def pays(self, saved_tokens: int, read_tokens: int) -> bool:
-        """Whether a step whose cascade groups would skip ``saved_tokens`` of the ``read_tokens`` the
-        plain path reads should take cascade (always when forced on)."""
-        if saved_tokens <= 0:
-            return False
-        return self.enabled is True or saved_tokens >= self.min_saved_fraction * read_tokens
-
-
-def request_runs(seqs: list[Sequence]):
-    """(start, end) of each run of consecutive sequences of one request."""
-    i = 0
-    while i < len(seqs):
-        req, j = seqs[i].request, i + 1
-        while j < len(seqs) and seqs[j].request is req:
-            j += 1
-        yield i, j
-        i = j
-
-
-def prefill_completes(seq: Sequence, chunk: int) -> bool:
-    """Whether a prefill chunk of ``chunk`` tokens from ``seq.num_computed`` reaches the end of the
-    sequence's tokens (its prompt, or all it had before a recompute): then the chunk's last row gets
-    logits and is sampled. The rule's one statement: the scheduler records it in ``StepPlan.completes``
-    while it plans (the model runner reads that); engine/step_shape.py applies it to any plan."""
-    return seq.num_computed + chunk == seq.num_tokens
-
-
-@dataclass(slots=True)
-class ScoredSpan:
-    """Positions [start, start + count) of a prefill chunk whose logits score the token after each
-    (prompt logprobs, or the logprobs a resumed trajectory came without), with the top ``num_top``."""
-    seq: Sequence
-    start: int
-    count: int
-    num_top: int
-    prompt: bool  # into the request's prompt logprobs, else the sequence's own
-
-
-@dataclass(slots=True)
-class StepPlan:
-    """What one step computes; the model runner turns it into tensors."""
-    prefills: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, chunk length)
-    completes: list[bool] = field(default_factory=list)  # per prefill chunk: prefill_completes(seq, chunk)
-    decodes: list[Sequence] = field(default_factory=list)  # each request's rows contiguous
-    # Cascade groups over `decodes` (CSR starts, shared prefix tokens, largest group); empty: none.
-    group_starts: list[int] = field(default_factory=list)
-    group_prefix_lens: list[int] = field(default_factory=list)
-    max_group_size: int = 0
-    copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) blocks, after the forward
-    # Per sequence to sample, the row of the runner's logits (completed prefills, then decodes) it
-    # samples from: a forked prompt's row serves the parent and its children. A decode row with drafts
-    # has one entry per query (its sequence repeated), ``sample_offsets`` its positions after the
-    # sequence's next one (empty when no row has drafts: all 0).
-    sample_seqs: list[Sequence] = field(default_factory=list)
-    sample_rows: list[int] = field(default_factory=list)
-    sample_offsets: list[int] = field(default_factory=list)
-    scored: list[ScoredSpan] = field(default_factory=list)  # prompt positions that get logits too
-    drafts: dict[int, list[int]] = field(default_factory=dict)  # seq id -> its draft tokens (decode rows)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(n for _, n in self.prefills) + len(self.decodes) + sum(map(len, self.drafts.values()))
-
-    @property
-    def cascade(self) -> bool:
-        return bool(self.group_starts)
-
-    @property
-    def kind(self) -> str:
-        return "mixed" if self.prefills and self.decodes else ("decode" if self.decodes else "prefill")
-
-    def __bool__(self) -> bool:
-        return bool(self.prefills or self.decodes)
+__all__ = ["CascadePolicy", "Run", "ScoredSpan", "Scheduler", "StepPlan", "prefill_completes", "request_runs"]
 
 
 class Scheduler:
