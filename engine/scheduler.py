@@ -23,6 +23,7 @@ from typing import Callable
 
 from engine.block_manager import BlockManager, NoFreeBlocks
 from engine.cascade import CascadePolicy
+from engine.fairness import FairShare
 from engine.sequence import Partial, Request, Sequence, Status
 # StepPlan and its parts live in engine/step_plan.py; imported here for the scheduler and re-exported
 # for the modules that import them from here.
@@ -36,8 +37,10 @@ class Scheduler:
     def __init__(self, block_manager: BlockManager, stop_checker: StopChecker, max_num_seqs: int,
                  max_num_batched_tokens: int, cascade: CascadePolicy, enable_fork: bool = True,
                  on_release: Callable[[Sequence], None] = lambda seq: None, speculator=None,
-                 on_trim: Callable[[Sequence], None] = lambda seq: None):
+                 on_trim: Callable[[Sequence], None] = lambda seq: None, fair: FairShare | None = None):
         # speculator: engine/spec's Speculator (drafts and their slots, acceptance counters), or None
+        # fair: the step budget's and the seats' share per request (engine/fairness.py); None: the defaults
+        self.fair = fair or FairShare.resolve(max_num_seqs, max_num_batched_tokens)
         self.bm = block_manager
         self.speculator = speculator
         self.on_trim = on_trim  # the model runner forgets the block-table entries a trim dropped
@@ -53,6 +56,7 @@ class Scheduler:
         # preempted 50k-token trajectory at the head of the queue is not rehashed (3000 SHA-256 of
         # its blocks in match_prefix) every step, only once blocks have been freed.
         self._refused: tuple[int, int] = (-1, 0)
+        self._owed = 0  # blocks the prefills this plan leaves unfinished still need (kept from admissions)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order: the last is preempted first
         self._shared_blocks: dict[str, int] = {}  # request id -> leading blocks its running seqs share
@@ -104,10 +108,14 @@ class Scheduler:
     # -- the step ----------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         plan = StepPlan()
+        if self.waiting and len(self.running) > self.fair.seats:
+            self._free_seats()  # before planning: a preempted sequence is in no plan
         budget = self._schedule_running(plan, self.max_num_batched_tokens)
         if self.speculator is not None and plan.decodes:
             budget = self.speculator.draft(plan, budget)  # running rows' drafts before new prompts
-        self._admit(plan, budget)
+        budget = self._admit(plan, budget)
+        if budget > 0 and plan.prefills and self.fair.prefill_chunk:
+            self._top_up(plan, budget)
         self._group_decodes(plan)
         self._plan_samples(plan)
         return plan
@@ -156,6 +164,7 @@ class Scheduler:
     def _schedule_running(self, plan: StepPlan, budget: int) -> int:
         scheduled: set[int] = set()
         bs = self.bm.block_size
+        self._owed = 0
         for seq in list(self.running):
             if seq.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
@@ -172,7 +181,7 @@ class Scheduler:
                 budget = max(0, budget - 1)
                 plan.decodes.append(seq)
                 continue
-            chunk = 1 if is_decode else min(remaining, budget)
+            chunk = 1 if is_decode else self.fair.first_chunk(remaining, budget)
             if chunk == 0:
                 continue
             while self.bm.blocks_needed(seq, seq.num_computed + chunk) > self.bm.num_free:
@@ -189,38 +198,94 @@ class Scheduler:
                 plan.decodes.append(seq)
             else:
                 plan.prefills.append((seq, chunk))
+                self._owed += self.bm.blocks_needed(seq, num_tokens)
         return budget
 
-    def _admit(self, plan: StepPlan, budget: int) -> None:
+    def _admit(self, plan: StepPlan, budget: int) -> int:
         if not self.waiting or budget <= 0:
-            return  # the common decode step: nothing to count the running sequences for
-        slots = sum(self._slots(s) for s in self.running)
-        while self.waiting and budget > 0:
-            seq = self.waiting[0]
+            return budget  # the common decode step: nothing to count the running sequences for
+        held = self._held()
+        slots = sum(held.values())
+        for seq in self.fair.admission_order(self.waiting, held):
+            if budget <= 0:
+                break
             if slots + self._slots(seq) > self.max_num_seqs and self.running:
                 break
-            if self._refused[0] == seq.seq_id and self.bm.num_free <= self._refused[1]:
+            # Free blocks the unfinished prefills do not still need (room to admit into).
+            if self._refused[0] == seq.seq_id and self.bm.num_free - self._owed <= self._refused[1]:
                 break  # refused for room, and no block was freed since: matching again would only rehash it
+            if plan.prefills and self._rides(seq, plan):
+                continue
             cached = self.bm.match_prefix(seq, seq.owed_from())
             seq.num_computed = cached
-            chunk = min(seq.num_tokens - cached, budget)
+            chunk = self.fair.first_chunk(seq.num_tokens - cached, budget)
             # Admit only a sequence whose whole prefill fits, with room left to grow: one admitted
             # for its first chunk into a nearly full cache is preempted before its prefill ends,
             # and recomputed again and again (at PaCoRe-8B's shape: half the generated tokens).
             whole = self.bm.blocks_needed(seq, seq.num_tokens) + (self.watermark if self.running else 0)
-            if max(whole, self.bm.blocks_needed(seq, cached + chunk)) > self.bm.num_free:
+            if max(whole, self.bm.blocks_needed(seq, cached + chunk)) > self.bm.num_free - self._owed:
                 self.bm.free_seq(seq)
-                self._refused = (seq.seq_id, self.bm.num_free)
+                self._refused = (seq.seq_id, self.bm.num_free - self._owed)
                 break
             self.bm.allocate(seq, cached + chunk)
-            self.waiting.popleft()
+            if seq is self.waiting[0]:
+                self.waiting.popleft()
+            else:
+                self.waiting.remove(seq)
             self.prefix_hit_tokens += cached
             if seq.num_generated == 0 and seq.index == 0:
                 seq.request.metrics.num_cached_tokens = cached
             self._run(seq)
+            held[seq.request] = held.get(seq.request, 0) + self._slots(seq)
             slots += self._slots(seq)
             budget -= chunk
+            self._owed += self.bm.blocks_needed(seq, seq.num_tokens)
             plan.prefills.append((seq, chunk))
+        return budget
+
+    def _rides(self, seq: Sequence, plan: StepPlan) -> bool:
+        """Whether seq's tokens run on, the same, past where a prefill this step leaves unfinished
+        stops: that prefill computes them later, so seq waits to find them in the prefix cache instead
+        of computing them too (K identical prompts sent together are prefilled once)."""
+        for other, chunk in plan.prefills:
+            end = other.num_computed + chunk
+            if end < other.num_tokens and seq.num_tokens > end:
+                stop = min(seq.num_tokens, other.num_tokens, end + self.bm.block_size)
+                if seq.token_ids[:stop] == other.token_ids[:stop]:
+                    return True
+        return False
+
+    def _top_up(self, plan: StepPlan, budget: int) -> None:
+        """Extend the prefill chunks the first share capped, in plan order (running ones first), with
+        the budget it left, as far as free blocks allow: a prefill alone gets the whole step."""
+        bs = self.bm.block_size
+        for i, (seq, chunk) in enumerate(plan.prefills):
+            end = seq.num_computed + chunk
+            more = min(seq.num_tokens - end, budget, (len(seq.block_table) + self.bm.num_free) * bs - end)
+            if more > 0:
+                self.bm.allocate(seq, end + more)
+                plan.prefills[i] = (seq, chunk + more)
+                budget -= more
+                if budget == 0:
+                    break
+
+    def _held(self) -> dict[Request, int]:
+        """Seats each request holds (a prompt about to fork holds its group's)."""
+        held: dict[Request, int] = {}
+        for s in self.running:
+            held[s.request] = held.get(s.request, 0) + self._slots(s)
+        return held
+
+    def _free_seats(self) -> None:
+        """Preempt the newest decoding sequences of a request over its share of seats, when that lets
+        the first waiting request under its share run (engine/fairness.py)."""
+        held = self._held()
+        newcomer = next((s for s in self.waiting if self.fair.under_share(s, held)), None)
+        if newcomer is None:
+            return
+        free = self.max_num_seqs - sum(held.values())
+        for victim in self.fair.seats_to_free(newcomer, self._slots(newcomer), free, self.running, held):
+            self._preempt(victim)
 
     def _slots(self, seq: Sequence) -> int:
         # A prompt about to fork reserves room for all its trajectories.
