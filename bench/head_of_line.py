@@ -9,6 +9,7 @@ heavy one's, under two policies: ``fcfs`` (``long_prefill_token_threshold=0`` an
 
     python -m bench.head_of_line                 # PaCoRe-8B's shape on a modelled H200 (virtual seconds)
     python -m bench.head_of_line --device cpu    # the embedded SmolLM2-135M on this CPU (measured seconds)
+    python -m bench.head_of_line --device cpu --short-only   # the same, each case ended with the short request
 
 ``--device h200`` is the rehearsal's engine (engine/rehearsal/): the scheduler, block manager and
 runner's inputs for real, each step's time modelled; ``--device cpu`` runs the model (slow: the
@@ -42,8 +43,9 @@ def make_llm(device: str, folder: Path, **policy):
     return LLM(str(model), tokenizer=str(model / "tokenizer"), device_model="h200", max_num_seqs=SEATS, **policy)
 
 
-def run_case(llm, heavy: tuple[list[int], dict] | None) -> dict:
-    """Latency of the short request (and the heavy one) in steps and in the engine's clock's seconds."""
+def run_case(llm, heavy: tuple[list[int], dict] | None, short_only: bool = False) -> dict:
+    """Latency of the short request (and the heavy one, unless ``short_only``: then the heavy one is
+    aborted once the short one ends) in steps and in the engine's clock's seconds."""
     from engine import SamplingParams
     steps, done = 0, {}
     if heavy is not None:
@@ -58,6 +60,8 @@ def run_case(llm, heavy: tuple[list[int], dict] | None) -> dict:
         for out in llm.step():
             done[out.request_id] = (steps + 1, out.metrics.finished_time - out.metrics.arrival_time)
         steps += 1
+        if short_only and "short" in done and llm.has_unfinished():
+            llm.abort_request("heavy")
     short_steps, short_s = done["short"]
     row = {"short_steps": short_steps - start_step, "short_s": short_s, "wall_s": time.perf_counter() - t0,
            "preemptions": llm.scheduler.num_preemptions}
@@ -70,6 +74,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", choices=("h200", "cpu"), default="h200",
                     help="h200: PaCoRe-8B's shape on a modelled H200 (default); cpu: the embedded model here")
+    ap.add_argument("--short-only", action="store_true",
+                    help="stop each case when the short request ends (no heavy columns): for a slow CPU")
     args = ap.parse_args(argv)
     unit = "virtual s" if args.device == "h200" else "s"
     print(f"| case | policy | short: steps | short: {unit} | heavy: steps | heavy: {unit} | preemptions |")
@@ -77,7 +83,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name, heavy in cases().items():
             for policy, knobs in POLICIES.items():
-                r = run_case(make_llm(args.device, Path(tmp), **knobs), heavy)
+                r = run_case(make_llm(args.device, Path(tmp), **knobs), heavy, args.short_only)
                 heavy_cols = (f"{r['heavy_steps']} | {r['heavy_s']:.3f}" if "heavy_steps" in r else " | ")
                 print(f"| {name} | {policy} | {r['short_steps']} | {r['short_s']:.3f} | {heavy_cols} | "
                       f"{r['preemptions']} |", flush=True)
