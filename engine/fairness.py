@@ -28,6 +28,8 @@ from engine.sequence import Request, Sequence
 
 @dataclass(slots=True, frozen=True)
 class FairShare:
+    """Each request's share of a step's token budget and of the seats (``resolve`` from the engine's
+    options; ``fcfs()`` is no share at all)."""
     prefill_chunk: int  # most prefill tokens per sequence in the first share of a step; 0: no limit
     seats: int          # most seats one request keeps while another waits for a seat
 
