@@ -175,6 +175,11 @@ def positive_int(value: str) -> int:
     return _number(value, int, "must be a positive integer", lambda n: n >= 1, "must be a positive integer")
 
 
+def nonnegative_int(value: str) -> int:
+    """argparse type: an integer >= 0."""
+    return _number(value, int, "must be an integer >= 0", lambda n: n >= 0, "must be an integer >= 0, got {value}")
+
+
 def seed_int(value: str) -> int:
     """argparse type: a seed in [0, 2**64)."""
     return _number(value, int, "expected an integer", lambda n: 0 <= n < 2**64, "must be in [0, 2**64), got {value}")
@@ -232,10 +237,12 @@ class EngineConfig:
     GPU memory after weights on CUDA, 2 GiB on CPU).
     max_model_len / rope_scaling: override the checkpoint's context and RoPE parameters (vLLM's
     ``--max-model-len`` / ``--rope-scaling``); rope_scaling keys are laid over the checkpoint's.
+    long_prefill_token_threshold / max_num_seqs_per_request: each request's share of a step's token budget
+    and of the seats while others wait (engine/fairness.py); 0 / max_num_seqs: first come, first served.
     cascade_attention: True/False forces prefix-shared decode attention on/off; None decides per step
     and group: >= cascade_min_group sequences sharing >= cascade_min_prefix tokens, with group size *
     prefix length >= cascade_min_shared_tokens, in a step where cascade skips at least
-    cascade_min_saved_fraction of the KV the plain path would read (engine/scheduler.py, CascadePolicy).
+    cascade_min_saved_fraction of the KV the plain path would read (engine/cascade.py, CascadePolicy).
     cascade_scope: 'request' (a request's rows share its prompt, per group) or 'batch' (vLLM V1's: one
     prefix common to every sequence the step runs, whatever their request, else none).
     enable_fork=False turns a request with n=K into K independent prompts (an ablation).
@@ -284,6 +291,15 @@ class EngineConfig:
     max_num_seqs: int = field(default=256, metadata=_flag(
         "most sequences (trajectories) decoded in one step (engine default 256)", type=positive_int, metavar="N"))
     max_num_batched_tokens: int = 2048
+    # Fairness (engine/fairness.py): one request must not hold up the others.
+    long_prefill_token_threshold: int | None = field(default=None, metadata=_flag(
+        "most prompt tokens one sequence prefills in a step while other prompts wait for the step (vLLM's flag); "
+        "what they leave goes back to it (default: a quarter of the step's 2048 tokens; 0: no limit, first come "
+        "first served)", type=nonnegative_int, metavar="N"))
+    max_num_seqs_per_request: int | None = field(default=None, metadata=_flag(
+        "most sequences one request keeps running while another request waits for a seat: its newest above that "
+        "are preempted for the newcomer (default: --max-num-seqs less a sixteenth, at least one seat kept; "
+        "--max-num-seqs: off)", type=positive_int, metavar="N"))
     max_model_len: int | None = field(default=None, metadata=_flag(
         "context limit in tokens, prompt + generation (default: the model's); 131072 for PaCoRe-8B as in the "
         "paper, with --rope-scaling", type=positive_int, metavar="N"))
@@ -329,10 +345,13 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "kv_cache_memory",
-                     "max_model_len", "tensor_parallel_size", "max_logprobs"):
+                     "max_model_len", "tensor_parallel_size", "max_logprobs", "max_num_seqs_per_request"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        t = self.long_prefill_token_threshold
+        if t is not None and (not isinstance(t, int) or isinstance(t, bool) or t < 0):
+            raise ValueError(f"long_prefill_token_threshold must be an integer >= 0 (0: no limit), got {t!r}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if not 0 <= self.cascade_min_saved_fraction <= 1:
@@ -352,7 +371,8 @@ class EngineConfig:
 # The flags of `pacore run`, `demo` and `serve`, in their --help order; `serve` adds the engine's "seed"
 # (`pacore run --seed` is the run's seed, which also seeds its engine).
 ENGINE_FLAGS = ("dtype", "kv_cache_dtype", "max_model_len", "rope_scaling", "max_num_seqs", "num_kv_blocks",
-                "gpu_memory_utilization", "tensor_parallel_size", "batch_invariant", "enforce_eager", "max_logprobs", "logprobs_mode",
+                "gpu_memory_utilization", "long_prefill_token_threshold", "max_num_seqs_per_request",
+                "tensor_parallel_size", "batch_invariant", "enforce_eager", "max_logprobs", "logprobs_mode",
                 "speculative_config")
 _FIELDS = {f.name: f for f in dataclasses.fields(EngineConfig)}
 

@@ -30,6 +30,7 @@ from engine.checks import (check_fits, check_logprobs, check_max_logprobs, check
                            check_stop_token_ids, prompt_ids)
 from engine.config import EngineConfig, ModelConfig, resolve_dtype
 from engine.default_model import resolve_model
+from engine.fairness import FairShare
 from engine.kv_cache import kv_dtype_name
 from engine.loader import load_tokenizer
 from engine.logprobs import TokenLogprobs, prompt_logprobs_list
@@ -117,7 +118,9 @@ class LLM:
         self.scheduler = Scheduler(self.block_manager, self.stop_checker, opts.max_num_seqs,
                                    opts.max_num_batched_tokens, cascade, enable_fork=opts.enable_fork,
                                    on_release=self.runner.release, speculator=self.speculator,
-                                   on_trim=self.runner.trimmed)
+                                   on_trim=self.runner.trimmed, fair=FairShare.resolve(
+                                       opts.max_num_seqs, opts.max_num_batched_tokens,
+                                       opts.long_prefill_token_threshold, opts.max_num_seqs_per_request))
         if opts.device_model:
             from engine.rehearsal.runner import ScriptedSampler
             self.sampler = ScriptedSampler(self.tokenizer, cfg.eos_token_ids[0] if cfg.eos_token_ids else 0)

@@ -32,7 +32,7 @@ from engine.loader import load_model
 from engine.logprobs import LogprobRows, compute_logprobs
 from engine.model import tile_linears
 from engine.sampler import distribution
-from engine.scheduler import StepPlan
+from engine.step_plan import StepPlan
 from engine.sequence import Sequence
 from kernels._utils import is_fp8
 

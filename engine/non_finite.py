@@ -14,7 +14,7 @@ import torch
 
 if TYPE_CHECKING:
     from engine.logprobs import LogprobRows
-    from engine.scheduler import StepPlan
+    from engine.step_plan import StepPlan
 
 
 class NonFiniteLogits(RuntimeError):

@@ -1,6 +1,7 @@
 """Scheduler: the one owner of a sequence's life, from admission to finish.
 
-Past 300 lines: admission, preemption, fork and cascade grouping all decide one plan together.
+Past 300 lines: admission, preemption, fork and cascade grouping all decide one plan together. The
+plan itself is engine/step_plan.py; when cascade attention pays, engine/cascade.py.
 
 Each step, ``schedule()`` returns a StepPlan: running sequences first (one token for a decode, the
 next chunk for a prefill in progress), then waiting ones admitted while the token budget, the
@@ -18,92 +19,28 @@ verified row) up to a stop, and finishes those that stop.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Callable
 
 from engine.block_manager import BlockManager, NoFreeBlocks
-from engine.cascade import CascadePolicy, common_prefix_blocks  # noqa: F401 (CascadePolicy: its home was here)
+from engine.cascade import CascadePolicy, common_prefix_blocks
+from engine.fairness import FairShare
 from engine.sequence import Partial, Request, Sequence, Status
+# StepPlan and its parts live in engine/step_plan.py; imported here for the scheduler and re-exported
+# for the modules that import them from here.
+from engine.step_plan import Run, ScoredSpan, StepPlan, prefill_completes, request_runs
 from engine.stopping import StopChecker
 
-# One sampled sequence's share of a step, what postprocess appends: (the sequence, the tokens it emits,
-# several for a verified row (engine/spec/verify.py), its first entry in StepPlan.sample_seqs).
-Run = tuple[Sequence, list[int], int]
-
-
-def request_runs(seqs: list[Sequence]):
-    """(start, end) of each run of consecutive sequences of one request."""
-    i = 0
-    while i < len(seqs):
-        req, j = seqs[i].request, i + 1
-        while j < len(seqs) and seqs[j].request is req:
-            j += 1
-        yield i, j
-        i = j
-
-
-def prefill_completes(seq: Sequence, chunk: int) -> bool:
-    """Whether a prefill chunk of ``chunk`` tokens from ``seq.num_computed`` reaches the end of the
-    sequence's tokens (its prompt, or all it had before a recompute): then the chunk's last row gets
-    logits and is sampled. The rule's one statement: the scheduler records it in ``StepPlan.completes``
-    while it plans (the model runner reads that); engine/step_shape.py applies it to any plan."""
-    return seq.num_computed + chunk == seq.num_tokens
-
-
-@dataclass(slots=True)
-class ScoredSpan:
-    """Positions [start, start + count) of a prefill chunk whose logits score the token after each
-    (prompt logprobs, or the logprobs a resumed trajectory came without), with the top ``num_top``."""
-    seq: Sequence
-    start: int
-    count: int
-    num_top: int
-    prompt: bool  # into the request's prompt logprobs, else the sequence's own
-
-
-@dataclass(slots=True)
-class StepPlan:
-    """What one step computes; the model runner turns it into tensors."""
-    prefills: list[tuple[Sequence, int]] = field(default_factory=list)  # (seq, chunk length)
-    completes: list[bool] = field(default_factory=list)  # per prefill chunk: prefill_completes(seq, chunk)
-    decodes: list[Sequence] = field(default_factory=list)  # each request's rows contiguous
-    # Cascade groups over `decodes` (CSR starts, shared prefix tokens, largest group); empty: none.
-    group_starts: list[int] = field(default_factory=list)
-    group_prefix_lens: list[int] = field(default_factory=list)
-    max_group_size: int = 0
-    copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) blocks, after the forward
-    # Per sequence to sample, the row of the runner's logits (completed prefills, then decodes) it
-    # samples from: a forked prompt's row serves the parent and its children. A decode row with drafts
-    # has one entry per query (its sequence repeated), ``sample_offsets`` its positions after the
-    # sequence's next one (empty when no row has drafts: all 0).
-    sample_seqs: list[Sequence] = field(default_factory=list)
-    sample_rows: list[int] = field(default_factory=list)
-    sample_offsets: list[int] = field(default_factory=list)
-    scored: list[ScoredSpan] = field(default_factory=list)  # prompt positions that get logits too
-    drafts: dict[int, list[int]] = field(default_factory=dict)  # seq id -> its draft tokens (decode rows)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(n for _, n in self.prefills) + len(self.decodes) + sum(map(len, self.drafts.values()))
-
-    @property
-    def cascade(self) -> bool:
-        return bool(self.group_starts)
-
-    @property
-    def kind(self) -> str:
-        return "mixed" if self.prefills and self.decodes else ("decode" if self.decodes else "prefill")
-
-    def __bool__(self) -> bool:
-        return bool(self.prefills or self.decodes)
+__all__ = ["CascadePolicy", "Run", "ScoredSpan", "Scheduler", "StepPlan", "prefill_completes", "request_runs"]
 
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, stop_checker: StopChecker, max_num_seqs: int,
                  max_num_batched_tokens: int, cascade: CascadePolicy, enable_fork: bool = True,
                  on_release: Callable[[Sequence], None] = lambda seq: None, speculator=None,
-                 on_trim: Callable[[Sequence], None] = lambda seq: None):
+                 on_trim: Callable[[Sequence], None] = lambda seq: None, fair: FairShare | None = None):
         # speculator: engine/spec's Speculator (drafts and their slots, acceptance counters), or None
+        # fair: the step budget's and the seats' share per request (engine/fairness.py); None: the defaults
+        self.fair = fair or FairShare.resolve(max_num_seqs, max_num_batched_tokens)
         self.bm = block_manager
         self.speculator = speculator
         self.on_trim = on_trim  # the model runner forgets the block-table entries a trim dropped
@@ -119,6 +56,7 @@ class Scheduler:
         # preempted 50k-token trajectory at the head of the queue is not rehashed (3000 SHA-256 of
         # its blocks in match_prefix) every step, only once blocks have been freed.
         self._refused: tuple[int, int] = (-1, 0)
+        self._owed = 0  # blocks the prefills this plan leaves unfinished still need (kept from admissions)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order: the last is preempted first
         self._shared_blocks: dict[str, int] = {}  # request id -> leading blocks its running seqs share
@@ -170,10 +108,14 @@ class Scheduler:
     # -- the step ----------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         plan = StepPlan()
+        if self.waiting and len(self.running) > self.fair.seats:
+            self._free_seats()  # before planning: a preempted sequence is in no plan
         budget = self._schedule_running(plan, self.max_num_batched_tokens)
         if self.speculator is not None and plan.decodes:
             budget = self.speculator.draft(plan, budget)  # running rows' drafts before new prompts
-        self._admit(plan, budget)
+        budget = self._admit(plan, budget)
+        if budget > 0 and plan.prefills and self.fair.prefill_chunk:
+            self._top_up(plan, budget)
         self._group_decodes(plan)
         self._plan_samples(plan)
         return plan
@@ -222,6 +164,7 @@ class Scheduler:
     def _schedule_running(self, plan: StepPlan, budget: int) -> int:
         scheduled: set[int] = set()
         bs = self.bm.block_size
+        self._owed = 0
         for seq in list(self.running):
             if seq.status is not Status.RUNNING:
                 continue  # preempted earlier in this loop
@@ -238,7 +181,7 @@ class Scheduler:
                 budget = max(0, budget - 1)
                 plan.decodes.append(seq)
                 continue
-            chunk = 1 if is_decode else min(remaining, budget)
+            chunk = 1 if is_decode else self.fair.first_chunk(remaining, budget)
             if chunk == 0:
                 continue
             while self.bm.blocks_needed(seq, seq.num_computed + chunk) > self.bm.num_free:
@@ -255,38 +198,94 @@ class Scheduler:
                 plan.decodes.append(seq)
             else:
                 plan.prefills.append((seq, chunk))
+                self._owed += self.bm.blocks_needed(seq, num_tokens)
         return budget
 
-    def _admit(self, plan: StepPlan, budget: int) -> None:
+    def _admit(self, plan: StepPlan, budget: int) -> int:
         if not self.waiting or budget <= 0:
-            return  # the common decode step: nothing to count the running sequences for
-        slots = sum(self._slots(s) for s in self.running)
-        while self.waiting and budget > 0:
-            seq = self.waiting[0]
+            return budget  # the common decode step: nothing to count the running sequences for
+        held = self._held()
+        slots = sum(held.values())
+        for seq in self.fair.admission_order(self.waiting, held):
+            if budget <= 0:
+                break
             if slots + self._slots(seq) > self.max_num_seqs and self.running:
                 break
-            if self._refused[0] == seq.seq_id and self.bm.num_free <= self._refused[1]:
+            # Free blocks the unfinished prefills do not still need (room to admit into).
+            if self._refused[0] == seq.seq_id and self.bm.num_free - self._owed <= self._refused[1]:
                 break  # refused for room, and no block was freed since: matching again would only rehash it
+            if plan.prefills and self._rides(seq, plan):
+                continue
             cached = self.bm.match_prefix(seq, seq.owed_from())
             seq.num_computed = cached
-            chunk = min(seq.num_tokens - cached, budget)
+            chunk = self.fair.first_chunk(seq.num_tokens - cached, budget)
             # Admit only a sequence whose whole prefill fits, with room left to grow: one admitted
             # for its first chunk into a nearly full cache is preempted before its prefill ends,
             # and recomputed again and again (at PaCoRe-8B's shape: half the generated tokens).
             whole = self.bm.blocks_needed(seq, seq.num_tokens) + (self.watermark if self.running else 0)
-            if max(whole, self.bm.blocks_needed(seq, cached + chunk)) > self.bm.num_free:
+            if max(whole, self.bm.blocks_needed(seq, cached + chunk)) > self.bm.num_free - self._owed:
                 self.bm.free_seq(seq)
-                self._refused = (seq.seq_id, self.bm.num_free)
+                self._refused = (seq.seq_id, self.bm.num_free - self._owed)
                 break
             self.bm.allocate(seq, cached + chunk)
-            self.waiting.popleft()
+            if seq is self.waiting[0]:
+                self.waiting.popleft()
+            else:
+                self.waiting.remove(seq)
             self.prefix_hit_tokens += cached
             if seq.num_generated == 0 and seq.index == 0:
                 seq.request.metrics.num_cached_tokens = cached
             self._run(seq)
+            held[seq.request] = held.get(seq.request, 0) + self._slots(seq)
             slots += self._slots(seq)
             budget -= chunk
+            self._owed += self.bm.blocks_needed(seq, seq.num_tokens)
             plan.prefills.append((seq, chunk))
+        return budget
+
+    def _rides(self, seq: Sequence, plan: StepPlan) -> bool:
+        """Whether seq's tokens run on, the same, past where a prefill this step leaves unfinished
+        stops: that prefill computes them later, so seq waits to find them in the prefix cache instead
+        of computing them too (K identical prompts sent together are prefilled once)."""
+        for other, chunk in plan.prefills:
+            end = other.num_computed + chunk
+            if end < other.num_tokens and seq.num_tokens > end:
+                stop = min(seq.num_tokens, other.num_tokens, end + self.bm.block_size)
+                if seq.token_ids[:stop] == other.token_ids[:stop]:
+                    return True
+        return False
+
+    def _top_up(self, plan: StepPlan, budget: int) -> None:
+        """Extend the prefill chunks the first share capped, in plan order (running ones first), with
+        the budget it left, as far as free blocks allow: a prefill alone gets the whole step."""
+        bs = self.bm.block_size
+        for i, (seq, chunk) in enumerate(plan.prefills):
+            end = seq.num_computed + chunk
+            more = min(seq.num_tokens - end, budget, (len(seq.block_table) + self.bm.num_free) * bs - end)
+            if more > 0:
+                self.bm.allocate(seq, end + more)
+                plan.prefills[i] = (seq, chunk + more)
+                budget -= more
+                if budget == 0:
+                    break
+
+    def _held(self) -> dict[Request, int]:
+        """Seats each request holds (a prompt about to fork holds its group's)."""
+        held: dict[Request, int] = {}
+        for s in self.running:
+            held[s.request] = held.get(s.request, 0) + self._slots(s)
+        return held
+
+    def _free_seats(self) -> None:
+        """Preempt the newest decoding sequences of a request over its share of seats, when that lets
+        the first waiting request under its share run (engine/fairness.py)."""
+        held = self._held()
+        newcomer = next((s for s in self.waiting if self.fair.under_share(s, held)), None)
+        if newcomer is None:
+            return
+        free = self.max_num_seqs - sum(held.values())
+        for victim in self.fair.seats_to_free(newcomer, self._slots(newcomer), free, self.running, held):
+            self._preempt(victim)
 
     def _slots(self, seq: Sequence) -> int:
         # A prompt about to fork reserves room for all its trajectories.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.scheduler import prefill_completes
+from engine.step_plan import prefill_completes
 
 
 @dataclass(slots=True, frozen=True)

@@ -19,7 +19,7 @@ from engine.kv_cache import resolve_kv_dtype
 from engine.model_runner import ModelRunner
 from engine.device_model import (DecodeGroup, DeviceParams, ModelShape, PrefillChunk, StepCost, StepWork,
                                            kv_tokens, step_cost)
-from engine.scheduler import StepPlan, request_runs
+from engine.step_plan import StepPlan, request_runs
 from engine.sequence import Sequence
 
 END_THINK = "</think>"

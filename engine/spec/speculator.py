@@ -19,7 +19,7 @@ from engine.spec.self_window import self_draft
 
 if TYPE_CHECKING:
     from engine.block_manager import BlockManager
-    from engine.scheduler import StepPlan
+    from engine.step_plan import StepPlan
     from engine.sequence import Sequence
 
 CORPORA = ("prompt", "own", "sibling", "model")
