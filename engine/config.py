@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.quant.config import QUANTIZATIONS, Fp8Config, checkpoint_quantization, resolve_quantization
+
 if TYPE_CHECKING:  # torch is imported where it is used: `pacore --help` reads the flags below without it
     import torch
 
@@ -46,9 +48,13 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     torch_dtype: str | None = None
     hf_config: object = None  # the transformers config, for RoPE parameter functions
+    quant: Fp8Config | None = None  # FP8 projections (engine/quant/): asked for, or the checkpoint's
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, rope_scaling: dict | None = None) -> "ModelConfig":
+    def from_pretrained(cls, path: str | Path, rope_scaling: dict | None = None,
+                        quantization: str | None = None) -> "ModelConfig":
+        """Read and check ``path``'s config.json; ``quantization``: "fp8" to quantize the projections at
+        load (a pre-quantized FP8 checkpoint runs in its own format either way)."""
         path = Path(path)
         cfg_file = path / "config.json"
         if not cfg_file.is_file():
@@ -56,6 +62,7 @@ class ModelConfig:
                 f"{path} has no config.json: pass a local Hugging Face model folder "
                 "(config.json, *.safetensors, tokenizer files) or 'smollm2-135m' for the embedded model")
         raw = json.loads(cfg_file.read_text())
+        quant = resolve_quantization(quantization, checkpoint_quantization(raw, cfg_file), cfg_file)
         archs = raw.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
@@ -101,7 +108,7 @@ class ModelConfig:
             qk_norm=arch == "Qwen3ForCausalLM",
             rope_type=rope_type, eos_token_ids=eos_ids,
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "") or None,
-            hf_config=hf,
+            hf_config=hf, quant=quant,
         )
 
     def rope_cos_sin(self, max_positions: int) -> torch.Tensor:
@@ -241,6 +248,9 @@ class EngineConfig:
     each, half the bytes of bf16, so the same memory holds twice the tokens. Per-layer scales come
     from the checkpoint (``self_attn.k_scale`` / ``v_scale``, llm-compressor's ``k_proj.output_scale``)
     or are 1.0; values beyond the format's range saturate (engine/kv_cache.py).
+    quantization: None (the checkpoint's format) or 'fp8' (vLLM's): the attention and MLP projections in
+    FP8 e4m3, quantized at load with per-channel scales; a pre-quantized FP8 checkpoint (quant_method
+    'fp8', e.g. 128x128 block scales) runs in its own format either way (engine/quant/).
     max_logprobs: the most top alternatives a request may ask for with SamplingParams.logprobs or
     prompt_logprobs (vLLM's, default 20). logprobs_mode: 'raw_logprobs' (the model's distribution,
     vLLM's default) or 'processed_logprobs' (the one sampled from, after temperature and filters);
@@ -266,6 +276,11 @@ class EngineConfig:
         "KV cache format: auto (the model's dtype), fp8_e4m3 or fp8_e5m2 (one byte per value: twice the tokens "
         "in the same memory, half the bytes read per decode step; vLLM's --kv-cache-dtype)",
         choices=KV_CACHE_DTYPES))
+    quantization: str | None = field(default=None, metadata=_flag(
+        "weight format (vLLM's --quantization): fp8 stores the attention and MLP projections in FP8 e4m3 with "
+        "per-channel scales, quantized at load (half the weight bytes read per step; embeddings, norms and the LM "
+        "head stay in the model's dtype); a pre-quantized FP8 checkpoint runs in its own format without it",
+        choices=QUANTIZATIONS))
     gpu_memory_utilization: float = 0.9
     max_num_seqs: int = field(default=256, metadata=_flag(
         "most sequences (trajectories) decoded in one step (engine default 256)", type=positive_int, metavar="N"))
@@ -323,6 +338,9 @@ class EngineConfig:
             raise ValueError(f"cascade_min_saved_fraction must be in [0, 1], got {self.cascade_min_saved_fraction}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)} or None (the checkpoint's format), "
+                             f"got {self.quantization!r}")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {list(LOGPROBS_MODES)}, got {self.logprobs_mode!r}")
         from engine.spec.config import SpeculativeConfig
@@ -333,7 +351,7 @@ class EngineConfig:
 
 # The flags of `pacore run`, `demo` and `serve`, in their --help order; `serve` adds the engine's "seed"
 # (`pacore run --seed` is the run's seed, which also seeds its engine).
-ENGINE_FLAGS = ("dtype", "kv_cache_dtype", "max_model_len", "rope_scaling", "max_num_seqs", "num_kv_blocks",
+ENGINE_FLAGS = ("dtype", "kv_cache_dtype", "quantization", "max_model_len", "rope_scaling", "max_num_seqs", "num_kv_blocks",
                 "tensor_parallel_size", "batch_invariant", "enforce_eager", "max_logprobs", "logprobs_mode",
                 "speculative_config")
 _FIELDS = {f.name: f for f in dataclasses.fields(EngineConfig)}
