@@ -142,3 +142,23 @@ def test_tensor_parallel_shards_the_scales_with_their_weights(tiny_model_dir):
         assert worst_relative_logit_error(step_logits(one), step_logits(two)) < LOGIT_BOUND
     finally:
         two.shutdown()
+
+
+@pytest.mark.parametrize("command", ["run", "demo", "serve"])
+def test_the_flag_reaches_the_engine(tmp_path, monkeypatch, command):
+    import engine
+    from pacore.cli import main
+    if command == "serve":
+        pytest.importorskip("fastapi")
+    (tmp_path / "in.jsonl").write_text(json.dumps({"id": "p0", "messages": [{"role": "user", "content": "1+1?"}]}) + "\n")
+    seen = {}
+
+    def fake(*args, **kw):
+        seen.update(kw)
+        raise SystemExit(3)
+    monkeypatch.setattr(engine, "LLM", fake)
+    paths = {"run": ["--data", str(tmp_path / "in.jsonl"), "--out", str(tmp_path / "o.jsonl")],
+             "demo": ["--out", str(tmp_path / "o.jsonl")], "serve": []}[command]
+    with pytest.raises(SystemExit):
+        main([command, *paths, "--quantization", "fp8"])
+    assert seen["quantization"] == "fp8"
