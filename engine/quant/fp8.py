@@ -5,8 +5,8 @@ decode step reads all of them. Embeddings are gathered a row per token (their by
 step), norms are a few KB, and the LM head decides every sampled token, so all stay in the model's
 dtype (as vLLM's fp8 and Qwen3-8B-FP8 keep them).
 
-Loading never holds a bf16 projection on the device beside more than its own FP8 copy: each checkpoint
-tensor is read, moved to the device, quantized into its slot and dropped (engine/loader.py).
+Loading holds one bf16 projection on the device at a time beside the FP8 model: each checkpoint tensor
+is read, moved to the device, quantized into its slot and dropped (engine/loader.py).
 """
 from __future__ import annotations
 

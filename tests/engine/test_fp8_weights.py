@@ -2,6 +2,7 @@
 everything else in the model's dtype, logits close to the unquantized model's, a block-scale checkpoint
 loaded as stored, and what is refused named with its way out."""
 import _triton_env  # noqa: F401  (sets TRITON_INTERPRET before triton is imported)
+import dataclasses
 import json
 import shutil
 
@@ -162,3 +163,22 @@ def test_the_flag_reaches_the_engine(tmp_path, monkeypatch, command):
     with pytest.raises(SystemExit):
         main([command, *paths, "--quantization", "fp8"])
     assert seen["quantization"] == "fp8"
+
+
+def test_the_device_model_charges_a_byte_per_projection_parameter(tmp_path):
+    """PaCoRe-8B (Qwen3-8B's shape) on a modelled H200: the weights a step reads, and the KV cache the freed
+    memory buys (docs/gpu.md#fp8-weights quotes these figures)."""
+    from bench.rehearsal.shapes import model_folder
+    from engine.device_model import DeviceParams, kv_tokens
+    from engine.step_shape import ModelShape
+    folder = model_folder("qwen3-8b", tmp_path)
+    shapes = {q: ModelShape.from_config(ModelConfig.from_pretrained(folder, quantization=q), 2, 1) for q in (None, "fp8")}
+    bf16, fp8 = shapes[None], shapes["fp8"]
+    assert bf16.weight_bytes == 15_136_811_008 and fp8.weight_bytes == 8_196_646_912  # 15.1 -> 8.2 GB per step
+    # the projections: a byte per parameter and an fp32 scale per output channel; the LM head stays bf16
+    assert fp8.linear_weight_bytes == bf16.linear_params + 4 * 36 * (4096 + 2 * 1024 + 4096 + 2 * 12288 + 4096)
+    assert fp8.weight_bytes - fp8.linear_weight_bytes == bf16.weight_bytes - bf16.linear_weight_bytes
+    dev = DeviceParams()
+    assert (kv_tokens(bf16, dev), kv_tokens(fp8, dev)) == (1_590_284, 1_684_416)  # FP8 KV, 0.9 of 141 GB
+    two_byte_kv = [dataclasses.replace(s, kv_dtype_bytes=2) for s in (bf16, fp8)]
+    assert [kv_tokens(s, dev) for s in two_byte_kv] == [795_142, 842_208]
