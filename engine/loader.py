@@ -108,6 +108,10 @@ def load_weights(model: CausalLM, path, kv_scales: bool = False) -> None:
                     loaded |= _load_fp8(fp8[owner], f, file, hf_name, owner, parts[-1], shard_idx,
                                         fused_sizes.get(owner.rpartition(".")[2]), _part(shard, cfg, module, (0, 0)))
                     continue
+                if parts[-1] in SCALE_NAMES or f.get_slice(hf_name).get_dtype().startswith("F8"):
+                    raise ValueError(f"{file.name}: {hf_name!r} is FP8 (or its scale), but this engine runs only the "
+                                     "attention and MLP projections in FP8 and keeps embeddings, norms and the LM head "
+                                     "in the model's dtype; dequantize it in the checkpoint")
                 if name not in params:
                     if name == "lm_head.weight" and cfg.tie_word_embeddings:
                         continue  # some tied checkpoints still store the head

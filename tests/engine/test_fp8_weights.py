@@ -94,6 +94,14 @@ def test_a_block_scale_checkpoint_loads_as_stored(wide_qwen3, tmp_path):
     assert worst_relative_logit_error(step_logits(base), step_logits(llm)) < LOGIT_BOUND
 
 
+def test_an_fp8_lm_head_is_refused_not_cast(wide_qwen3, tmp_path):
+    stored = _write_block_checkpoint(wide_qwen3, tmp_path / "fp8")
+    stored["lm_head.weight"], stored["lm_head.weight_scale_inv"] = quantize_weight(stored["lm_head.weight"], (128, 128))
+    save_file(stored, str(tmp_path / "fp8" / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="lm_head.*is FP8.*keeps embeddings, norms and the LM head"):
+        LLM(str(tmp_path / "fp8"), skip_tokenizer_init=True)
+
+
 def _config_with(tiny_model_dir, tmp_path, quantization_config):
     src = tiny_model_dir("qwen3")
     cfg = json.loads((src / "config.json").read_text()) | {"quantization_config": quantization_config}
