@@ -102,3 +102,14 @@ def test_triton_block_gemm_checks_its_inputs():
         fp8_block_gemm_triton(a, s[:, :1], b, bs, (32, 32), torch.float32)
     with pytest.raises(ValueError, match="power of two"):
         fp8_block_gemm_triton(a, s, b, bs, (32, 24), torch.float32)
+
+
+@pytest.mark.skipif(DEV != "cuda" or not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
+                    reason="FP8 tensor cores: sm_89+ (the CPU runs the reference, above)")
+@pytest.mark.parametrize("block", [None, (128, 128)], ids=["scaled_mm", "triton_block"])
+def test_the_gpu_paths_match_the_reference(block):
+    w, x = _weight(384, 512), torch.randn(33, 512, device=DEV).to(torch.bfloat16)
+    q, scale = quantize_weight(w, block)
+    assert gemm_path(x.device, x.dtype, block, 384, 512) == ("scaled_mm" if block is None else "triton_block")
+    out = fp8_linear(x, q, scale, None, block)
+    assert out.dtype == torch.bfloat16 and env.rel_err(out, fp8_linear_ref(x, q, scale, None, block)) < 1e-2
