@@ -1,6 +1,8 @@
-"""FP8 KV cache accuracy against the model dtype's cache, on CPU (the torch path).
+"""FP8 accuracy against the model dtype, on CPU (the torch path): the KV cache, or with --weights the
+weights (quantization="fp8": per-channel e4m3 projections, per-token activations), alone and with an
+e4m3 cache.
 
-For each model and FP8 format, against kv_cache_dtype="auto":
+For each model and FP8 variant, against the model dtype's weights and cache:
 
 - greedy agreement: the same prompts decoded greedily for --tokens tokens (ignore_eos) with each
   cache: the share of generated tokens before a prompt's first divergence, and how many prompts
@@ -10,9 +12,9 @@ For each model and FP8 format, against kv_cache_dtype="auto":
   distributions (mean and max over all positions) and top-1 agreement there.
 
 Models: SmolLM2-135M-Instruct (the embedded default) and tiny random Qwen3 / Llama checkpoints
-(tests/tiny_models.py). The table is in docs/gpu.md.
+(tests/tiny_models.py). The tables are in docs/gpu.md.
 
-    python -m bench.fp8_accuracy [--tokens 256] [--models smollm2,qwen3,llama] [--out DIR]
+    python -m bench.fp8_accuracy [--weights] [--tokens 256] [--models smollm2,qwen3,llama] [--out DIR]
 """
 from __future__ import annotations
 
@@ -33,7 +35,10 @@ PROMPTS = [
     "Translate to French: The weather is nice today and we are going to the beach.",
     "Solve for x: 3x + 7 = 25. Show your work.",
 ]
-FORMATS = ("fp8_e4m3", "fp8_e5m2")
+# variant -> LLM options, against the model dtype's weights and cache
+KV_VARIANTS = {"fp8_e4m3": {"kv_cache_dtype": "fp8_e4m3"}, "fp8_e5m2": {"kv_cache_dtype": "fp8_e5m2"}}
+WEIGHT_VARIANTS = {"fp8 weights": {"quantization": "fp8"},
+                   "fp8 weights + fp8_e4m3 KV": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}}
 
 
 def run(llm, prompts, tokens: int, forced: list[list[int]] | None = None):
@@ -61,14 +66,15 @@ def run(llm, prompts, tokens: int, forced: list[list[int]] | None = None):
     return [out[i] for i in range(len(prompts))], [torch.stack(logits[i]) for i in range(len(prompts))]
 
 
-def compare(llm_auto, make_fp8, prompts, tokens: int) -> list[dict]:
+def compare(llm_auto, make_fp8, prompts, tokens: int, variants=KV_VARIANTS) -> list[dict]:
     import torch
     base_tokens, base_logits = run(llm_auto, prompts, tokens)
     rows = []
-    for fmt in FORMATS:
-        free, _ = run(make_fp8(fmt), prompts, tokens)
+    for fmt, options in variants.items():
+        fp8 = make_fp8(options)
+        free, _ = run(fp8, prompts, tokens)
         prefix = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(base_tokens, free)]
-        _, forced_logits = run(make_fp8(fmt), prompts, tokens, forced=base_tokens)
+        _, forced_logits = run(fp8, prompts, tokens, forced=base_tokens)
         p = torch.cat(base_logits).log_softmax(-1)
         q = torch.cat(forced_logits).log_softmax(-1)
         kl = (p.exp() * (p - q)).sum(-1)
@@ -84,7 +90,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--models", default="smollm2,qwen3,llama")
-    ap.add_argument("--out", default=None, help="folder for fp8_accuracy.json and its table")
+    ap.add_argument("--weights", action="store_true", help="FP8 weights (alone and with an FP8 e4m3 cache) "
+                    "instead of the FP8 KV formats")
+    ap.add_argument("--out", default=None, help="folder for fp8_accuracy.json (fp8_weights_accuracy.json) and its table")
     args = ap.parse_args(argv)
     import torch
 
@@ -101,26 +109,29 @@ def main(argv=None) -> int:
             prompts = [torch.randint(3, 256, (n,), generator=torch.Generator().manual_seed(n)).tolist()
                        for n in (7, 20, 33, 60, 90, 120, 150, 200)]
         kw = dict(device="cpu", dtype="float32", num_kv_blocks=1024, max_num_seqs=len(prompts))
-        rows = compare(LLM(path, **kw), lambda fmt: LLM(path, kv_cache_dtype=fmt, **kw), prompts, args.tokens)
+        variants = WEIGHT_VARIANTS if args.weights else KV_VARIANTS
+        rows = compare(LLM(path, **kw), lambda options: LLM(path, **options, **kw), prompts, args.tokens, variants)
         for r in rows:
             r["model"] = "SmolLM2-135M" if name == "smollm2" else f"tiny {name} (random)"
             results.append(r)
             print(json.dumps(r), file=sys.stderr, flush=True)  # as each model finishes: a long run keeps them
         print(f"{name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-    head = (f"| model | KV | greedy tokens agreeing (before the first divergence) | prompts agreeing on all "
+    head = (f"| model | {'FP8' if args.weights else 'KV'} | greedy tokens agreeing (before the first divergence) | prompts agreeing on all "
             f"{args.tokens} | KL mean | KL max | teacher-forced top-1 agree |")
     lines = [head, "|" + "---|" * 7]
     for r in results:
         lines.append(f"| {r['model']} | {r['format']} | {100 * r['greedy_agree_share']:.1f}% | "
                      f"{r['prompts_all_agree']}/{r['prompts']} | {r['kl_mean']:.2e} | {r['kl_max']:.2e} | "
                      f"{100 * r['forced_top1_agree']:.1f}% |")
-    table = (f"FP8 KV vs the model dtype's (fp32) KV, CPU, greedy, {args.tokens} tokens per prompt; KL(p_auto || "
+    what = "FP8 weights" if args.weights else "FP8 KV"
+    table = (f"{what} vs the model dtype's (fp32), CPU, greedy, {args.tokens} tokens per prompt; KL(p_auto || "
              f"p_fp8) in nats over the teacher-forced positions\n" + "\n".join(lines))
     print(table)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "fp8_accuracy.json").write_text(json.dumps(results, indent=1))
-        (Path(args.out) / "fp8_accuracy_table.md").write_text(table + "\n")
+        stem = "fp8_weights_accuracy" if args.weights else "fp8_accuracy"
+        (Path(args.out) / f"{stem}.json").write_text(json.dumps(results, indent=1))
+        (Path(args.out) / f"{stem}_table.md").write_text(table + "\n")
     return 0
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.jsonfile import loads_json, read_json
+from engine.quant.config import QUANTIZATIONS, Fp8Config, checkpoint_quantization, resolve_quantization
 
 if TYPE_CHECKING:  # torch is imported where it is used: `pacore --help` reads the flags below without it
     import torch
@@ -48,9 +49,13 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     torch_dtype: str | None = None
     hf_config: object = None  # the transformers config, for RoPE parameter functions
+    quant: Fp8Config | None = None  # FP8 projections (engine/quant/): asked for, or the checkpoint's
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, rope_scaling: dict | None = None) -> "ModelConfig":
+    def from_pretrained(cls, path: str | Path, rope_scaling: dict | None = None,
+                        quantization: str | None = None) -> "ModelConfig":
+        """Read and check ``path``'s config.json; ``quantization``: "fp8" to quantize the projections at
+        load (a pre-quantized FP8 checkpoint runs in its own format either way)."""
         path = Path(path)
         cfg_file = path / "config.json"
         if not cfg_file.is_file():
@@ -58,6 +63,7 @@ class ModelConfig:
                 f"{path} has no config.json: pass a local Hugging Face model folder "
                 "(config.json, *.safetensors, tokenizer files) or 'smollm2-135m' for the embedded model")
         raw = read_json(cfg_file)
+        quant = resolve_quantization(quantization, checkpoint_quantization(raw, cfg_file), cfg_file)
         archs = raw.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
@@ -103,7 +109,7 @@ class ModelConfig:
             qk_norm=arch == "Qwen3ForCausalLM",
             rope_type=rope_type, eos_token_ids=eos_ids,
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "") or None,
-            hf_config=hf,
+            hf_config=hf, quant=quant,
         )
 
     def rope_cos_sin(self, max_positions: int) -> torch.Tensor:
@@ -259,6 +265,9 @@ class EngineConfig:
     each, half the bytes of bf16, so the same memory holds twice the tokens. Per-layer scales come
     from the checkpoint (``self_attn.k_scale`` / ``v_scale``, llm-compressor's ``k_proj.output_scale``)
     or are 1.0; values beyond the format's range saturate (engine/kv_cache.py).
+    quantization: None (the checkpoint's format) or 'fp8' (vLLM's): the attention and MLP projections in
+    FP8 e4m3, quantized at load with per-channel scales; a pre-quantized FP8 checkpoint (quant_method
+    'fp8', e.g. 128x128 block scales) runs in its own format either way (engine/quant/).
     max_logprobs: the most top alternatives a request may ask for with SamplingParams.logprobs or
     prompt_logprobs (vLLM's, default 20). logprobs_mode: 'raw_logprobs' (the model's distribution,
     vLLM's default) or 'processed_logprobs' (the one sampled from, after temperature and filters);
@@ -284,6 +293,11 @@ class EngineConfig:
         "KV cache format: auto (the model's dtype), fp8_e4m3 or fp8_e5m2 (one byte per value: twice the tokens "
         "in the same memory, half the bytes read per decode step; vLLM's --kv-cache-dtype; default auto)",
         choices=KV_CACHE_DTYPES))
+    quantization: str | None = field(default=None, metadata=_flag(
+        "weight format (vLLM's --quantization): fp8 stores the attention and MLP projections in FP8 e4m3 with "
+        "per-channel scales, quantized at load (half the weight bytes read per step; embeddings, norms and the LM "
+        "head stay in the model's dtype); a pre-quantized FP8 checkpoint runs in its own format without it",
+        choices=QUANTIZATIONS))
     gpu_memory_utilization: float = field(default=0.9, metadata=_flag(
         "fraction of each GPU's memory the engine may fill, weights and KV cache together (vLLM's flag): the KV "
         "cache gets what is left of it once the weights are loaded; ignored on a CPU (default 0.9)",
@@ -360,6 +374,9 @@ class EngineConfig:
             raise ValueError(f"cascade_scope must be one of {list(CASCADE_SCOPES)}, got {self.cascade_scope!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {list(QUANTIZATIONS)} or None (the checkpoint's format), "
+                             f"got {self.quantization!r}")
         if self.logprobs_mode not in LOGPROBS_MODES:
             raise ValueError(f"logprobs_mode must be one of {list(LOGPROBS_MODES)}, got {self.logprobs_mode!r}")
         from engine.spec.config import SpeculativeConfig
@@ -370,8 +387,8 @@ class EngineConfig:
 
 # The flags of `pacore run`, `demo` and `serve`, in their --help order; `serve` adds the engine's "seed"
 # (`pacore run --seed` is the run's seed, which also seeds its engine).
-ENGINE_FLAGS = ("dtype", "kv_cache_dtype", "max_model_len", "rope_scaling", "max_num_seqs", "num_kv_blocks",
-                "gpu_memory_utilization", "long_prefill_token_threshold", "max_num_seqs_per_request",
+ENGINE_FLAGS = ("dtype", "kv_cache_dtype", "quantization", "max_model_len", "rope_scaling", "max_num_seqs",
+                "num_kv_blocks", "gpu_memory_utilization", "long_prefill_token_threshold", "max_num_seqs_per_request",
                 "tensor_parallel_size", "batch_invariant", "enforce_eager", "max_logprobs", "logprobs_mode",
                 "speculative_config")
 _FIELDS = {f.name: f for f in dataclasses.fields(EngineConfig)}

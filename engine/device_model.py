@@ -3,6 +3,8 @@
 A step's time is the sum of its parts, each at its own roofline:
 
 - ``weights``: every linear weight (and the LM head) read once, bytes / (bandwidth x linear_bw_eff);
+  with FP8 weights the projections are a byte per parameter plus their scales (engine/step_shape.py;
+  their FLOPs are still charged at the bf16 peak);
 - ``matmul``: the linear layers' compute beyond that read, max(0, FLOPs / (peak x matmul_eff) -
   weights), shared out by token: decode tokens' share here, prefill's in ``prefill``, recomputed
   tokens' in ``recompute``;

@@ -72,7 +72,8 @@ class LLM:
                             f"{[f.name for f in dataclasses.fields(EngineConfig) if f.name != 'model']}")
         self.options = opts = EngineConfig(model=model, **options)
         path = resolve_model(model)
-        self.config = cfg = ModelConfig.from_pretrained(path, rope_scaling=opts.rope_scaling)
+        self.config = cfg = ModelConfig.from_pretrained(path, rope_scaling=opts.rope_scaling,
+                                                        quantization=opts.quantization)
         check_max_logprobs(opts.max_logprobs, cfg.vocab_size)
         self.device = torch.device(opts.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         # A rehearsal models a GPU, so its dtype is a GPU's default.
@@ -377,15 +378,17 @@ class LLM:
         self.block_manager.reset_peak()
 
     def describe(self) -> str:
-        """One line for a person starting the engine: the model, dtype, KV cache (format, tokens that
-        fit, bytes per token), context length and devices. The pacore commands print it at start-up."""
+        """One line for a person starting the engine: the model, dtype, weights (format, bytes), KV cache
+        (format, tokens that fit, bytes per token), context length and devices. The pacore commands print it at start-up."""
         blocks = self.block_manager.num_blocks
         tp = self.options.tensor_parallel_size
         devices = f"{self.device}" + (f" x {tp} (tensor parallel)" if tp > 1 else "")
         if self.options.device_model:
             devices += f", rehearsing a modelled {self.options.device_model}"
         dtype = str(self.dtype).removeprefix("torch.")
+        from engine.quant.fp8 import describe_weights
         return (f"engine: {self.config.path.name} ({self.config.architecture}), {dtype}, "
+                f"{describe_weights(self.config, self.dtype)}, "
                 f"KV cache {self.kv_cache_dtype}: {blocks * self.block_size:,} tokens ({blocks:,} blocks of "
                 f"{self.block_size}), {self.kv_bytes_per_block // self.block_size:,} bytes per token, "
                 f"context {self.max_model_len:,} tokens, device {devices}")

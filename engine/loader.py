@@ -10,6 +10,7 @@ from safetensors import safe_open
 from engine.distributed import Shard, TPGroup
 from engine.jsonfile import read_json
 from engine.model import CausalLM
+from engine.quant.fp8 import SCALE_NAMES, Fp8Linear, load_scale, load_weight
 
 # HF name -> (our parameter, shard index into a fused parameter or None)
 _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -83,6 +84,7 @@ def load_weights(model: CausalLM, path, kv_scales: bool = False) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
     q, kv, ffn = shard.num_heads * cfg.head_dim, shard.num_kv_heads * cfg.head_dim, shard.ffn_size
     fused_sizes = {"qkv_proj": [q, kv, kv], "gate_up_proj": [ffn, ffn]}
+    fp8 = {name: m for name, m in model.named_modules() if isinstance(m, Fp8Linear)}
     loaded: set[str] = set()
     for file in _checkpoint_files(path):
         with safe_open(str(file), framework="pt") as f:
@@ -101,6 +103,15 @@ def load_weights(model: CausalLM, path, kv_scales: bool = False) -> None:
                 if module in _FUSED:
                     fused, shard_idx = _FUSED[module]
                     name = ".".join(parts[:-2] + [fused, parts[-1]])
+                owner = name.rpartition(".")[0]
+                if owner in fp8 and parts[-1] in ("weight", *SCALE_NAMES):
+                    loaded |= _load_fp8(fp8[owner], f, file, hf_name, owner, parts[-1], shard_idx,
+                                        fused_sizes.get(owner.rpartition(".")[2]), _part(shard, cfg, module, (0, 0)))
+                    continue
+                if parts[-1] in SCALE_NAMES or f.get_slice(hf_name).get_dtype().startswith("F8"):
+                    raise ValueError(f"{file.name}: {hf_name!r} is FP8 (or its scale), but this engine runs only the "
+                                     "attention and MLP projections in FP8 and keeps embeddings, norms and the LM head "
+                                     "in the model's dtype; dequantize it in the checkpoint")
                 if name not in params:
                     if name == "lm_head.weight" and cfg.tie_word_embeddings:
                         continue  # some tied checkpoints still store the head
@@ -140,6 +151,22 @@ def load_weights(model: CausalLM, path, kv_scales: bool = False) -> None:
     if missing:
         raise ValueError(f"checkpoint in {path} lacks {len(missing)} tensors, e.g. {missing[:4]}")
     _set_kv_scales(model, scales)
+
+
+def _load_fp8(layer: Fp8Linear, f, file, hf_name: str, owner: str, kind: str, shard_idx, sizes, part) -> set[str]:
+    """One checkpoint tensor of an FP8 projection (engine/quant/fp8.py): its weight, quantized on the device
+    unless stored in FP8, or its scales; returns the names it loaded, as load_weights counts them."""
+    rows = None if shard_idx is None else (sum(sizes[:shard_idx]), sizes[shard_idx])
+    tag = "" if shard_idx is None else f"#{shard_idx}"
+    what = f"{file.name}: {hf_name!r}"
+    if kind == "weight":
+        set_scales = load_weight(layer, _read(f, hf_name, part), rows, what)
+        return {f"{owner}.weight{tag}"} | ({f"{owner}.weight_scale{tag}"} if set_scales else set())
+    if (kind == "weight_scale_inv") != (layer.block is not None):
+        raise ValueError(f"{what} does not match the checkpoint's quantization_config ("
+                         f"{'block scales are *.weight_scale_inv' if layer.block else 'no weight_block_size, so *.weight_scale'})")
+    load_scale(layer, f.get_tensor(hf_name), rows, part, what)
+    return {f"{owner}.weight_scale{tag}"}
 
 
 def _kv_scale(model: CausalLM, file, hf_name: str, tensor: torch.Tensor, layer: int) -> float:
@@ -194,7 +221,11 @@ def load_model(cfg, dtype: torch.dtype, device: torch.device, shard: Shard | Non
         model = CausalLM(cfg, shard, tp)
     # Cast on meta (free), then allocate: the device holds the weights once, in their dtype. (Allocating
     # fp32 and casting peaked at ~2x the weights, and left that in torch's cache.)
-    model = model.to(dtype).to_empty(device=device)
+    model = model.to(dtype)
+    for m in model.modules():
+        if isinstance(m, Fp8Linear):
+            m.restore_formats()  # FP8 weights and fp32 scales stay so: .to(dtype) cast them too
+    model = model.to_empty(device=device)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     load_weights(model, cfg.path, kv_scales)

@@ -5,6 +5,9 @@ decoding sequence. Projections are fused at load time (q|k|v and gate|up) so eac
 
 Under tensor parallelism (engine/distributed.py) each rank builds the same modules with its Shard's
 sizes; o_proj, down_proj and the embedding end in an all-reduce, the LM head in a gather.
+
+With FP8 weights (``cfg.quant``, engine/quant/) the projections are Fp8Linear; the embedding, norms
+and LM head keep the model's dtype.
 """
 from __future__ import annotations
 
@@ -15,6 +18,14 @@ from engine.attention import AttentionMetadata, Backend
 from engine.config import ModelConfig
 from engine.distributed import Shard, TPGroup, whole
 from kernels.batch_invariant import linear_invariant
+
+
+def projection(cfg: ModelConfig, in_features: int, out_features: int, bias: bool) -> nn.Module:
+    """An attention or MLP projection: nn.Linear, or Fp8Linear when the model runs FP8 weights."""
+    if cfg.quant is None:
+        return nn.Linear(in_features, out_features, bias=bias)
+    from engine.quant.fp8 import Fp8Linear
+    return Fp8Linear(in_features, out_features, bias, cfg.quant)
 
 
 class RMSNorm(nn.Module):
@@ -31,8 +42,8 @@ class Attention(nn.Module):
         self.q_size = self.num_heads * cfg.head_dim
         self.kv_size = self.num_kv_heads * cfg.head_dim
         self.tp = tp
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.qkv_proj = projection(cfg, cfg.hidden_size, self.q_size + 2 * self.kv_size, cfg.qkv_bias)
+        self.o_proj = projection(cfg, self.q_size, cfg.hidden_size, cfg.o_bias)
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -60,8 +71,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, shard: Shard, tp: TPGroup):
         super().__init__()
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * shard.ffn_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(shard.ffn_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gate_up_proj = projection(cfg, cfg.hidden_size, 2 * shard.ffn_size, cfg.mlp_bias)
+        self.down_proj = projection(cfg, shard.ffn_size, cfg.hidden_size, cfg.mlp_bias)
         self.tp = tp
 
     def forward(self, x: torch.Tensor, ops: Backend) -> torch.Tensor:
@@ -135,8 +146,12 @@ class RowTiledLinear(nn.Module):
 
 
 def tile_linears(model: nn.Module) -> None:
-    """Swap every nn.Linear of model (lm_head included) for a RowTiledLinear over the same weights."""
+    """Swap every nn.Linear of model (lm_head included) for a RowTiledLinear over the same weights; FP8
+    projections compute in the same fixed row tiles (kernels/fp8_gemm.py, invariant=True)."""
+    from engine.quant.fp8 import Fp8Linear
     for module in list(model.modules()):
+        if isinstance(module, Fp8Linear):
+            module.invariant = True
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Linear):
                 setattr(module, name, RowTiledLinear(child))

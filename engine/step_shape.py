@@ -22,11 +22,17 @@ class ModelShape:
     qk_norm: bool = False
     kv_dtype_bytes: int | None = None  # the KV cache's bytes per value (1 for FP8); None: dtype_bytes
     tie_word_embeddings: bool = False
+    # FP8 projections (engine/quant/): one byte per parameter plus fp32 scales, per output channel (None)
+    # or per (rows, columns) block; fp8_weights False: the projections are in the model's dtype
+    fp8_weights: bool = False
+    fp8_block: tuple[int, int] | None = None
 
     @classmethod
     def from_config(cls, cfg, dtype_bytes: int, kv_dtype_bytes: int | None = None) -> "ModelShape":
+        quant = getattr(cfg, "quant", None)
         return cls(cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
-                   cfg.head_dim, cfg.vocab_size, dtype_bytes, cfg.qk_norm, kv_dtype_bytes, cfg.tie_word_embeddings)
+                   cfg.head_dim, cfg.vocab_size, dtype_bytes, cfg.qk_norm, kv_dtype_bytes, cfg.tie_word_embeddings,
+                   quant is not None, quant.block if quant is not None else None)
 
     @property
     def linear_params(self) -> int:
@@ -43,12 +49,32 @@ class ModelShape:
         return h * q + 2 * h * kv + q * h + 3 * h * self.intermediate_size  # q, k, v, o, gate, up, down
 
     @property
+    def layer_projections(self) -> list[tuple[int, int]]:
+        """(out, in) of q, k, v, o, gate, up and down."""
+        h, q, kv, i = self.hidden_size, self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim, \
+            self.intermediate_size
+        return [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
+
+    @property
+    def linear_weight_bytes(self) -> int:
+        """The projections of every layer: in the model's dtype, or FP8 (a byte each) and fp32 scales."""
+        if not self.fp8_weights:
+            return self.dtype_bytes * self.linear_params
+        if self.fp8_block is None:
+            scales = sum(n for n, _ in self.layer_projections)
+        else:
+            bn, bk = self.fp8_block
+            scales = sum(-(-n // bn) * -(-k // bk) for n, k in self.layer_projections)
+        return self.linear_params + 4 * self.num_layers * scales
+
+    @property
     def weight_bytes(self) -> int:
         """Weights one forward reads: every layer, the final norm and the LM head (the embedding table
-        is only gathered row by row, and is the LM head itself when tied: counted once either way)."""
+        is only gathered row by row, and is the LM head itself when tied: counted once either way). With
+        FP8 weights the projections are a byte per parameter; norms and the LM head keep the dtype."""
         norms = 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
-        params = self.num_layers * (self.layer_linear_params + norms) + self.hidden_size
-        return self.dtype_bytes * (params + self.vocab_size * self.hidden_size)
+        params = self.num_layers * norms + self.hidden_size
+        return self.linear_weight_bytes + self.dtype_bytes * (params + self.vocab_size * self.hidden_size)
 
     @property
     def kv_bytes_per_token(self) -> int:

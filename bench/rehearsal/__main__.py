@@ -62,6 +62,10 @@ CONFIGS = {
     # step's depth (up to 6) chosen by the depth policy against the rehearsed device
     "spec-self": {"speculative_config": SELF_WINDOW},
     "fp8+spec-self": {"kv_cache_dtype": "fp8_e4m3", "speculative_config": SELF_WINDOW},
+    # FP8 weights (--quantization fp8): the projections a byte per parameter, the LM head in bf16
+    "fp8w": {"quantization": "fp8"},
+    "fp8+fp8w": {"kv_cache_dtype": "fp8_e4m3", "quantization": "fp8"},
+    "fp8+fp8w+spec-self": {"kv_cache_dtype": "fp8_e4m3", "quantization": "fp8", "speculative_config": SELF_WINDOW},
 }
 
 

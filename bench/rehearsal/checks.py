@@ -74,7 +74,8 @@ def check_cache(args, shapes: dict, folder, options: dict, device: DeviceParams)
         tokens, source = args.kv_tokens // BLOCK_SIZE * BLOCK_SIZE, f"--kv-tokens, in blocks of {BLOCK_SIZE}"
     else:
         kv = resolve_kv_dtype(options.get("kv_cache_dtype", "auto"), torch.bfloat16)
-        shape = ModelShape.from_config(ModelConfig.from_pretrained(folder), torch.bfloat16.itemsize, kv.itemsize)
+        shape = ModelShape.from_config(ModelConfig.from_pretrained(folder, quantization=options.get("quantization")),
+                                       torch.bfloat16.itemsize, kv.itemsize)
         tokens = kv_tokens(shape, device)
         source = f"the memory of --device {args.device} (memory_bytes={device.memory_bytes:g}) after the weights"
     if tokens > args.max_kv_tokens:

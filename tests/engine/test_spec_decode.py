@@ -37,7 +37,8 @@ def _exercised(llm):
 @pytest.mark.parametrize("kind", ["qwen3", "llama"])
 @pytest.mark.parametrize("options", [
     dict(),
-    dict(cascade_attention=True, kv_cache_dtype="fp8_e4m3"),  # fork n=8, the prefix read once per group
+    # fork n=8, the prefix read once per group; FP8 KV and FP8 weights (each token its activation scale)
+    dict(cascade_attention=True, kv_cache_dtype="fp8_e4m3", quantization="fp8"),
     dict(num_kv_blocks=14, max_num_seqs=8, batch_invariant=True),  # preemption
 ], ids=["plain", "cascade-fp8", "preempt-batch_invariant"])
 def test_greedy_is_identical(tiny_model_dir, kind, options):
@@ -110,15 +111,17 @@ def test_stop_string_and_max_tokens_cut_inside_an_accepted_run(tiny_model_dir):
 PENALISED = dict(repetition_penalty=1.4, frequency_penalty=0.6, presence_penalty=0.3, logit_bias={7: 2.0, 40: -3.0})
 
 
-def test_seeded_sampling_is_identical_with_fork_and_preemption(tiny_model_dir):
+@pytest.mark.parametrize("options", [{}, dict(quantization="fp8")], ids=["model-dtype", "fp8-weights"])
+def test_seeded_sampling_is_identical_with_fork_and_preemption(tiny_model_dir, options):
     params = [SamplingParams(n=8, temperature=1.0, max_tokens=48, seed=1, ignore_eos=True),
               SamplingParams(n=8, temperature=1.0, max_tokens=48, seed=2, ignore_eos=True, **PENALISED),
               SamplingParams(n=8, temperature=0, max_tokens=48, ignore_eos=True, **PENALISED)]
     plain, spec, llm = _both(tiny_model_dir("qwen3_sharp"), PROMPTS, params, skip_tokenizer_init=True,
-                             batch_invariant=True, num_kv_blocks=24, max_num_seqs=12)
+                             batch_invariant=True, num_kv_blocks=24, max_num_seqs=12, **options)
     assert _tokens(spec) == _tokens(plain)
     assert _exercised(llm)["preemptions"] > 0
-    assert _tokens(plain)[1] != _tokens(LLM(str(tiny_model_dir("qwen3_sharp")), skip_tokenizer_init=True).generate(
+    assert _tokens(plain)[1] != _tokens(LLM(str(tiny_model_dir("qwen3_sharp")), skip_tokenizer_init=True,
+                                         **options).generate(
         PROMPTS[1:2], SamplingParams(n=8, temperature=1.0, max_tokens=48, seed=2, ignore_eos=True),
         use_tqdm=False))[0]  # the penalties change the tokens
 

@@ -19,7 +19,7 @@ def _both(model, prompts, params, spec=SW, **options):
 
 
 @pytest.mark.parametrize("kind,options", [
-    ("qwen3", dict(cascade_attention=True, kv_cache_dtype="fp8_e4m3")),
+    ("qwen3", dict(cascade_attention=True, kv_cache_dtype="fp8_e4m3", quantization="fp8")),  # FP8 KV and weights
     ("llama", dict(num_kv_blocks=14, max_num_seqs=8)),  # preemption
 ], ids=["qwen3-cascade-fp8", "llama-preempt"])
 def test_greedy_is_identical(tiny_model_dir, kind, options):
@@ -32,10 +32,11 @@ def test_greedy_is_identical(tiny_model_dir, kind, options):
         assert st["preemptions"] > 0
 
 
-def test_seeded_sampling_is_identical_bit_for_bit(tiny_model_dir):
+@pytest.mark.parametrize("options", [{}, dict(quantization="fp8")], ids=["model-dtype", "fp8-weights"])
+def test_seeded_sampling_is_identical_bit_for_bit(tiny_model_dir, options):
     params = [SamplingParams(n=4, temperature=1.0, max_tokens=40, seed=1, logprobs=2, ignore_eos=True),
               SamplingParams(n=4, temperature=1.0, max_tokens=40, seed=2, logprobs=2, ignore_eos=True, **PENALISED)]
-    plain, spec, llm = _both(tiny_model_dir("qwen3_sharp"), PROMPTS[:2], params, batch_invariant=True)
+    plain, spec, llm = _both(tiny_model_dir("qwen3_sharp"), PROMPTS[:2], params, batch_invariant=True, **options)
     assert _tokens(spec) == _tokens(plain)
     assert [[o.logprobs.logprobs for o in r.outputs] for r in spec] == [[o.logprobs.logprobs for o in r.outputs]
                                                                         for r in plain]

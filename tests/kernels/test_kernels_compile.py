@@ -42,7 +42,8 @@ def _compile_all() -> int:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kernels import activation, cascade_decode, gumbel_sample, paged_decode, prefill_attention, rmsnorm, rope, store_kvcache
+    from kernels import (activation, cascade_decode, fp8_gemm, gumbel_sample, paged_decode, prefill_attention, rmsnorm,
+                         rope, store_kvcache)
 
     target = GPUTarget("cuda", 90, 32)
     tname = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int32: "i32",
@@ -145,6 +146,11 @@ def _compile_all() -> int:
                 dict(HALF=64, BLOCK_HQ=32, BLOCK_HKV=8, BLOCK_HALF=64, num_warps=4))
     compile_one(activation._silu_and_mul_kernel, dict(x_ptr=bf, out_ptr=bf, stride_x=28672, I=14336),
                 dict(BLOCK=1024, num_warps=4))
+    for block_m in (16, 64):  # FP8 weights with 128x128 block scales (Qwen3-8B-FP8), e4m3 tensor cores
+        compile_one(fp8_gemm._fp8_block_gemm_kernel,
+                    dict(a_ptr=e4m3, b_ptr=e4m3, c_ptr=bf, as_ptr=f32, bs_ptr=f32, M=256, N=6144, K=4096,
+                         stride_am=4096, stride_bn=4096, stride_cm=6144, stride_asm=32, stride_bsn=32),
+                    dict(GROUP_N=128, BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=128, num_warps=4))
     return 0
 
 

@@ -1,0 +1,135 @@
+"""The FP8 linear layer (kernels/fp8_gemm.py) against bf16 at PaCoRe-8B's shapes, on one GPU.
+
+Qwen3-8B's four projections as the engine fuses them (q|k|v 4096 -> 6144, o 4096 -> 4096, gate|up
+4096 -> 24576, down 12288 -> 4096) at 1, 16, 64, 128 and 256 rows (decode batches), each with
+per-channel scales (``--quantization fp8``: ``torch._scaled_mm`` on sm_89+) and with 128 x 128 block
+scales (a pre-quantized checkpoint: the Triton kernel on sm_89+). Each row: the bf16 ``F.linear`` and
+the FP8 layer (its per-token activation quantization included) per call in microseconds, the speedup
+(bf16 / FP8), ``rel_err`` of the FP8 layer against its torch reference on the same device (the kernel's
+correctness: bf16 output rounding only), ``quant_rel_err`` against the bf16 product (what FP8 costs in
+accuracy), and ``pass`` (rel_err < 1e-2). Weights are cycled over copies larger than L2 together, so
+each call reads its weights from memory as a decode step does. Rows go to OUT/gpu_fp8_gemm.json (a
+list) as they run.
+
+    python3 -m bench.gpu_fp8_gemm --out DIR
+    python3 -m bench.gpu_fp8_gemm --out DIR --dry-run   # CPU: tiny shapes, the reference and the interpreter
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 24576), "down": (12288, 4096)}  # (in, out)
+TINY_SHAPES = {"qkv": (256, 384), "down": (384, 256)}
+ROWS = (1, 16, 64, 128, 256)
+TINY_ROWS = (1, 5)
+SCALES = {"channel": None, "block128": (128, 128)}
+REPS, WARMUP = 20, 3
+ROTATE_BYTES = 256 << 20  # weight copies cycled per case: several times an H100/H200's L2
+PASS_REL_ERR = 1e-2
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT") or None, required=os.environ.get("OUT") is None,
+                    help="folder for gpu_fp8_gemm.json")
+    ap.add_argument("--dry-run", action="store_true", help="CPU at tiny shapes: the code path, no GPU figures")
+    return ap.parse_args(argv)
+
+
+def rel_err(out, ref) -> float:
+    return ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
+
+
+def timer(torch, dev: str, reps: int = REPS, warmup: int = WARMUP):
+    """us per call of fn(i), i cycling over the weight copies: the mean of ``reps`` calls after ``warmup``."""
+    def run(fn, copies: int) -> float:
+        for i in range(warmup):
+            fn(i % copies)
+        if dev == "cuda":
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for i in range(reps):
+                fn(i % copies)
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end) * 1e3 / reps
+        t0 = time.perf_counter()
+        for i in range(reps):
+            fn(i % copies)
+        return (time.perf_counter() - t0) * 1e6 / reps
+    return run
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.dry_run:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton's kernels are created
+    import torch
+    import torch.nn.functional as F
+
+    from kernels.fp8_gemm import fp8_linear, fp8_linear_ref, gemm_path, quantize_rows_ref, quantize_weight
+    dev = "cpu" if args.dry_run else "cuda"
+    if dev == "cuda" and not torch.cuda.is_available():
+        print("gpu_fp8_gemm: no CUDA device (use --dry-run on a CPU)", file=sys.stderr)
+        return 2
+    dtype = torch.float32 if args.dry_run else torch.bfloat16
+    shapes, rows_list = (TINY_SHAPES, TINY_ROWS) if args.dry_run else (SHAPES, ROWS)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "gpu_fp8_gemm.json"
+    time_us = timer(torch, dev, *((2, 0) if args.dry_run else (REPS, WARMUP)))  # a dry run's times mean nothing
+    gen = torch.Generator(device=dev).manual_seed(0)
+    results = []
+    for name, (k, n) in shapes.items():
+        w = torch.randn(n, k, device=dev, generator=gen).mul_(0.02).to(dtype)
+        copies = 1 if args.dry_run else max(1, -(-ROTATE_BYTES // (n * k * 2)))
+        ws = [w] + [w.clone() for _ in range(copies - 1)]
+        quantized = {s: [quantize_weight(x, block) for x in ws] for s, block in SCALES.items()}
+        for m in rows_list:
+            x = torch.randn(m, k, device=dev, generator=gen).to(dtype)
+            bf16_us = time_us(lambda i: F.linear(x, ws[i]), copies)
+            for scales, block in SCALES.items():
+                qs = quantized[scales]
+                if args.dry_run and block is not None:  # the Triton kernel under the interpreter, fp32 operands
+                    from kernels.fp8_gemm import fp8_block_gemm_triton
+
+                    def fp8(i, qs=qs, block=block):
+                        xq, xs = quantize_rows_ref(x, block[1])
+                        return fp8_block_gemm_triton(xq.float(), xs, qs[i][0].float(), qs[i][1], block, dtype)
+                    path_name = "triton_block (interpreter)"
+                else:
+                    def fp8(i, qs=qs, block=block):
+                        return fp8_linear(x, qs[i][0], qs[i][1], None, block)
+                    path_name = gemm_path(torch.device(dev), dtype, block, n, k)
+                row = dict(shape=f"{name} {k}->{n}", scales=scales, M=m, path=path_name)
+                try:
+                    out = fp8(0)
+                    ref = fp8_linear_ref(x, *qs[0], None, block)
+                    row["rel_err"] = rel_err(out, ref)
+                    row["quant_rel_err"] = rel_err(out, F.linear(x.float(), w.float()))
+                    row["bf16_us"] = bf16_us
+                    row["fp8_us"] = time_us(fp8, copies)
+                    row["speedup"] = bf16_us / row["fp8_us"]
+                    row["pass"] = row["rel_err"] < PASS_REL_ERR
+                except Exception as e:  # one failed case costs its row, not the run
+                    row.update(error=f"{type(e).__name__}: {e}"[:300], bf16_us=bf16_us, fp8_us=None, speedup=None,
+                               rel_err=None, **{"pass": False})
+                results.append(row)
+                path.write_text(json.dumps(results, indent=1))
+                print(json.dumps(row), flush=True)
+        del ws, quantized
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+    failed = [r for r in results if not r["pass"]]
+    print(f"gpu_fp8_gemm: {len(results) - len(failed)}/{len(results)} rows pass; written {path}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
