@@ -27,8 +27,7 @@
 # 15 minutes of device time in all, its start of 1-2 minutes included; one command at most 10 minutes;
 # at most 8 files come back from $OUT (hence the one archive). Run the plan as one device command,
 # `OUT=$OUT bench/gpu_check.sh`, with timeout_s 590 (PLAN_S 530 + the last stage's KILL_S + SUMMARY_S +
-# packing); then `more` only if 4 minutes of device time are left. The default plan's timeouts leave
-# FP8_GEMM_S of PLAN_S free for the FP8 GEMM stage (see the slot in plan()). Kernel tests need pytest:
+# packing); then `more` only if 4 minutes of device time are left. Kernel tests need pytest:
 # where the machine lacks it, bench/vendor_pytest.sh puts it in .gpu-vendor/ to carry along.
 set -uo pipefail
 for v in OUT GPU_CHECK_WORK PACORE_GPU_CHECKPOINT; do  # relative to where it was started, not to the repo
@@ -43,7 +42,6 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-$PWD/.triton-cache}
 PLAN_S=${PLAN_S:-530}  # the plan's stages start and end within this
 MORE_S=${MORE_S:-215}  # more's
-FP8_GEMM_S=30          # of PLAN_S, kept free by the default plan's timeouts for the FP8 GEMM stage
 KILL_S=5               # a stage that ignores `timeout`'s TERM is killed this much later
 SUMMARY_S=15           # the summary's timeout: it runs after the budget, whatever is left of it
 DRY_S=900              # each stage's timeout in the dry run (the CPU interpreter is slow)
@@ -118,9 +116,7 @@ plan() {  # the plan, by value per second.  NAME  TIMEOUT(s)  COMMAND
     stage kernels_decode   85  $PY -m bench.gpu_kernels --only copy,paged,cascade --out "$OUT_DIR" $TINY
     stage spec_kernels     55  $PY -m bench.gpu_spec_kernels --out "$OUT_DIR" $TINY
     stage prefill          50  $PY -m bench.gpu_kernels --only prefill --out "$OUT_DIR" $TINY
-    # ---- FP8 GEMM slot: FP8_GEMM_S (30 s) of PLAN_S are left free for this stage; add it here once
-    # ---- bench/gpu_fp8_gemm.py exists (it writes $OUT_DIR/gpu_fp8_gemm.json, read by bench/gpu_summary.py):
-    # stage fp8_gemm         30  $PY -m bench.gpu_fp8_gemm --out "$OUT_DIR" $TINY
+    stage fp8_gemm         30  $PY -m bench.gpu_fp8_gemm --out "$OUT_DIR" $TINY
     stage checkpoint       45  "${e2e[@]}" --only checkpoint
     stage e2e_rounds      150  "${e2e[@]}" --only throughput,spec --cases round1,round2
     stage e2e_logits       60  "${e2e[@]}" --only logits

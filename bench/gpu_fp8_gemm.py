@@ -37,7 +37,8 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT") or None, required=os.environ.get("OUT") is None,
                     help="folder for gpu_fp8_gemm.json")
-    ap.add_argument("--dry-run", action="store_true", help="CPU at tiny shapes: the code path, no GPU figures")
+    ap.add_argument("--dry-run", "--tiny", dest="dry_run", action="store_true",
+                    help="CPU at tiny shapes: the code path, no GPU figures (--tiny: bench/gpu_check.sh's dry run)")
     return ap.parse_args(argv)
 
 

@@ -6,15 +6,15 @@
     python3 -m bench.gpu_summary --memory               # PaCoRe-8B's weights and KV tokens per GPU size
 
 The table reads, when present: stages.tsv, gpu_kernels.json, gpu_spec_kernels.json, gpu_fp8_gemm.json,
-gpu_e2e.json and device_params.json. gpu_fp8_gemm.json (bench/gpu_fp8_gemm.py, optional) is expected as
+gpu_e2e.json and device_params.json. gpu_fp8_gemm.json (bench/gpu_fp8_gemm.py) is the list of its rows as
+it writes them
 
-    {"device": "NVIDIA H200", "commit": "abc1234",
-     "rows": [{"shape": "qkv_proj", "M": 256, "N": 6144, "K": 4096, "bf16_us": 41.0, "fp8_us": 25.0,
-               "speedup": 1.64, "rel_err": 0.012, "tol": 0.05, "passed": true}, ...]}
+    [{"shape": "qkv 4096->6144", "scales": "channel", "M": 256, "path": "scaled_mm", "bf16_us": 41.0,
+      "fp8_us": 25.0, "speedup": 1.64, "rel_err": 1e-3, "quant_rel_err": 0.02, "pass": true}, ...]
 
-one row per GEMM (shape: a name or [N, K]; M: the rows, i.e. the tokens of the step; speedup: bf16_us /
-fp8_us; rel_err: max |fp8 - bf16 reference| / max |reference|; passed, else rel_err <= tol decides); a
-row with an "error" key instead is listed as failed.
+one row per GEMM (M: the rows, i.e. the tokens of the step; speedup: bf16_us / fp8_us; rel_err: against
+the FP8 layer's torch reference; "pass" decides, else rel_err <= "tol"); a row with an "error" key is
+listed as failed. A dict with the rows under "rows" (and the "device") is read too.
 """
 from __future__ import annotations
 
@@ -64,15 +64,18 @@ def _ms(x) -> str:
     return "n/a" if x is None else f"{x:.2f}"
 
 
-def fp8_gemm_lines(data: dict) -> list[str]:
+def fp8_gemm_lines(data) -> list[str]:
     """gpu_fp8_gemm.json's rows (the module docstring's format), one line each with its verdict."""
-    lines = [f"FP8 GEMM (W8A8, torch._scaled_mm) vs bf16 on {data.get('device', '?')}"]
-    for r in data.get("rows", []):
-        if "error" in r:
-            lines.append(f"fp8 gemm {r.get('shape', '?')} FAILED: {r['error']}")
+    rows = data if isinstance(data, list) else data.get("rows", [])
+    device = "" if isinstance(data, list) else f" on {data.get('device', '?')}"
+    lines = [f"FP8 GEMM (W8A8: torch._scaled_mm per channel, the Triton kernel for block scales) vs bf16{device}"]
+    for r in rows:
+        name = str(r.get("shape", "?")) + (f" {r['scales']}" if r.get("scales") else "")
+        if r.get("error"):
+            lines.append(f"fp8 gemm {name} FAILED: {r['error']}")
             continue
-        ok = r.get("passed", r.get("rel_err", float("nan")) <= r.get("tol", 0.0))
-        lines.append(f"fp8 gemm {str(r['shape']):<16} M={r['M']:<6} bf16 {r['bf16_us']:8.1f} us  fp8 {r['fp8_us']:8.1f} us"
+        ok = r.get("pass", r.get("passed", r.get("rel_err", float("nan")) <= r.get("tol", 0.0)))
+        lines.append(f"fp8 gemm {name:<16} M={r['M']:<6} bf16 {r['bf16_us']:8.1f} us  fp8 {r['fp8_us']:8.1f} us"
                      f"  {r['speedup']:.2f}x  err {r['rel_err']:.1e}  {'PASS' if ok else 'FAIL'}")
     return lines
 

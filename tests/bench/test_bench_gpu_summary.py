@@ -20,17 +20,17 @@ def test_the_table_counts_verdicts_and_reads_the_fp8_gemm_rows(tmp_path):
         dict(case="paged", kv_dtype="auto", B=32, context=16384, us=90.0, bw_frac=0.8, rel_err_vs_fp32=4e-3),
         dict(case="paged", kv_dtype="auto", B=4, context=65536, us=50.0, bw_frac=0.7, rel_err_vs_fp32=0.3)])
     (tmp_path / "gpu_kernels.json").write_text(json.dumps(kernels))
-    fp8 = dict(device="GPU", commit="c0ffee", rows=[
-        dict(shape="qkv_proj", M=256, N=6144, K=4096, bf16_us=41.0, fp8_us=25.0, speedup=1.64, rel_err=0.01,
-             tol=0.05, passed=True),
-        dict(shape=[12288, 4096], M=8, N=12288, K=4096, bf16_us=30.0, fp8_us=20.0, speedup=1.5, rel_err=0.2, tol=0.05),
-        dict(shape="down_proj", error="RuntimeError: no FP8 on this device")])
+    fp8 = [  # as bench/gpu_fp8_gemm.py writes it
+        dict(shape="qkv_proj", M=256, bf16_us=41.0, fp8_us=25.0, speedup=1.64, rel_err=0.01, **{"pass": True}),
+        dict(shape=[12288, 4096], M=8, bf16_us=30.0, fp8_us=20.0, speedup=1.5, rel_err=0.2, tol=0.05),
+        dict(shape="down_proj", scales="block128", M=1, bf16_us=30.0, fp8_us=None, speedup=None, rel_err=None,
+             error="RuntimeError: no FP8 on this device", **{"pass": False})]
     (tmp_path / "gpu_fp8_gemm.json").write_text(json.dumps(fp8))
     text = table(tmp_path)
     assert "B=32   ctx=16384" in text and "err 4.0e-03  PASS" in text and "err 3.0e-01  FAIL" in text
     assert "fp8 gemm qkv_proj         M=256" in text and "1.64x  err 1.0e-02  PASS" in text
     assert "fp8 gemm [12288, 4096]" in text and "err 2.0e-01  FAIL" in text  # no "passed": rel_err <= tol decides
-    assert "fp8 gemm down_proj FAILED: RuntimeError" in text
+    assert "fp8 gemm down_proj block128 FAILED: RuntimeError" in text
     assert "verdicts: 2 PASS, 3 FAIL" in text and "device model inputs: none written" in text
     assert main([str(tmp_path)]) == 0 and (tmp_path / "summary.txt").read_text() == text + "\n"
 
