@@ -46,11 +46,18 @@ class CascadePolicy:
 
 
 def common_prefix_blocks(tables: list[list[int]], limit: int) -> int:
-    """Leading entries (at most ``limit``) equal in every block table: the blocks they hold in common."""
-    first, n = tables[0], limit
+    """Leading entries (at most ``limit``) equal in every block table: the blocks they hold in common.
+    Runs every step over the whole batch in vLLM's scope, so each table is compared as a slice (C speed)
+    and only a table that differs is walked to find where."""
+    first = tables[0]
+    n = min(limit, len(first))
     for t in tables[1:]:
-        k = 0
-        while k < min(n, len(t)) and t[k] == first[k]:
+        if n == 0:
+            break
+        if t[:n] == first[:n]:
+            continue
+        k, m = 0, min(n, len(t))
+        while k < m and t[k] == first[k]:
             k += 1
         n = k
     return n

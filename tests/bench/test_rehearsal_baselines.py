@@ -141,3 +141,12 @@ def test_a_protocol_rehearsed_in_full_is_its_own_virtual_time(tmp_path):
                  "--out", str(out)]) == 0
     rep = json.loads((out / "engine" / "report.json").read_text())
     assert rep["protocol"]["hours"] * 3600 == pytest.approx(rep["overall"]["seconds"])
+
+
+def test_common_prefix_blocks_stops_at_the_first_table_that_differs():
+    from engine.cascade import common_prefix_blocks
+    assert common_prefix_blocks([[1, 2, 3, 4], [1, 2, 3, 4, 9], [1, 2, 3]], 4) == 3  # a shorter table bounds it
+    assert common_prefix_blocks([[1, 2, 3, 4], [1, 2, 7, 4], [1, 2, 3, 4]], 4) == 2  # a differing block ends it
+    assert common_prefix_blocks([[1, 2, 3, 4], [1, 2, 3, 4]], 2) == 2                # never past the limit
+    assert common_prefix_blocks([[5, 2], [1, 2], [5, 2]], 2) == 0
+    assert common_prefix_blocks([[1, 2, 3]], 3) == 3                                 # one table: all of it
