@@ -296,7 +296,8 @@ class EngineConfig:
     quantization: str | None = field(default=None, metadata=_flag(
         "weight format (vLLM's --quantization): fp8 stores the attention and MLP projections in FP8 e4m3 with "
         "per-channel scales, quantized at load (half the weight bytes read per step; embeddings, norms and the LM "
-        "head stay in the model's dtype); a pre-quantized FP8 checkpoint runs in its own format without it",
+        "head stay in the model's dtype); a pre-quantized FP8 checkpoint runs in its own format without it (default: "
+        "the checkpoint's format)",
         choices=QUANTIZATIONS))
     gpu_memory_utilization: float = field(default=0.9, metadata=_flag(
         "fraction of each GPU's memory the engine may fill, weights and KV cache together (vLLM's flag): the KV "

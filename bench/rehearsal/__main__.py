@@ -66,6 +66,8 @@ CONFIGS = {
     "fp8w": {"quantization": "fp8"},
     "fp8+fp8w": {"kv_cache_dtype": "fp8_e4m3", "quantization": "fp8"},
     "fp8+fp8w+spec-self": {"kv_cache_dtype": "fp8_e4m3", "quantization": "fp8", "speculative_config": SELF_WINDOW},
+    # vLLM with the same FP8 weights (--quantization fp8), FP8 KV and its n-gram proposer: fp8+fp8w+spec-self's peer
+    "vllm-fp8+fp8w+ngram": VLLM | {"kv_cache_dtype": "fp8_e4m3", "quantization": "fp8", "speculative_config": VLLM_NGRAM},
 }
 
 

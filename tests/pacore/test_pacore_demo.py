@@ -36,7 +36,8 @@ def test_demo_end_to_end_on_the_default_model(tmp_path, capsys):
     assert "accuracy (final answer)" in printed.out
     # issue 28: the start-up line is shown, first on stderr, and only once
     line = printed.err.splitlines()[0]
-    assert line.startswith("engine: smollm2-135m-instruct (LlamaForCausalLM), float32, KV cache float32: ")
+    assert line.startswith("engine: smollm2-135m-instruct (LlamaForCausalLM), float32, weights float32 538.1 MB, "
+                           "KV cache float32: ")
     assert "bytes per token, context 8,192 tokens, device cpu" in line and printed.err.count("engine: ") == 1
 
 
@@ -48,5 +49,6 @@ def test_run_prints_one_startup_line(tiny_model_dir, tmp_path, capsys):
                  "--rounds", "2", "--max-tokens", "4", "--num-kv-blocks", "64", "--no-progress", "--no-grade"]) == 0
     err = capsys.readouterr().err
     (line,) = [line for line in err.splitlines() if line.startswith("engine: ")]
-    assert line == (f"engine: {model.name} (Qwen3ForCausalLM), float32, KV cache float32: 1,024 tokens (64 blocks "
+    assert line == (f"engine: {model.name} (Qwen3ForCausalLM), float32, weights float32 0.5 MB, KV cache float32: "
+                    f"1,024 tokens (64 blocks "
                     f"of 16), 1,024 bytes per token, context 1,024 tokens, device cpu")
