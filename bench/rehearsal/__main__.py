@@ -36,10 +36,12 @@ SELF_WINDOW = {"method": "self_window", "num_speculative_tokens": 6, "window": 5
 # vLLM V1 as `vllm serve` runs it on an H100/H200 (docs/rehearsal.md cites the source of each):
 # n=K as K requests sharing the prompt's full blocks through the automatic prefix cache, chunked
 # prefill with a budget of 8,192 tokens, 1,024 sequences, cascade attention only over a prefix every
-# sequence of the step shares (>= 256 tokens, >= 8 requests).
+# sequence of the step shares (>= 256 tokens, >= 8 requests); first come, first served: a prompt takes
+# as much of the step's budget as it can (long_prefill_token_threshold 0) and a request as many seats.
 VLLM = {"enable_fork": False, "enable_prefix_caching": True, "max_num_batched_tokens": 8192, "max_num_seqs": 1024,
         "gpu_memory_utilization": 0.9, "cascade_scope": "batch", "cascade_min_group": 8, "cascade_min_prefix": 256,
-        "cascade_min_shared_tokens": 0, "cascade_min_saved_fraction": 0.0}
+        "cascade_min_shared_tokens": 0, "cascade_min_saved_fraction": 0.0,
+        "long_prefill_token_threshold": 0, "max_num_seqs_per_request": 1024}
 # vLLM's n-gram proposer: the request's own tokens (prompt and output), prompt_lookup_min = max = 5
 VLLM_NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 5, "prompt_lookup_max": 5,
               "lookup_siblings": False}
@@ -265,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus", type=positive_int, default=1, help="data-parallel replicas splitting the problems "
                    "(pacore run --data-parallel); the hours are the slowest replica's")
     p.add_argument("--sample-problems", type=positive_int, help="problems of the slowest replica rehearsed "
-                   "(default: all of them, or 1 when --sample-runs is below --runs); the rest extrapolated")
+                   "(default: all of them, or 2 when --sample-runs is below --runs); the rest extrapolated")
     p.add_argument("--sample-runs", type=positive_int, help="runs of each rehearsed problem (default min(--runs, 4)), "
                    "the pool scaled alike; each round extrapolated to --runs")
     p.add_argument("--out", default="runs/rehearsal")
