@@ -268,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                    "(pacore run --data-parallel); the hours are the slowest replica's")
     p.add_argument("--sample-problems", type=positive_int, help="problems of the slowest replica rehearsed "
                    "(default: all of them, or 2 when --sample-runs is below --runs); the rest extrapolated")
-    p.add_argument("--sample-runs", type=positive_int, help="runs of each rehearsed problem (default min(--runs, 4)), "
-                   "the pool scaled alike; each round extrapolated to --runs")
+    p.add_argument("--sample-runs", type=positive_int, help="runs of each rehearsed problem (default min(--runs, 8)), "
+                   "the pool scaled alike (at least twice round 1's K); each round extrapolated to --runs")
     p.add_argument("--out", default="runs/rehearsal")
     p.add_argument("--quiet", action="store_true")
     plain.add_arguments(p)

@@ -6,7 +6,7 @@ pool of M trajectories per problem, on N independent engines that split the prob
 paper's HMMT protocol at "high" (30 problems, --runs 64 --pool 512) is ~1.2B tokens: too many to
 rehearse token by token on a CPU. So a rehearsal runs a sample of the slowest replica's work: its
 first ``problems`` problems, each with ``runs`` of the R runs and a pool scaled by the same fraction
-(at least round 1's K), and extrapolates each round on its own: the full protocol's tokens of that
+(at least twice round 1's K), and extrapolates each round on its own: the full protocol's tokens of that
 round (its trajectories x the rehearsed mean length) over the rehearsed round's tokens per second.
 docs/rehearsal.md shows the shortcut against full rehearsals of the sizes a CPU can run.
 """
@@ -38,10 +38,14 @@ class Protocol:
 
     @property
     def sample_pool(self) -> int | None:
-        """The rehearsed pool: the pool scaled as the runs are, at least round 1's K."""
+        """The rehearsed pool: the pool scaled as the runs are, at least twice round 1's K (at most the
+        whole pool). Each run draws its K sorted (pacore/evaluate/runs.py), so from a pool of K every
+        sampled run would take the same references in the same order: identical round-2 prompts,
+        sharing their KV and, under a cascade over the whole step, their reads, where the protocol's
+        runs (K of 512) each draw their own."""
         if self.pool is None:
             return None
-        return max(self.schedule[0], math.ceil(self.pool * self.sample[1] / self.runs))
+        return min(self.pool, max(2 * self.schedule[0], math.ceil(self.pool * self.sample[1] / self.runs)))
 
     @property
     def is_sample(self) -> bool:
@@ -76,7 +80,7 @@ class Protocol:
 
 def protocol_of(args, schedule: tuple[int, ...]) -> Protocol:
     """The protocol the flags name, refused (naming the fix) when it cannot run as ``pacore run``
-    would run it, and the sample to rehearse (--sample-problems / --sample-runs; by default at most 4
+    would run it, and the sample to rehearse (--sample-problems / --sample-runs; by default at most 8
     runs, and every problem of the slowest replica unless the runs are sampled, then its first two).
 
     Two problems, not one: with one, every row of round 1 holds the same prompt, so a cascade over a
@@ -95,7 +99,7 @@ def protocol_of(args, schedule: tuple[int, ...]) -> Protocol:
         raise Refused(f"--gpus {args.gpus} is more than the {problems} problems: each replica runs whole problems, "
                       f"so {args.gpus - problems} would idle; use --gpus {problems} or more --problems")
     per_gpu = -(-problems // args.gpus)
-    r = args.sample_runs or min(args.runs, 4)
+    r = args.sample_runs or min(args.runs, 8)
     q = args.sample_problems or (per_gpu if r == args.runs else min(per_gpu, 2))
     if q > per_gpu:
         raise Refused(f"--sample-problems {q} is more than the {per_gpu} problems the slowest of {args.gpus} GPUs "

@@ -121,16 +121,16 @@ def test_a_protocol_flag_that_is_not_a_positive_integer_is_refused(tmp_path, cap
 
 def test_the_protocol_prints_hours_on_n_gpus_from_its_sample(tmp_path, capsys):
     out = tmp_path / "r"
-    assert main([*TINY, "--preset", "high", "--problems", "3", "--runs", "8", "--pool", "64", "--gpus", "2",
+    assert main([*TINY, "--preset", "high", "--problems", "3", "--runs", "16", "--pool", "128", "--gpus", "2",
                  "--config", "engine", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert ("3 problems x 8 runs, round 1 from a pool of 64 per problem, K=[32, 4, 1], on 2 GPUs: the slowest "
-            "replica runs 2 problems; rehearsed: 2 problems x 4 runs, pool 32") in text
+    assert ("3 problems x 16 runs, round 1 from a pool of 128 per problem, K=[32, 4, 1], on 2 GPUs: the slowest "
+            "replica runs 2 problems; rehearsed: 2 problems x 8 runs, pool 64") in text
     assert "hours on 2 GPUs" in text and "assumes: modelled" in text
     rep = json.loads((out / "engine" / "report.json").read_text())
     e = rep["protocol"]
-    # the sample's round tokens scale to the replica's: 2 problems x (64 pool + 8 x 4 + 8 x 1) trajectories
-    for r, (full, done) in {1: (2 * 64, 2 * 32), 2: (2 * 32, 2 * 16), 3: (2 * 8, 2 * 4)}.items():
+    # the sample's round tokens scale to the replica's: 2 problems x (128 pool + 16 x 4 + 16 x 1) trajectories
+    for r, (full, done) in {1: (2 * 128, 2 * 64), 2: (2 * 64, 2 * 32), 3: (2 * 16, 2 * 8)}.items():
         assert e["rounds"][str(r)]["tokens"] == pytest.approx(rep["rounds"][str(r)]["tokens"] * full / done)
         assert e["rounds"][str(r)]["tokens_per_s"] == rep["rounds"][str(r)]["tokens_per_s"]
     assert e["hours"] * 3600 == pytest.approx(sum(x["seconds"] for x in e["rounds"].values()))
@@ -153,3 +153,17 @@ def test_common_prefix_blocks_stops_at_the_first_table_that_differs():
     assert common_prefix_blocks([[1, 2, 3, 4], [1, 2, 3, 4]], 2) == 2                # never past the limit
     assert common_prefix_blocks([[5, 2], [1, 2], [5, 2]], 2) == 0
     assert common_prefix_blocks([[1, 2, 3]], 3) == 3                                 # one table: all of it
+
+
+def test_the_sample_pool_lets_each_sampled_run_draw_its_own_references():
+    from bench.rehearsal.protocol import Protocol
+    from pacore.evaluate.runs import draw
+
+    def pool(pool, runs, sample_runs):
+        return Protocol(30, runs, pool, 8, (32, 4, 1), (2, sample_runs)).sample_pool
+
+    # scaled as the runs are (512 x 4 / 64 = 32 = K) it would be round 1's K: every run the same draw
+    assert len({tuple(draw(32, 32, 0, "p0", run)) for run in range(4)}) == 1
+    assert pool(512, 64, 4) == 64 and len({tuple(draw(64, 32, 0, "p0", run)) for run in range(4)}) == 4
+    assert pool(512, 64, 16) == 128  # the scaled pool once it is larger
+    assert pool(40, 64, 4) == 40 and pool(512, 64, 64) == 512  # never more than the protocol's pool
