@@ -67,15 +67,17 @@ class Protocol:
 
     def describe(self) -> str:
         pool = f", round 1 from a pool of {self.pool} per problem" if self.pool else ""
-        head = (f"{self.problems} problems x {self.runs} runs{pool}, K={list(self.schedule)}, on {self.gpus} GPU"
-                f"{'s' if self.gpus > 1 else ''}: the slowest replica runs {self.per_gpu} problem"
-                f"{'s' if self.per_gpu > 1 else ''}")
+        head = (f"{_n(self.problems, 'problem')} x {_n(self.runs, 'run')}{pool}, K={list(self.schedule)}, on "
+                f"{_n(self.gpus, 'GPU')}: the slowest replica runs {_n(self.per_gpu, 'problem')}")
         if not self.is_sample:
             return head + ", rehearsed in full"
-        q, r = self.sample
         pool = f", pool {self.sample_pool}" if self.pool else ""
-        return head + f"; rehearsed: {q} problem{'s' if q > 1 else ''} x {r} run{'s' if r > 1 else ''}{pool}, " \
-                      f"each round extrapolated"
+        return (head + f"; rehearsed: {_n(self.sample[0], 'problem')} x {_n(self.sample[1], 'run')}{pool}, each round "
+                       f"extrapolated")
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'s' if count != 1 else ''}"
 
 
 def protocol_of(args, schedule: tuple[int, ...]) -> Protocol:
