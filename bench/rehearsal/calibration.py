@@ -67,13 +67,14 @@ LOWER_IS_BETTER = {"duration_s", "mean_ttft_ms", "mean_tpot_ms", "mean_itl_ms"}
 _ML_ENERGY = ("The ML.ENERGY Leaderboard (ml-energy/leaderboard, public/data/models/Qwen__Qwen3-8B__lm-arena-chat.json): "
               "Qwen3-8B bf16 on vLLM, LM Arena chat prompts, mean output ~650 tokens, at max_num_seqs {seqs}: "
               "{tps} output tokens/s (median ITL {itl} ms)")
-_CHAT = ("{prompts} prompts of 512 tokens, 650 out, both uniform within 90% (vllm bench's --random-range-ratio 0.9; "
-         "ASSUMED: the input lengths are not published, the output lengths' mean is), max_num_seqs {seqs}, "
-         "max_num_batched_tokens 8192 (ASSUMED: vLLM's serving default)")
+_CHAT = ("1,024 prompts (the data's output-length histogram counts 1,024 requests per configuration) of 512 tokens, "
+         "650 out, both uniform within 90% (vllm bench's --random-range-ratio 0.9; ASSUMED: the input lengths are not "
+         "published, the output lengths' mean is), max_num_seqs {seqs}, max_num_batched_tokens 8192 (ASSUMED: vLLM's "
+         "serving default)")
 
 
-def _chat(seqs: int, prompts: int, out: int = 650) -> dict:
-    return dict(random_input_len=512, random_output_len=out, random_range_ratio=0.9, num_prompts=prompts,
+def _chat(seqs: int, out: int = 650) -> dict:
+    return dict(random_input_len=512, random_output_len=out, random_range_ratio=0.9, num_prompts=1024,
                 max_num_seqs=seqs, max_num_batched_tokens=8192)
 
 
@@ -109,20 +110,20 @@ def _single(prompt: int) -> dict:
 
 POINTS = [
     Point("qwen3-8b chat x8", "small-batch decode (weight-bound)",
-          _ML_ENERGY.format(seqs=8, tps="961.7", itl="8.20"), "1x H100", _CHAT.format(prompts=64, seqs=8),
-          961.7, "output_tokens_per_s", "qwen3-8b", "h100", _chat(8, 64),
+          _ML_ENERGY.format(seqs=8, tps="961.7", itl="8.20"), "1x H100", _CHAT.format(seqs=8),
+          961.7, "output_tokens_per_s", "qwen3-8b", "h100", _chat(8),
           dict(num_prompts=8, random_output_len=64), stated="partial"),
     Point("qwen3-8b chat x64", "batched chat",
-          _ML_ENERGY.format(seqs=64, tps="4,314.7", itl="13.95"), "1x H100", _CHAT.format(prompts=192, seqs=64),
-          4314.7, "output_tokens_per_s", "qwen3-8b", "h100", _chat(64, 192),
+          _ML_ENERGY.format(seqs=64, tps="4,314.7", itl="13.95"), "1x H100", _CHAT.format(seqs=64),
+          4314.7, "output_tokens_per_s", "qwen3-8b", "h100", _chat(64),
           dict(num_prompts=16, max_num_seqs=8, random_output_len=64), stated="partial"),
     Point("qwen3-8b chat x128", "batched chat",
-          _ML_ENERGY.format(seqs=128, tps="5,930.3", itl="20.70"), "1x H100", _CHAT.format(prompts=384, seqs=128),
-          5930.3, "output_tokens_per_s", "qwen3-8b", "h100", _chat(128, 384),
+          _ML_ENERGY.format(seqs=128, tps="5,930.3", itl="20.70"), "1x H100", _CHAT.format(seqs=128),
+          5930.3, "output_tokens_per_s", "qwen3-8b", "h100", _chat(128),
           dict(num_prompts=16, max_num_seqs=8, random_output_len=64), stated="partial"),
     Point("qwen3-8b chat x256", "batched chat",
-          _ML_ENERGY.format(seqs=256, tps="7,718.8", itl="31.36"), "1x H100", _CHAT.format(prompts=768, seqs=256),
-          7718.8, "output_tokens_per_s", "qwen3-8b", "h100", _chat(256, 768),
+          _ML_ENERGY.format(seqs=256, tps="7,718.8", itl="31.36"), "1x H100", _CHAT.format(seqs=256),
+          7718.8, "output_tokens_per_s", "qwen3-8b", "h100", _chat(256),
           dict(num_prompts=32, max_num_seqs=16, random_output_len=64), stated="partial"),
 
     Point("llama3-8b 256/256", "batched short requests",
@@ -156,12 +157,12 @@ POINTS = [
                max_num_batched_tokens=16384, self_draft=4, spec_acceptance=0.8),
           dict(random_output_len=128, num_prompts=2, n=4, max_model_len=512), fit=False, stated="assumed"),
     Point("llama3.1-8b chat x16", "small-batch decode (weight-bound)",
-          _ML_ENERGY_LLAMA.format(seqs=16, tps="1,953.6", itl="7.91"), "1x H100", _CHAT_LLAMA.format(prompts=48, seqs=16),
-          1953.6, "output_tokens_per_s", "llama3-8b", "h100", _chat(16, 48, 400),
+          _ML_ENERGY_LLAMA.format(seqs=16, tps="1,953.6", itl="7.91"), "1x H100", _CHAT_LLAMA.format(seqs=16),
+          1953.6, "output_tokens_per_s", "llama3-8b", "h100", _chat(16, 400),
           dict(num_prompts=16, max_num_seqs=8, random_output_len=64), stated="partial"),
     Point("llama3.1-8b chat x32", "batched chat",
-          _ML_ENERGY_LLAMA.format(seqs=32, tps="3,391.1", itl="8.91"), "1x H100", _CHAT_LLAMA.format(prompts=96, seqs=32),
-          3391.1, "output_tokens_per_s", "llama3-8b", "h100", _chat(32, 96, 400),
+          _ML_ENERGY_LLAMA.format(seqs=32, tps="3,391.1", itl="8.91"), "1x H100", _CHAT_LLAMA.format(seqs=32),
+          3391.1, "output_tokens_per_s", "llama3-8b", "h100", _chat(32, 400),
           dict(num_prompts=16, max_num_seqs=8, random_output_len=64), stated="partial"),
     Point("llama3.1-8b latency x8 (H100)", "small-batch decode, stated in full",
           _VLLM_CI.format(build=9555, gpu="8xH100 (one GPU at TP 1)", ms="997.5"), "1x H100", _LATENCY,
@@ -178,8 +179,8 @@ POINTS = [
           30.0, "mean_tpot_ms", "llama3-8b", "h100", _single(204_790),
           dict(random_input_len=2048, random_output_len=8), stated="partial"),
     Point("qwen3-8b chat x128 (B200)", "batched chat, another GPU (kept aside)",
-          _ML_ENERGY.format(seqs=128, tps="9,118.9", itl="12.08"), "1x B200", _CHAT.format(prompts=384, seqs=128),
-          9118.9, "output_tokens_per_s", "qwen3-8b", "b200", _chat(128, 384),
+          _ML_ENERGY.format(seqs=128, tps="9,118.9", itl="12.08"), "1x B200", _CHAT.format(seqs=128),
+          9118.9, "output_tokens_per_s", "qwen3-8b", "b200", _chat(128),
           dict(num_prompts=16, max_num_seqs=8, random_output_len=64), fit=False, stated="partial"),
 ]
 
