@@ -91,7 +91,8 @@ _LATENCY = ("8 prompts of 32 tokens, 128 out each, all at once (benchmark_latenc
             "lengths), vLLM's limits for the rest (max_num_seqs 256, max_num_batched_tokens 8192; the 256 prompt "
             "tokens fit one step either way); the figure is the batch's end-to-end seconds")
 _LMDEPLOY = ("InternLM/lmdeploy issue #1608 (2024-05-17): vLLM 0.4.2 on one H800 (TP 1), Meta-Llama-3-8B-Instruct "
-             "(max_position_embeddings raised to 409,600), one prompt of {prompt} tokens at a time: TPOT {tpot} ms")
+             "(max_position_embeddings raised to 409,600), a prompt of {prompt} tokens: TPOT {tpot} ms (ASSUMED: one "
+             "prompt at a time, as the issue's lmdeploy script; its vLLM script is not in the stored copy)")
 _SINGLE = ("one prompt of {prompt} tokens at a time, 256 out (ASSUMED: the output length is not in the stored "
            "issue; TPOT averages the decode steps, which it barely moves), the H800 as the h100 preset (ASSUMED: the "
            "same HBM3 bandwidth and dense BF16 peak; it differs in NVLink and FP64), vLLM 0.4.2's max_num_seqs 256; "
