@@ -83,6 +83,20 @@ _ML_ENERGY_LLAMA = ("The ML.ENERGY Leaderboard (ml-energy/leaderboard, public/da
                     "Arena chat prompts, mean output ~400 tokens, at max_num_seqs {seqs}: {tps} output tokens/s "
                     "(median ITL {itl} ms)")
 _CHAT_LLAMA = _CHAT.replace("650 out", "400 out")
+_ML_ENERGY_GPQA = ("The ML.ENERGY Leaderboard (ml-energy/leaderboard, public/data/models/Qwen__Qwen3-8B__gpqa.json): "
+                   "Qwen3-8B bf16 on vLLM, GPQA prompts (198 requests), mean output {out} tokens (812 to 32,768), at "
+                   "max_num_seqs {seqs}: {tps} output tokens/s (median ITL {itl} ms)")
+_GPQA = ("198 prompts (the data's mean output is a count over 198 requests) of 256 tokens (ASSUMED: the input lengths "
+         "are not published), {out} out, both uniform within 90% (ASSUMED: the published output lengths spread from "
+         "812 to 32,768 around that mean), max_num_seqs {seqs}, max_num_batched_tokens 8192 (ASSUMED: vLLM's serving "
+         "default)")
+
+
+def _gpqa(seqs: int, out: int) -> dict:
+    return dict(random_input_len=256, random_output_len=out, random_range_ratio=0.9, num_prompts=198,
+                max_num_seqs=seqs, max_num_batched_tokens=8192)
+
+
 _VLLM_CI = ("vLLM's performance benchmark on Buildkite (buildkite.com/vllm/performance-benchmark/builds/{build}), "
             "latency_llama8B_tp1: benchmark_latency.py on llama-3.1 8B (.buildkite/nightly-benchmarks/tests/"
             "latency-tests.json: dummy weights, 5 warm-up and 15 timed iterations), batch 8, 32 tokens in, 128 out, "
@@ -165,6 +179,19 @@ POINTS = [
           _ML_ENERGY_LLAMA.format(seqs=32, tps="3,391.1", itl="8.91"), "1x H100", _CHAT_LLAMA.format(seqs=32),
           3391.1, "output_tokens_per_s", "llama3-8b", "h100", _chat(32, 400),
           dict(num_prompts=16, max_num_seqs=8, random_output_len=64), stated="partial"),
+    Point("qwen3-8b GPQA x16", "long decode (reasoning, ~8k tokens out)",
+          _ML_ENERGY_GPQA.format(seqs=16, out="7,861", tps="1,344.8", itl="11.91"), "1x H100",
+          _GPQA.format(out="7,861", seqs=16), 1344.8, "output_tokens_per_s", "qwen3-8b", "h100", _gpqa(16, 7861),
+          dict(num_prompts=4, max_num_seqs=4, random_output_len=64), stated="partial"),
+    Point("qwen3-8b GPQA x64", "long decode (reasoning, ~8k tokens out)",
+          _ML_ENERGY_GPQA.format(seqs=64, out="8,367", tps="2,510.2", itl="26.64"), "1x H100",
+          _GPQA.format(out="8,367", seqs=64), 2510.2, "output_tokens_per_s", "qwen3-8b", "h100", _gpqa(64, 8367),
+          dict(num_prompts=4, max_num_seqs=4, random_output_len=64), stated="partial"),
+    Point("qwen3-8b GPQA x96", "KV-bound long decode (cache full)",
+          _ML_ENERGY_GPQA.format(seqs=96, out="8,052", tps="3,117.4", itl="27.88") + " (mean batch 82.0: the cache "
+          "holds fewer than 96)", "1x H100", _GPQA.format(out="8,052", seqs=96), 3117.4, "output_tokens_per_s",
+          "qwen3-8b", "h100", _gpqa(96, 8052), dict(num_prompts=4, max_num_seqs=4, random_output_len=64),
+          stated="partial"),
     Point("llama3.1-8b latency x8 (H100)", "small-batch decode, stated in full",
           _VLLM_CI.format(build=9555, gpu="8xH100 (one GPU at TP 1)", ms="997.5"), "1x H100", _LATENCY,
           0.9975, "duration_s", "llama3-8b", "h100", _latency(), dict(random_output_len=16)),
