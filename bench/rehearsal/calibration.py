@@ -58,6 +58,7 @@ class Point:
     # "partial": something assumed that the figure depends on only weakly (input lengths under a decode-bound
     # throughput, output lengths under a per-token latency); "assumed": the figure rests on an assumption
     stated: str = "full"
+    vllm: str = "current"  # the vLLM the source ran: "current" (V1), else its version (V0's host work per step)
 
 
 # Figures where less is faster: the table's ratio is always the modelled speed over the published one.
@@ -147,14 +148,15 @@ POINTS = [
           "1x H100", "1,000 prompts of 256 tokens, 256 out each (the script's defaults: 1,000 prompts, vLLM 0.5 "
           "V0: max_num_seqs 256, no chunked prefill)", 12_453.0, "total_tokens_per_s", "llama3-8b", "h100",
           dict(random_input_len=256, random_output_len=256, num_prompts=1000, max_num_seqs=256,
-               max_num_batched_tokens=8192), dict(num_prompts=16, max_num_seqs=16, random_output_len=16)),
+               max_num_batched_tokens=8192), dict(num_prompts=16, max_num_seqs=16, random_output_len=16),
+          vllm="0.5"),
     Point("llama3-8b 1000/100", "prefill-heavy requests",
           "vLLM PR #4600 (simon-mo, 2024-05, v0.4.1 column): benchmark_throughput.py --input-len 1000 --output-len "
           "100 --model meta-llama/Meta-Llama-3-8B-Instruct, 20.72 requests/s", "1x H100",
           "1,000 prompts of 1,000 tokens, 100 out each (vLLM 0.4.1 V0: max_num_seqs 256, no chunked prefill)",
           20.72, "requests_per_s", "llama3-8b", "h100",
           dict(random_input_len=1000, random_output_len=100, num_prompts=1000, max_num_seqs=256,
-               max_num_batched_tokens=8192), dict(num_prompts=16, max_num_seqs=16, random_output_len=16)),
+               max_num_batched_tokens=8192), dict(num_prompts=16, max_num_seqs=16, random_output_len=16), vllm="0.4.1"),
     Point("qwen3-8b AIME x32", "KV-bound long decode (cache full)",
           "vLLM RFC #47351 (sparse-attention self-speculation): Qwen3-8B on AIME 2025 prompts, 32 samples each, "
           "~1,000 tokens/s without speculation", "1x H100",
@@ -194,18 +196,18 @@ POINTS = [
           stated="partial"),
     Point("llama3.1-8b latency x8 (H100)", "small-batch decode, stated in full",
           _VLLM_CI.format(build=9555, gpu="8xH100 (one GPU at TP 1)", ms="997.5"), "1x H100", _LATENCY,
-          0.9975, "duration_s", "llama3-8b", "h100", _latency(), dict(random_output_len=16)),
+          0.9975, "duration_s", "llama3-8b", "h100", _latency(), dict(random_output_len=16), vllm="V0 (2024 CI)"),
     Point("llama3.1-8b latency x8 (H200)", "small-batch decode, stated in full",
           _VLLM_CI.format(build=9515, gpu="H200", ms="833.4") + " (build #9513: 834.1 ms)", "1x H200", _LATENCY,
-          0.8334, "duration_s", "llama3-8b", "h200", _latency(), dict(random_output_len=16)),
+          0.8334, "duration_s", "llama3-8b", "h200", _latency(), dict(random_output_len=16), vllm="V0 (2024 CI)"),
     Point("llama3-8b batch 1, 1k context", "single-request decode (weight-bound)",
           _LMDEPLOY.format(prompt="1k", tpot="8.66"), "1x H800", _SINGLE.format(prompt="1,024 (ASSUMED: \"1k\")"),
           8.66, "mean_tpot_ms", "llama3-8b", "h100", _single(1024), dict(random_input_len=64, random_output_len=16),
-          stated="partial"),
+          stated="partial", vllm="0.4.2"),
     Point("llama3-8b batch 1, 200k context", "single-request decode, 200k context (KV-bound)",
           _LMDEPLOY.format(prompt="200k", tpot="30"), "1x H800", _SINGLE.format(prompt="204,790 (200 x 1,024 - 10)"),
           30.0, "mean_tpot_ms", "llama3-8b", "h100", _single(204_790),
-          dict(random_input_len=2048, random_output_len=8), stated="partial"),
+          dict(random_input_len=2048, random_output_len=8), stated="partial", vllm="0.4.2"),
     Point("qwen3-8b chat x128 (B200)", "batched chat, another GPU (kept aside)",
           _ML_ENERGY.format(seqs=128, tps="9,118.9", itl="12.08"), "1x B200", _CHAT.format(seqs=128),
           9118.9, "output_tokens_per_s", "qwen3-8b", "b200", _chat(128),
@@ -296,10 +298,10 @@ def evaluate(runs, devices: dict[str, DeviceParams]) -> list[float]:
     return out
 
 
-def residual(runs, values: list[float], fitted: bool = True) -> float:
-    """The root-mean-square of log(rehearsed / published) over the points fitted (``fitted``) or kept
-    aside, as a fraction (0.1: ~10%); nan when there are none."""
-    logs = [math.log(v / pt.published) for (pt, *_), v in zip(runs, values) if pt.fit == fitted]
+def residual(runs, values: list[float], keep=lambda pt: pt.fit) -> float:
+    """The root-mean-square of log(rehearsed / published) over the points ``keep`` selects (by default the
+    fitted ones), as a fraction (0.1: ~10%); nan when there are none."""
+    logs = [math.log(v / pt.published) for (pt, *_), v in zip(runs, values) if keep(pt)]
     return math.sqrt(sum(x * x for x in logs) / len(logs)) if logs else math.nan
 
 
@@ -364,14 +366,27 @@ def main(argv: list[str] | None = None) -> int:
     after = evaluate(runs, {k: dataclasses.replace(v, **{n: getattr(h100, n) for n in FIT}) for k, v in PRESETS.items()})
     print(table(runs, before, after))
     n_fit = sum(pt.fit for pt, *_ in runs)
+    aside = lambda pt: not pt.fit  # noqa: E731
     print(f"\nresidual (rms of log rehearsed/published) over the {n_fit} points fitted: presets "
           f"{100 * residual(runs, before):.1f}%, fitted {100 * res:.1f}%; over the {len(runs) - n_fit} kept aside: "
-          f"presets {100 * residual(runs, before, False):.1f}%, fitted {100 * residual(runs, after, False):.1f}%")
+          f"presets {100 * residual(runs, before, aside):.1f}%, fitted {100 * residual(runs, after, aside):.1f}%")
     by = {k: [math.log(v / pt.published) ** 2 for (pt, *_), v in zip(runs, after) if pt.stated == k]
           for k in ("full", "partial", "assumed")}
     print("fitted figures, by how the workload is stated: " + "; ".join(
         f"{k} ({len(v)}) {100 * math.sqrt(sum(v) / len(v)):.1f}%" for k, v in by.items() if v))
     print("fitted: " + ", ".join(f"{n}={getattr(h100, n):.4g}" for n in FIT))
+    # The same fit over the fitted points measured on a current vLLM only: how much of the residual is the
+    # older engines' host work per step rather than the GPU.
+    current = [r for r in runs if r[0].fit and r[0].vllm == "current"]
+    if current:
+        cur, res_cur = fit(current, PRESETS["h100"])
+        after_cur = evaluate(runs, {k: dataclasses.replace(v, **{n: getattr(cur, n) for n in FIT})
+                                    for k, v in PRESETS.items()})
+        older = lambda pt: pt.fit and pt.vllm != "current"  # noqa: E731
+        print(f"fit over the {len(current)} fitted points on a current vLLM only: residual {100 * res_cur:.1f}%; "
+              f"with its figures, the older-vLLM fitted points {100 * residual(runs, after_cur, older):.1f}%, the "
+              f"checks {100 * residual(runs, after_cur, aside):.1f}%; figures: "
+              + ", ".join(f"{n}={getattr(cur, n):.4g}" for n in FIT))
     return 0
 
 
