@@ -110,6 +110,19 @@ def test_calibration_quick_prints_every_point(tmp_path, capsys):
     assert all(pt.name in out for pt in calibration.POINTS) and "residual" in out
 
 
+def test_calibration_fits_only_points_whose_figure_its_source_states():
+    """The fit's rule: a point whose figure rests on an assumption ("assumed") is a check, and the fitted
+    efficiencies are Hopper's, so every fitted point ran on an H100 or H200; the table's ratio is a speed
+    ratio whichever way the figure runs (a TPOT half the published is 2x as fast)."""
+    assert {pt.stated for pt in calibration.POINTS} <= {"full", "partial", "assumed"}
+    assert all(not pt.fit for pt in calibration.POINTS if pt.stated == "assumed")
+    assert all(pt.device in ("h100", "h200") for pt in calibration.POINTS if pt.fit)
+    tpot = next(pt for pt in calibration.POINTS if pt.metric == "mean_tpot_ms")
+    tps = next(pt for pt in calibration.POINTS if pt.metric == "output_tokens_per_s")
+    assert calibration.speed_ratio(tpot, tpot.published / 2) == pytest.approx(2.0)
+    assert calibration.speed_ratio(tps, tps.published * 2) == pytest.approx(2.0)
+
+
 def test_kv_bytes_per_token_as_vllm_counts_them():
     """vLLM's log for Qwen3-8B (LMCache issue #3430): 'Available KV cache memory: 6.37 GiB', then 'GPU KV
     cache size: 46,368 tokens': the rehearsal's bytes per token give the same count from the same memory."""
