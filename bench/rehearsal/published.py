@@ -46,9 +46,14 @@ _CHAT = ("1,024 prompts (the data's output-length histogram counts 1,024 request
          "serving default)")
 
 
-def _chat(seqs: int, out: int = 650) -> dict:
-    return dict(random_input_len=512, random_output_len=out, random_range_ratio=0.9, num_prompts=1024,
+def _ml_energy(seqs: int, prompts: int, input_len: int, out: int) -> dict:
+    """An ML.ENERGY configuration: its requests, lengths within 90% of the stated means, vLLM's serving budget."""
+    return dict(random_input_len=input_len, random_output_len=out, random_range_ratio=0.9, num_prompts=prompts,
                 max_num_seqs=seqs, max_num_batched_tokens=8192)
+
+
+def _chat(seqs: int, out: int = 650) -> dict:
+    return _ml_energy(seqs, 1024, 512, out)
 
 
 _ML_ENERGY_LLAMA = ("The ML.ENERGY Leaderboard (ml-energy/leaderboard, public/data/models/"
@@ -66,8 +71,7 @@ _GPQA = ("198 prompts (the data's mean output is a count over 198 requests) of 2
 
 
 def _gpqa(seqs: int, out: int) -> dict:
-    return dict(random_input_len=256, random_output_len=out, random_range_ratio=0.9, num_prompts=198,
-                max_num_seqs=seqs, max_num_batched_tokens=8192)
+    return _ml_energy(seqs, 198, 256, out)
 
 
 _VLLM_CI = ("vLLM's performance benchmark on Buildkite (buildkite.com/vllm/performance-benchmark/builds/{build}), "
