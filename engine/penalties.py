@@ -37,13 +37,15 @@ def penalize(logits: torch.Tensor, seqs: list[Sequence], outputs: list[list[int]
     rows = [i for i, out in enumerate(outputs) if out is not None]
     if not rows or logits.shape[-1] == 0:  # (a rehearsal's placeholder logits: nothing to change)
         return logits
-    sub = apply_penalties(logits[torch.tensor(rows, device=logits.device)], [seqs[i].params for i in rows],
+    every = len(rows) == len(outputs)
+    index = None if every else torch.tensor(rows, device=logits.device)
+    sub = apply_penalties(logits if every else logits[index], [seqs[i].params for i in rows],  # (it copies)
                           [seqs[i].token_ids[:seqs[i].num_prompt_tokens] if seqs[i].params.repetition_penalty != 1
                            else [] for i in rows], [outputs[i] for i in rows])
-    if len(rows) == len(outputs):
+    if every:
         return sub
     out = logits.clone()
-    out[torch.tensor(rows, device=logits.device)] = sub
+    out[index] = sub
     return out
 
 
