@@ -37,7 +37,9 @@ from engine.logprobs import TokenLogprobs, prompt_logprobs_list
 from engine.observers import StepHooks, StepObserver, StepRecord
 from engine.sampler import Sampler, record_logprobs
 from engine.sampling_params import SamplingParams
-from engine.scheduler import CascadePolicy, Scheduler, StepPlan
+from engine.cascade import CascadePolicy
+from engine.scheduler import Scheduler
+from engine.step_plan import StepPlan
 from engine.sequence import Partial, Request, RequestMetrics, RequestOutput
 from engine.spec.config import SpeculativeConfig
 from engine.spec.policy import adaptive_policy

@@ -18,9 +18,9 @@ except ImportError:  # no triton: the torch draw only
     gumbel_argmax_triton = None
 
 if TYPE_CHECKING:
-    from engine.scheduler import StepPlan
+    from engine.step_plan import StepPlan
     from engine.sequence import Sequence
-    from engine.scheduler import Run
+    from engine.step_plan import Run
 
 class Sampler:
     """Draws by Gumbel-max (kernels/gumbel_sample.py): a row's token is the argmax of its scores plus

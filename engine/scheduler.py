@@ -25,12 +25,8 @@ from engine.block_manager import BlockManager, NoFreeBlocks
 from engine.cascade import CascadePolicy, common_prefix_blocks
 from engine.fairness import FairShare
 from engine.sequence import Partial, Request, Sequence, Status
-# StepPlan and its parts live in engine/step_plan.py; imported here for the scheduler and re-exported
-# for the modules that import them from here.
 from engine.step_plan import Run, ScoredSpan, StepPlan, prefill_completes, request_runs
 from engine.stopping import StopChecker
-
-__all__ = ["CascadePolicy", "Run", "ScoredSpan", "Scheduler", "StepPlan", "prefill_completes", "request_runs"]
 
 
 class Scheduler:

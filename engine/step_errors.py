@@ -18,7 +18,7 @@ from engine.non_finite import NonFiniteLogits, non_finite_requests
 from engine.sequence import Partial
 
 if TYPE_CHECKING:
-    from engine.scheduler import StepPlan
+    from engine.step_plan import StepPlan
     from engine.sequence import Request
 
 

@@ -28,7 +28,7 @@ from engine.rng import DRAFT
 if TYPE_CHECKING:
     from engine.model_runner import ModelRunner
     from engine.sampler import Sampler
-    from engine.scheduler import StepPlan
+    from engine.step_plan import StepPlan
     from engine.spec.config import SpeculativeConfig
 
 

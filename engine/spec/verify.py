@@ -25,11 +25,11 @@ import torch
 
 from engine.penalties import outputs_before, penalize
 from engine.rng import ACCEPT, RESIDUAL, stream_key, uniform
-from engine.scheduler import Run
+from engine.step_plan import Run
 
 if TYPE_CHECKING:
     from engine.sampler import Sampler
-    from engine.scheduler import StepPlan
+    from engine.step_plan import StepPlan
 
 
 def sample_runs(plan: StepPlan, logits, sampler: Sampler, drafted=None) -> list[Run]:

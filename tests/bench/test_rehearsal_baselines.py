@@ -55,7 +55,8 @@ def _plan(scope: str, prompts: list[int]):
     prompt tokens in the same blocks (as the prefix cache leaves them), each 40 tokens past it."""
     from engine.block_manager import BlockManager
     from engine.sampling_params import SamplingParams
-    from engine.scheduler import CascadePolicy, Scheduler
+    from engine.cascade import CascadePolicy
+    from engine.scheduler import Scheduler
     from engine.sequence import Request, Sequence, Status
     from engine.stopping import StopChecker
 

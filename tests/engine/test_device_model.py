@@ -97,7 +97,8 @@ def _decode_rows(prompt: int, suffix: int, n: int, cascade: bool | None = None):
     tokens past it; returns its next plan."""
     from engine.block_manager import BlockManager
     from engine.sampling_params import SamplingParams
-    from engine.scheduler import CascadePolicy, Scheduler
+    from engine.cascade import CascadePolicy
+    from engine.scheduler import Scheduler
     from engine.sequence import Request, Sequence, Status
     from engine.stopping import StopChecker
 

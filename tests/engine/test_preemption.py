@@ -46,7 +46,8 @@ def test_a_prompt_is_admitted_only_when_its_whole_prefill_fits():
     """A sequence admitted for its first chunk into a nearly full cache would be preempted before its
     prefill ends: it waits until all of it fits, with the 1% watermark kept free for growth."""
     from engine.block_manager import BlockManager
-    from engine.scheduler import CascadePolicy, Scheduler
+    from engine.cascade import CascadePolicy
+    from engine.scheduler import Scheduler
     from engine.sequence import Request
     from engine.stopping import StopChecker
 

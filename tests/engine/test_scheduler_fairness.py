@@ -11,7 +11,8 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig, add_engine_flags
 from engine.fairness import FairShare
 from engine.sampling_params import SamplingParams
-from engine.scheduler import CascadePolicy, Scheduler
+from engine.cascade import CascadePolicy
+from engine.scheduler import Scheduler
 from engine.sequence import Request, Status
 from engine.stopping import StopChecker
 
