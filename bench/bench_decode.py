@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.cascade_decode import cascade_decode_ref
-from kernels.paged_decode import paged_decode_ref
+from pacore_kernels.cascade_decode import cascade_decode_ref
+from pacore_kernels.paged_decode import paged_decode_ref
 
 HQ, HKV, D, BS, SUFFIX = 9, 3, 64, 16, 64
 

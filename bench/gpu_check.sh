@@ -145,7 +145,7 @@ more)
     OUT_DIR=$WORK/results RETURN_DIR=${OUT:-$WORK/out} CKPT=$WORK/checkpoint
     rm -rf "$OUT_DIR" && mkdir -p "$OUT_DIR"
     DRY=1 TINY=--tiny CPU="--cpu --tiny" PREFLIGHT=--dry-run
-    KERNEL_TESTS=tests/kernels/test_kernels_cascade_plan.py TEST_DEVICE=cpu  # CI runs them all on CPU
+    KERNEL_TESTS=tests/pacore_kernels/test_kernels_cascade_plan.py TEST_DEVICE=cpu  # CI runs them all on CPU
     plan
     more ;;
 *) echo "usage: bench/gpu_check.sh [more|--dry-run]" >&2; exit 2 ;;

@@ -66,11 +66,11 @@ def open_kernels(tiny: bool, script: str, dry_flag: str):
         os.environ["TRITON_INTERPRET"] = "1"
     import torch
 
-    import kernels
+    import pacore_kernels
     if not tiny and not torch.cuda.is_available():
         print(f"{script}: no CUDA device (use {dry_flag} on CPU)", file=sys.stderr)
         return None
-    return kernels
+    return pacore_kernels
 
 
 def run_cases(bench, kernels, cases: dict, format_table, table_file: Path | None) -> int:

@@ -1,4 +1,4 @@
-"""The FP8 linear layer (kernels/fp8_gemm.py) against bf16 at PaCoRe-8B's shapes, on one GPU.
+"""The FP8 linear layer (pacore_kernels/fp8_gemm.py) against bf16 at PaCoRe-8B's shapes, on one GPU.
 
 Qwen3-8B's four projections as the engine fuses them (q|k|v 4096 -> 6144, o 4096 -> 4096, gate|up
 4096 -> 24576, down 12288 -> 4096) at 1, 16, 64, 128 and 256 rows (decode batches), each with
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     import torch
     import torch.nn.functional as F
 
-    from kernels.fp8_gemm import fp8_linear, fp8_linear_ref, gemm_path, quantize_rows_ref, quantize_weight
+    from pacore_kernels.fp8_gemm import fp8_linear, fp8_linear_ref, gemm_path, quantize_rows_ref, quantize_weight
     dev = "cpu" if args.dry_run else "cuda"
     if dev == "cuda" and not torch.cuda.is_available():
         print("gpu_fp8_gemm: no CUDA device (use --dry-run on a CPU)", file=sys.stderr)
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
             for scales, block in SCALES.items():
                 qs = quantized[scales]
                 if args.dry_run and block is not None:  # the Triton kernel under the interpreter, fp32 operands
-                    from kernels.fp8_gemm import fp8_block_gemm_triton
+                    from pacore_kernels.fp8_gemm import fp8_block_gemm_triton
 
                     def fp8(i, qs=qs, block=block):
                         xq, xs = quantize_rows_ref(x, block[1])

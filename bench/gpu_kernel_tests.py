@@ -1,6 +1,6 @@
 """The kernel tests on a GPU, in parallel pytest processes (bench/gpu_check.sh's kernel_tests stage).
 
-Compiling the Triton specialisations takes most of their time (148 on a GPU: tests/kernels/compile_count.py)
+Compiling the Triton specialisations takes most of their time (148 on a GPU: tests/pacore_kernels/compile_count.py)
 and a compile is one CPU core's work, so the test files run in GROUPS processes at once (the GPU machine
 has 16 cores; the kernels are small, one GPU serves them all). Each writes its own -v log to --out
 (a test's PASSED / FAILED line as soon as it ran, so a timeout keeps them), and the failures are printed
@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Test files (tests/kernels/test_kernels_<name>.py) per process, about even in compiles; files not named
+# Test files (tests/pacore_kernels/test_kernels_<name>.py) per process, about even in compiles; files not named
 # here join the last group.
 GROUPS = [["store", "paged_decode"], ["cascade", "cascade_plan"], ["prefill", "pointwise", "ref"], ["multi_query"]]
 
@@ -27,7 +27,7 @@ GROUPS = [["store", "paged_decode"], ["cascade", "cascade_plan"], ["prefill", "p
 def groups_of(files: list[str]) -> list[list[str]]:
     """The given files (default: every kernel test file) split into GROUPS, in their order; empty ones dropped."""
     if not files:
-        files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests/kernels").glob("test_kernels_*.py"))
+        files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests/pacore_kernels").glob("test_kernels_*.py"))
     name = {f: Path(f).stem.removeprefix("test_kernels_") for f in files}
     out = [[f for g in group for f in files if name[f] == g] for group in GROUPS]
     out[-1] += [f for f in files if not any(name[f] in group for group in GROUPS)]
@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=os.environ.get("OUT") or None, help="folder for the logs")
     ap.add_argument("--device", default="cuda", help="PACORE_TEST_DEVICE of the tests (cpu: the interpreter)")
-    ap.add_argument("files", nargs="*", help="test files (default: tests/kernels/test_kernels_*.py)")
+    ap.add_argument("files", nargs="*", help="test files (default: tests/pacore_kernels/test_kernels_*.py)")
     args = ap.parse_args(argv)
     out = Path(args.out or tempfile.mkdtemp())
     out.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ Cases (each row is written to $OUT/gpu_kernels.json as soon as it ran, so a time
   a value, with per-layer scales K_SCALE / V_SCALE; the error is vs the fp32 reference on the
   dequantized cache, so it is the kernel's, not the format's);
 - prefill of a 16k and a 64k prompt: Triton in 2048-token chunks over the paged cache and in one
-  chunk, for every bf16 tile of kernels/prefill_attention.PREFILL_TILES, and torch SDPA (flash) on the
+  chunk, for every bf16 tile of pacore_kernels/prefill_attention.PREFILL_TILES, and torch SDPA (flash) on the
   prompt's own K/V: TFLOP/s and error (the fastest tile is what PREFILL_TILE should be);
 - a cache whose offsets pass 2^31 elements (store, paged, cascade, prefill on its last blocks);
 - one captured graph replayed with changed lengths, tables and groups.
@@ -207,8 +207,8 @@ def _graph_time(b: Bench, fn, errors: list) -> tuple[float, object]:
 
 def case_cascade(b: Bench, kernels):
     from engine.cuda_graphs import bucket_sizes, pad_groups
-    from kernels.cascade_decode import _block_n, cascade_prefix_plan
-    from kernels.paged_decode import fill_target
+    from pacore_kernels.cascade_decode import _block_n, cascade_prefix_plan
+    from pacore_kernels.paged_decode import fill_target
     torch = b.torch
     shapes = {"round2": (3, 64, 16), "round1": (4, 32, 40)} if b.tiny else \
         {"round2": (4, 65536, 1024), "round1": (32, 512, 16384)}  # round 2's first: the plan's priority
@@ -266,7 +266,7 @@ def case_cascade(b: Bench, kernels):
 
 
 def case_prefill(b: Bench, kernels):
-    import kernels.prefill_attention as pa
+    import pacore_kernels.prefill_attention as pa
     torch = b.torch
     lens, chunk = ([96, 160], 32) if b.tiny else ([16384, 65536], 2048)
     default = pa.PREFILL_TILE

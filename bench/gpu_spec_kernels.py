@@ -12,7 +12,7 @@ reference (on the first two rows, except cascade). Cases, each row written to OU
   multi-query kernel on the same batch (which reads the prefix once per row);
 - draft: B=32 x 32k, one query per row over a sink of 16 + a window of 512 (self-drafting), vs the full
   paged decode of the same rows;
-- sample: the sampler's Gumbel-max kernel (kernels/gumbel_sample.py) on B=256 rows x Qwen3's 151,936
+- sample: the sampler's Gumbel-max kernel (pacore_kernels/gumbel_sample.py) on B=256 rows x Qwen3's 151,936
   fp32 logits: time per call, logits bytes / time, and its tokens against the torch reference's.
 
     python3 -m bench.gpu_spec_kernels [--out DIR] [--only verify,cascade,draft] [--kv-dtypes auto,fp8_e4m3]

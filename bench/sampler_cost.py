@@ -18,7 +18,7 @@ import torch
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.sequence import Request, Sequence
-from kernels.gumbel_sample import gumbel_noise_ref
+from pacore_kernels.gumbel_sample import gumbel_noise_ref
 
 # (label, rows, vocab, the rows' SamplingParams): the issue's shape (a 41M model, vocab 32k, 16 rows at
 # T=1), the embedded model's vocabulary, and a filtered and a half-greedy batch.

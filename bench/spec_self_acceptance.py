@@ -15,7 +15,7 @@ accepted (an accepted draft is the trajectory's token). Against the full pass's 
 same position (temperature applied), a draft from q is accepted, given the token y the target drew:
 
 - coupled (the engine's default; engine/spec/self_window.py): target and draft are each the argmax of
-  log-probability + the same Gumbel noise (kernels/gumbel_sample.py, the key of the target's draw at
+  log-probability + the same Gumbel noise (pacore_kernels/gumbel_sample.py, the key of the target's draw at
   that position), so P(accept | y) = 1 / sum_j max(p_j, q_j p_y / q_y);
 - rejection (speculative sampling): P(accept | y) = min(1, q(y) / p(y));
 - inverse_cdf, the coupling the engine had before its sampler drew by Gumbel-max (a what-if now): the

@@ -34,7 +34,7 @@ class AttentionMetadata:
 
 _OPS = ("store_kvcache", "paged_decode", "cascade_decode", "prefill_attention", "rmsnorm", "rope",
         "silu_and_mul")
-_MODULES = {op: op for op in _OPS} | {"silu_and_mul": "activation"}  # op -> kernels.<module>
+_MODULES = {op: op for op in _OPS} | {"silu_and_mul": "activation"}  # op -> pacore_kernels.<module>
 
 
 @dataclass(slots=True, frozen=True)
@@ -88,13 +88,13 @@ def get_backend(name: str) -> Backend:
     fns = {}
     for op in _OPS:
         try:
-            module = importlib.import_module(f"kernels.{_MODULES[op]}")
+            module = importlib.import_module(f"pacore_kernels.{_MODULES[op]}")
         except ImportError as e:
             raise RuntimeError(f"attention_backend={name!r} needs kernels.{_MODULES[op]} ({e}); "
                                "install triton or use attention_backend='torch'") from e
         fn = getattr(module, op + suffix, None)
         if fn is None:
-            raise RuntimeError(f"kernels.{_MODULES[op]} has no {op + suffix}; "
+            raise RuntimeError(f"pacore_kernels.{_MODULES[op]} has no {op + suffix}; "
                                f"use attention_backend='torch'")
         fns[op] = fn
     return Backend(name=name, **fns)
@@ -116,11 +116,11 @@ def with_ranges(ops: Backend) -> Backend:
 @dataclass(slots=True, frozen=True)
 class BatchInvariantBackend(Backend):
     """Every query token through one attention whose result for a query does not depend on the
-    others (kernels/batch_invariant.py): the model runner hands decodes over as one-token chunks."""
+    others (pacore_kernels/batch_invariant.py): the model runner hands decodes over as one-token chunks."""
 
     def attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, k_scale: float = 1.0,
                   v_scale: float = 1.0) -> torch.Tensor:
-        from kernels.batch_invariant import max_pairs, plan_attention
+        from pacore_kernels.batch_invariant import max_pairs, plan_attention
         if meta.num_prefill_tokens != q.shape[0]:
             raise RuntimeError("batch-invariant attention takes decodes as one-token prefill chunks (engine bug)")
         self.store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping, k_scale=k_scale, v_scale=v_scale)
@@ -133,8 +133,8 @@ class BatchInvariantBackend(Backend):
 
 
 def batch_invariant_backend() -> Backend:
-    """The torch ops whose per-row results do not depend on the batch (kernels/batch_invariant.py)."""
-    from kernels import batch_invariant as bi
+    """The torch ops whose per-row results do not depend on the batch (pacore_kernels/batch_invariant.py)."""
+    from pacore_kernels import batch_invariant as bi
     fns = {f: getattr(get_backend("torch"), f) for f in _OPS}
     return BatchInvariantBackend(name="batch_invariant", **fns | dict(
         prefill_attention=bi.attention_invariant, rmsnorm=bi.rmsnorm_invariant,

@@ -1,6 +1,6 @@
 """The paged KV cache: its memory layout and the batch metadata every attention path reads.
 
-This docstring is the one place the layout is written down; `kernels/` and `engine/` both follow it.
+This docstring is the one place the layout is written down; `pacore_kernels/` and `engine/` both follow it.
 
 Storage
 -------

@@ -17,7 +17,7 @@ from torch import nn
 from engine.attention import AttentionMetadata, Backend
 from engine.config import ModelConfig
 from engine.distributed import Shard, TPGroup, whole
-from kernels.batch_invariant import linear_invariant
+from pacore_kernels.batch_invariant import linear_invariant
 
 
 def projection(cfg: ModelConfig, in_features: int, out_features: int, bias: bool) -> nn.Module:
@@ -135,7 +135,7 @@ class CausalLM(nn.Module):
 
 class RowTiledLinear(nn.Module):
     """An nn.Linear's weights computed in fixed-size row tiles, so a row's output does not depend on
-    how many rows are batched with it (kernels/batch_invariant.py)."""
+    how many rows are batched with it (pacore_kernels/batch_invariant.py)."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -147,7 +147,7 @@ class RowTiledLinear(nn.Module):
 
 def tile_linears(model: nn.Module) -> None:
     """Swap every nn.Linear of model (lm_head included) for a RowTiledLinear over the same weights; FP8
-    projections compute in the same fixed row tiles (kernels/fp8_gemm.py, invariant=True)."""
+    projections compute in the same fixed row tiles (pacore_kernels/fp8_gemm.py, invariant=True)."""
     from engine.quant.fp8 import Fp8Linear
     for module in list(model.modules()):
         if isinstance(module, Fp8Linear):

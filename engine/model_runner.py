@@ -5,7 +5,7 @@ is extended by the blocks it gained since the last step, never rebuilt from the 
 
 batch_invariant=True: a token's logits are the same bits whatever else is in the batch and however
 the token is computed (decode, chunked prefill, recompute after preemption or resume). The linear
-layers run in fixed-size row tiles, the ops are kernels/batch_invariant.py's, and decodes are handed
+layers run in fixed-size row tiles, the ops are pacore_kernels/batch_invariant.py's, and decodes are handed
 to attention as one-token prefill chunks, so one attention computation serves every query (no
 cascade, no CUDA graphs).
 
@@ -34,7 +34,7 @@ from engine.model import tile_linears
 from engine.sampler import distribution
 from engine.step_plan import StepPlan
 from engine.sequence import Sequence
-from kernels._utils import is_fp8
+from pacore_kernels._utils import is_fp8
 
 _CPU_KV_BYTES = 2 << 30  # the cache on CPU unless told: 2 GiB for all ranks, at most 64k blocks
 _MAX_CPU_BLOCKS = 1 << 16

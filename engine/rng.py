@@ -1,7 +1,7 @@
 """Counter-based random draws for seeded sampling (no generator state to save or batch)."""
 from __future__ import annotations
 
-from kernels.gumbel_sample import GOLDEN, MIX1, MIX2, signed64  # splitmix64's constants: the sampler's noise uses them too
+from pacore_kernels.gumbel_sample import GOLDEN, MIX1, MIX2, signed64  # splitmix64's constants: the sampler's noise uses them too
 
 _MASK64 = (1 << 64) - 1
 
@@ -20,7 +20,7 @@ def mix64(x: int) -> int:
 
 def stream_key(stream: int, step: int, purpose: int = 0) -> int:
     """The noise key of draw ``step`` of a seeded sequence's stream, a signed 64-bit integer
-    (kernels/gumbel_sample.py makes the draw's Gumbel noise from it); ``purpose`` (DRAFT, ACCEPT,
+    (pacore_kernels/gumbel_sample.py makes the draw's Gumbel noise from it); ``purpose`` (DRAFT, ACCEPT,
     RESIDUAL) takes it from a stream derived from this one instead.
 
     Counter-based (splitmix64 at state stream + (step + 1) * golden), so a token depends on

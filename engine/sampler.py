@@ -10,10 +10,10 @@ import torch
 from engine.logprobs import LogprobRows, compute_logprobs, raw_logprobs
 from engine.penalties import penalize
 from engine.rng import stream_key
-from kernels.gumbel_sample import gumbel_argmax_ref
+from pacore_kernels.gumbel_sample import gumbel_argmax_ref
 
 try:
-    from kernels.gumbel_sample import gumbel_argmax_triton
+    from pacore_kernels.gumbel_sample import gumbel_argmax_triton
 except ImportError:  # no triton: the torch draw only
     gumbel_argmax_triton = None
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from engine.step_plan import Run
 
 class Sampler:
-    """Draws by Gumbel-max (kernels/gumbel_sample.py): a row's token is the argmax of its scores plus
+    """Draws by Gumbel-max (pacore_kernels/gumbel_sample.py): a row's token is the argmax of its scores plus
     noise made from one 64-bit key, so a draw is a function of (logits, params, key) alone."""
 
     def __init__(self, device: torch.device, seed: int = 0, backend: str = "torch"):

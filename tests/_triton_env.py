@@ -1,15 +1,15 @@
-"""Test environment for the kernel tests: import this FIRST in every tests/kernels/test_kernels_*.py.
+"""Test environment for the kernel tests: import this FIRST in every tests/pacore_kernels/test_kernels_*.py.
 
 - PACORE_TEST_DEVICE=cuda|cpu picks the device (default: cuda when available). On cpu the Triton
   interpreter runs the kernels (TRITON_INTERPRET must be set before the kernels are created, hence
   this module).
 - PACORE_TEST_DTYPES="bfloat16,float16" sets the dtypes (default: fp32+fp16+bf16 on CPU, bf16+fp16 on
   CUDA). On CPU the bf16 kernels run with bf16 storage (q, K/V cache, outputs, p rounded to bf16 to
-  nearest even) while the attention dots take fp32 operands (kernels/_utils.py attn_dot: the
+  nearest even) while the attention dots take fp32 operands (pacore_kernels/_utils.py attn_dot: the
   interpreter's bf16 tl.dot is wrong), so only the bf16 MMA itself is left to a GPU. A GPU skips fp32:
   every fp32 variant is compiled for sm_90 by test_kernels_compile and run on a GPU end to end by
   bench/gpu_engine_check.py (fp32 Triton + graphs vs torch), and each would be one more compile
-  (tests/kernels/compile_count.py counts them).
+  (tests/pacore_kernels/compile_count.py counts them).
 Also holds the shared builders for paged caches whose unused slots and padding block are NaN, so any
 unmasked read poisons the output.
 """
@@ -25,9 +25,9 @@ DEVICE = os.environ.get("PACORE_TEST_DEVICE") or ("cuda" if torch.cuda.is_availa
 if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"
     # @triton.jit picks interpreter-or-compiler when a kernel module is imported. If something (an engine
-    # test collected earlier) imported `kernels` before this ran, drop those modules so the test module's
+    # test collected earlier) imported `pacore_kernels` before this ran, drop those modules so the test module's
     # own import re-creates the kernels in interpreter mode.
-    for _name in [m for m in sys.modules if m == "kernels" or m.startswith("kernels.")]:
+    for _name in [m for m in sys.modules if m == "pacore_kernels" or m.startswith("pacore_kernels.")]:
         del sys.modules[_name]
 
 
@@ -68,7 +68,7 @@ def grid(cases: list, gpu_other: list[int] | None = None, gpu_first: list[int] |
     (default: all). The subsets are chosen so that every compiled tile shape and kernel branch (head
     dim, BLOCK_M, cache format, split or direct output) still runs on the GPU in every dtype; what only
     changes index arithmetic (GQA ratios, block sizes) runs there in bf16 and under the interpreter in
-    every dtype. PACORE_TEST_GRID=gpu picks the GPU's rows on a CPU (tests/kernels/compile_count.py)."""
+    every dtype. PACORE_TEST_GRID=gpu picks the GPU's rows on a CPU (tests/pacore_kernels/compile_count.py)."""
     if DEVICE == "cpu" and os.environ.get("PACORE_TEST_GRID") != "gpu":
         return [(d, *c) for d in DTYPES for c in cases]
     rows = []

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from engine.quant.config import Fp8Config
-from kernels.fp8_gemm import FP8, fp8_linear, quantize_weight
+from pacore_kernels.fp8_gemm import FP8, fp8_linear, quantize_weight
 
 SCALE_NAMES = ("weight_scale", "weight_scale_inv")  # per-tensor/channel; blocks (Qwen3-8B-FP8's name)
 

@@ -8,7 +8,7 @@ and its K/V go into the row's own slots (the verify pass overwrites them: no ext
 Coupled acceptance (the default): the draft at a position is drawn from the window's distribution q
 with the noise key the target's own draw uses there (Sampler.keys, drawn once per step), and kept
 while the target's draw agrees, so the output is token for token the trajectory without speculation.
-Both draws are Gumbel-max over one noise vector (kernels/gumbel_sample.py), which agree with chance
+Both draws are Gumbel-max over one noise vector (pacore_kernels/gumbel_sample.py), which agree with chance
 sum_y 1 / sum_j max(p_j / p_y, q_j / q_y): on the embedded model at temperature 1.0, 0.91-0.92 for
 the first draft at a 512-token window, against 0.92-0.94 for rejection sampling and 0.67 for a
 coupling by one uniform through the inverse CDF (bench/spec_self_acceptance.py). Rejection acceptance: the

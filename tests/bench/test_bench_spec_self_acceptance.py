@@ -62,12 +62,12 @@ def test_quick_profile_has_its_shape_and_the_rehearsal_reads_it(tiny_model_dir, 
 
 def test_acceptance_chances_are_the_rules_own():
     """Each rule's closed form against draws of the rule itself, on a small vocabulary: the engine's
-    Gumbel-max draws with one key (kernels/gumbel_sample.py), speculative sampling's min(1, q/p),
+    Gumbel-max draws with one key (pacore_kernels/gumbel_sample.py), speculative sampling's min(1, q/p),
     inverse-CDF coupling with one uniform."""
     import torch
 
     from bench.spec_self_acceptance import acceptance
-    from kernels.gumbel_sample import gumbel_argmax_ref
+    from pacore_kernels.gumbel_sample import gumbel_argmax_ref
     g = torch.Generator().manual_seed(0)
     p, q = (torch.softmax(torch.randn(1, 6, generator=g, dtype=torch.float64) * 1.5, -1) for _ in range(2))
     n = 400_000

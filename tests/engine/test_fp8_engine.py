@@ -49,12 +49,12 @@ def test_fp8_logits_are_close_to_the_bf16_caches(kind, fmt, tiny_model_dir):
 def test_triton_backend_with_fp8_same_tokens_as_torch(kind, tiny_model_dir):
     """Chunked prefill, paged and cascade decode through the Triton kernels (interpreter) on an FP8 cache
     give the torch path's tokens, with logits within float rounding of it. On CPU the store is the
-    reference's: the interpreter's float -> FP8 conversion rounds wrongly (tests/kernels/test_kernels_store.py),
-    which a GPU's does not (tests/kernels/test_kernels_store.py checks the Triton store itself)."""
+    reference's: the interpreter's float -> FP8 conversion rounds wrongly (tests/pacore_kernels/test_kernels_store.py),
+    which a GPU's does not (tests/pacore_kernels/test_kernels_store.py checks the Triton store itself)."""
     pytest.importorskip("triton")
     import dataclasses
 
-    from kernels.store_kvcache import store_kvcache_ref
+    from pacore_kernels.store_kvcache import store_kvcache_ref
     prompts = [torch.randint(3, 256, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (21, 40)]
     params = SamplingParams(n=3, temperature=0, max_tokens=6, ignore_eos=True)
     runs = {}

@@ -14,7 +14,7 @@ from engine import LLM
 from engine.config import EngineConfig, ModelConfig
 from engine.quant.fp8 import Fp8Linear, load_scale
 from engine.quant.config import Fp8Config
-from kernels.fp8_gemm import FP8, quantize_weight
+from pacore_kernels.fp8_gemm import FP8, quantize_weight
 from test_fp8_engine import step_logits, worst_relative_logit_error
 
 # FP8 weights and per-token activations vs fp32, as a share of the largest |logit|, on the tiny random

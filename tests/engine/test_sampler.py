@@ -161,7 +161,7 @@ def test_top_p_applies_to_the_top_k_survivors_renormalised():
 
 
 def test_rows_that_sample_draw_what_the_whole_batch_drew():
-    from kernels.gumbel_sample import gumbel_noise_ref
+    from pacore_kernels.gumbel_sample import gumbel_noise_ref
 
     logits = torch.randn(6, 700)
     seqs = [_seqs(SamplingParams(temperature=t, seed=s), 1)[0]

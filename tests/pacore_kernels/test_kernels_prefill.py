@@ -7,8 +7,8 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")
-import kernels.prefill_attention as pa  # noqa: E402
-from kernels.prefill_attention import prefill_attention_ref, prefill_attention_triton  # noqa: E402
+import pacore_kernels.prefill_attention as pa  # noqa: E402
+from pacore_kernels.prefill_attention import prefill_attention_ref, prefill_attention_triton  # noqa: E402
 
 DEV = env.DEVICE
 DTYPES = env.DTYPES

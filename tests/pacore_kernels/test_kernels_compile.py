@@ -42,7 +42,7 @@ def _compile_all() -> int:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kernels import (activation, cascade_decode, fp8_gemm, gumbel_sample, paged_decode, prefill_attention, rmsnorm,
+    from pacore_kernels import (activation, cascade_decode, fp8_gemm, gumbel_sample, paged_decode, prefill_attention, rmsnorm,
                          rope, store_kvcache)
 
     target = GPUTarget("cuda", 90, 32)

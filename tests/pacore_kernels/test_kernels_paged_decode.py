@@ -7,7 +7,7 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")
-from kernels.paged_decode import paged_decode_ref, paged_decode_triton  # noqa: E402
+from pacore_kernels.paged_decode import paged_decode_ref, paged_decode_triton  # noqa: E402
 
 DEV = env.DEVICE
 _poison = env.poison_fixture()  # autouse: torch.empty/empty_like return NaN-filled tensors

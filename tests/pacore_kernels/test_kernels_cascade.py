@@ -7,8 +7,8 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")
-import kernels.cascade_decode as cd  # noqa: E402
-from kernels.cascade_decode import cascade_decode_ref, cascade_decode_triton  # noqa: E402
+import pacore_kernels.cascade_decode as cd  # noqa: E402
+from pacore_kernels.cascade_decode import cascade_decode_ref, cascade_decode_triton  # noqa: E402
 
 DEV = env.DEVICE
 _poison = env.poison_fixture()  # autouse: torch.empty/empty_like return NaN-filled tensors

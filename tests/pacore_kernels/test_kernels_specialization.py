@@ -12,9 +12,9 @@ import torch
 triton = pytest.importorskip("triton")
 pytestmark = pytest.mark.skipif(env.DEVICE != "cpu", reason="counts launches through the interpreter")
 
-from kernels.cascade_decode import cascade_decode_triton  # noqa: E402
-from kernels.paged_decode import paged_decode_triton  # noqa: E402
-from kernels.prefill_attention import prefill_attention_triton  # noqa: E402
+from pacore_kernels.cascade_decode import cascade_decode_triton  # noqa: E402
+from pacore_kernels.paged_decode import paged_decode_triton  # noqa: E402
+from pacore_kernels.prefill_attention import prefill_attention_triton  # noqa: E402
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")
-from kernels.store_kvcache import store_kvcache_ref, store_kvcache_triton  # noqa: E402
+from pacore_kernels.store_kvcache import store_kvcache_ref, store_kvcache_triton  # noqa: E402
 
 DEV = env.DEVICE
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.rng import mix64
-from kernels.gumbel_sample import GOLDEN, MIX1, MIX2, gumbel_argmax_ref, gumbel_noise_ref, signed64
+from pacore_kernels.gumbel_sample import GOLDEN, MIX1, MIX2, gumbel_argmax_ref, gumbel_noise_ref, signed64
 
 DEV = env.DEVICE
 
@@ -34,7 +34,7 @@ def test_noise_is_gumbel_and_reaches_its_tail():
 
 def test_triton_draws_the_reference_tokens():
     pytest.importorskip("triton")
-    from kernels.gumbel_sample import gumbel_argmax_triton
+    from pacore_kernels.gumbel_sample import gumbel_argmax_triton
 
     g = torch.Generator().manual_seed(0)
     scores = torch.randn(7, 5000, generator=g)
@@ -95,7 +95,7 @@ def test_the_uniform_is_below_1_so_a_filtered_token_is_never_drawn():
     scores[2, 5] = 0.0
     draws = [gumbel_argmax_ref(scores, keys), gumbel_argmax_ref(scores[2:], keys[2:])]
     try:
-        from kernels.gumbel_sample import gumbel_argmax_triton
+        from pacore_kernels.gumbel_sample import gumbel_argmax_triton
         draws.append(gumbel_argmax_triton(scores, keys))
     except ImportError:
         pass

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from kernels import (cascade_decode_ref, paged_decode_ref, prefill_attention_ref, rmsnorm_ref, rope_ref,
+from pacore_kernels import (cascade_decode_ref, paged_decode_ref, prefill_attention_ref, rmsnorm_ref, rope_ref,
                      silu_and_mul_ref, store_kvcache_ref)
 
 DEV = env.DEVICE

@@ -7,7 +7,7 @@ test_kernels_specialization are left out: a GPU skips them). The GPU plan (bench
 bench/gpu_kernel_tests.py) runs the kernel tests with a GPU's defaults: bf16 and fp16
 (tests/_triton_env.py), on a GPU's case grid (env.grid), which --cpu-grid replaces with the CPU's.
 
-    python tests/kernels/compile_count.py [--dtypes bfloat16,float16] [-- extra pytest args]
+    python tests/pacore_kernels/compile_count.py [--dtypes bfloat16,float16] [-- extra pytest args]
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def main(argv=None) -> int:
         def pytest_configure(config):
             env.record_compile_keys(setattr, seen)
 
-    tests = sorted(str(p) for p in (ROOT / "tests/kernels").glob("test_kernels_*.py")
+    tests = sorted(str(p) for p in (ROOT / "tests/pacore_kernels").glob("test_kernels_*.py")
                    if p.stem not in ("test_kernels_compile", "test_kernels_specialization"))
     rc = pytest.main([*tests, "-q", "-p", "no:cacheprovider", *args.pytest_args], plugins=[Count()])
     print(f"compiles a GPU run of the kernel tests makes (dtypes {args.dtypes}, "

@@ -3,7 +3,7 @@ captured at a padded bucket plans the same work as an eager call, and launches n
 import torch
 
 from engine.cuda_graphs import pad_groups
-from kernels.cascade_decode import cascade_prefix_plan
+from pacore_kernels.cascade_decode import cascade_prefix_plan
 
 HQ, HKV, BLOCK_N, BS = 32, 8, 32, 16   # Qwen3-8B: 32 q heads, 8 kv heads, head_dim 128
 TARGET = 2 * 132                       # fill_target on an H200

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from kernels._utils import HAS_TRITON
-from kernels.cascade_decode import cascade_decode_ref
-from kernels.paged_decode import paged_decode_ref
+from pacore_kernels._utils import HAS_TRITON
+from pacore_kernels.cascade_decode import cascade_decode_ref
+from pacore_kernels.paged_decode import paged_decode_ref
 
 DEV = env.DEVICE
 
@@ -128,7 +128,7 @@ MQ_CASES = [(64, 1, 16, 1, False), (64, 4, 16, 3, True), (128, 8, 32, 12, False)
 @needs_triton  # fp16 on a GPU: head dims 64 and 128, direct output and splits, a start
 @pytest.mark.parametrize("dtype,D,ratio,bs,splits,with_start", env.grid(MQ_CASES, gpu_other=[0, 1, 2]))
 def test_multi_query_triton_matches_reference(D, ratio, bs, splits, with_start, dtype):
-    from kernels.paged_decode import paged_decode_triton
+    from pacore_kernels.paged_decode import paged_decode_triton
     gen = torch.Generator().manual_seed(10)
     Hkv = 2 if ratio < 8 else 1
     # q_len 1..5 and 0 (a padding row) mixed; runs crossing block edges; a row shorter than its run
@@ -151,7 +151,7 @@ def test_multi_query_triton_matches_reference(D, ratio, bs, splits, with_start, 
 @needs_triton
 def test_multi_query_triton_max_query_len_is_a_bound_not_a_promise():
     # a hint below the real run length costs passes over the keys, never results
-    from kernels.paged_decode import paged_decode_triton
+    from pacore_kernels.paged_decode import paged_decode_triton
     gen = torch.Generator().manual_seed(11)
     seq, qlens = [50, 9, 70], [7, 2, 3]
     kc, vc, bt = env.make_paged(seq, 16, 2, 64, env.DTYPE, gen=gen)
@@ -167,7 +167,7 @@ def test_multi_query_triton_max_query_len_is_a_bound_not_a_promise():
 def test_one_query_per_row_through_cu_seqlens_q_equals_plain_decode(dtype):
     # q_len 1 everywhere: the multi-query path gives the plain path's outputs (the plain path itself is
     # pinned against the reference in test_kernels_paged_decode.py)
-    from kernels.paged_decode import paged_decode_triton
+    from pacore_kernels.paged_decode import paged_decode_triton
     gen = torch.Generator().manual_seed(12)
     seq = [1, 16, 17, 43, 71]
     kc, vc, bt = env.make_paged(seq, 16, 2, 64, dtype, gen=gen)
@@ -188,7 +188,7 @@ def test_one_query_per_row_through_cu_seqlens_q_equals_plain_decode(dtype):
 @pytest.mark.parametrize("dtype,qlens,splits", env.grid([([1, 1, 1, 1, 1], 1), ([1, 1, 1, 1, 1], 5),
                                                          ([3, 1, 2, 5, 1], 2)], gpu_other=[2]))
 def test_sink_and_window_triton_matches_reference(qlens, splits, dtype):
-    from kernels.paged_decode import paged_decode_triton
+    from pacore_kernels.paged_decode import paged_decode_triton
     gen = torch.Generator().manual_seed(13)
     bs, Hkv, D = 16, 2, 128
     seq = [150, 90, 40, 130, 61]
@@ -215,7 +215,7 @@ def test_sink_and_window_triton_matches_reference(qlens, splits, dtype):
 @pytest.mark.parametrize("fp8", FP8)
 @pytest.mark.parametrize("with_sink", [False, True])
 def test_multi_query_fp8_triton_matches_reference(fp8, with_sink):
-    from kernels.paged_decode import paged_decode_triton
+    from pacore_kernels.paged_decode import paged_decode_triton
     gen = torch.Generator().manual_seed(14)
     bs, Hkv, D = 16, 2, 128
     seq, qlens = [70, 3 * bs + 2, 20, 100], [5, 3, 1, 4]
@@ -250,7 +250,7 @@ def _cascade_batch(bs, groups, prefix_blocks, suffixes, qlens, Hkv, D, qpk, dtyp
 @pytest.mark.parametrize("dtype,qpk,max_m,programs,s2", env.grid([(4, 64, None, None), (2, 16, 3, 2), (8, 16, 1, 7)],
                                                                  gpu_other=[0, 1]))
 def test_cascade_multi_query_triton_matches_reference(qpk, max_m, programs, s2, dtype, monkeypatch):
-    import kernels.cascade_decode as cd
+    import pacore_kernels.cascade_decode as cd
     monkeypatch.setattr(cd, "_MAX_BLOCK_M", max_m)
     monkeypatch.setattr(cd, "MIN_TOKENS_PER_SPLIT", 16)  # several prefix splits at test sizes
     gen = torch.Generator().manual_seed(15)
@@ -274,7 +274,7 @@ def test_cascade_multi_query_padded_batch_fp8(fp8):
     # as a CUDA graph at a padded bucket runs it: 5 rows padded to 8 (rows without queries, over block 0,
     # which holds NaN: never read), groups padded (pad_groups), the bucket's bounds as hints
     from engine.cuda_graphs import pad_groups
-    from kernels.cascade_decode import cascade_decode_triton
+    from pacore_kernels.cascade_decode import cascade_decode_triton
     gen = torch.Generator().manual_seed(16)
     q, kc, vc, bt, sl, gs, gp, cu = _cascade_batch(16, [3, 2], [2, 1], [1, 5, 20], [4, 1, 3, 2, 5], 2, 128, 4,
                                                    torch.float32, gen)
@@ -292,8 +292,8 @@ def test_cascade_multi_query_padded_batch_fp8(fp8):
 
 @needs_triton
 def test_multi_query_triton_validates():
-    from kernels.cascade_decode import cascade_decode_triton
-    from kernels.paged_decode import paged_decode_triton
+    from pacore_kernels.cascade_decode import cascade_decode_triton
+    from pacore_kernels.paged_decode import paged_decode_triton
     gen = torch.Generator().manual_seed(17)
     kc, vc, bt = env.make_paged([20, 9], 16, 2, 64, torch.float32, gen=gen)
     q, cu = _queries([20, 9], [3, 2], 4, 64, torch.float32, gen)

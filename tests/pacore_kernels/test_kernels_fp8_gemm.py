@@ -1,4 +1,4 @@
-"""FP8 weights (kernels/fp8_gemm.py): quantize/dequantize round trips, the reference's arithmetic, and the
+"""FP8 weights (pacore_kernels/fp8_gemm.py): quantize/dequantize round trips, the reference's arithmetic, and the
 Triton block-scale GEMM against it (under the interpreter: FP8 values held in fp32 / fp16)."""
 import _triton_env as env  # noqa: F401  (must come first)
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.fp8_gemm import (FP8, FP8_MAX, dequantize_weight, fp8_linear, fp8_linear_ref, gemm_path,
+from pacore_kernels.fp8_gemm import (FP8, FP8_MAX, dequantize_weight, fp8_linear, fp8_linear_ref, gemm_path,
                               quantize_rows_ref, quantize_weight)
 
 DEV = env.DEVICE
@@ -79,7 +79,7 @@ def test_paths():
 
 
 triton = pytest.importorskip("triton")
-from kernels.fp8_gemm import fp8_block_gemm_triton  # noqa: E402
+from pacore_kernels.fp8_gemm import fp8_block_gemm_triton  # noqa: E402
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

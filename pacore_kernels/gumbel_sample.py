@@ -39,7 +39,7 @@ def gumbel_noise_ref(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     """float64 [N, vocab]: the Gumbel variate of each row's key at each vocabulary entry, the plain
     statement of the noise (gumbel_argmax_ref computes the same values a block at a time). int64
     arithmetic wraps modulo 2**64 on CPU and GPU alike, which is the unsigned arithmetic of splitmix64
-    (tests/kernels/test_kernels_gumbel.py checks it against engine/rng.py's Python integers)."""
+    (tests/pacore_kernels/test_kernels_gumbel.py checks it against engine/rng.py's Python integers)."""
     x = torch.arange(1, vocab + 1, dtype=torch.int64, device=keys.device).mul_(signed64(GOLDEN))
     x = x[None, :] + keys[:, None]
     x ^= _shr(x, 30)

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")
-from kernels.activation import silu_and_mul_ref, silu_and_mul_triton  # noqa: E402
-from kernels.rmsnorm import rmsnorm_ref, rmsnorm_triton  # noqa: E402
-from kernels.rope import rope_ref, rope_triton  # noqa: E402
+from pacore_kernels.activation import silu_and_mul_ref, silu_and_mul_triton  # noqa: E402
+from pacore_kernels.rmsnorm import rmsnorm_ref, rmsnorm_triton  # noqa: E402
+from pacore_kernels.rope import rope_ref, rope_triton  # noqa: E402
 
 DEV = env.DEVICE
 DTYPES = env.DTYPES
