@@ -25,7 +25,7 @@ import tempfile
 
 import torch
 
-from bench.gpu_e2e import TINY, write_random_model
+from bench.gpu_checkpoint import TINY, write_random_model
 from bench.gpu_logits import TOL, recorded_logits
 
 
