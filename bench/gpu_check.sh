@@ -54,9 +54,9 @@ WORK=${GPU_CHECK_WORK:-$BASE/work}
 OUT_DIR=$WORK/results  # every stage writes here; packed into $RETURN_DIR after each stage
 RETURN_DIR=${OUT:-$BASE/out}
 CKPT=${PACORE_GPU_CHECKPOINT:-$BASE/qwen3-8b-random}  # written once (stage checkpoint), then reused
-DRY= TINY= CPU= PREFLIGHT=--preflight
+DRY= TINY= CPU= PREFLIGHT=
 KERNEL_TESTS= TEST_DEVICE=cuda  # every kernel test file (bench/gpu_kernel_tests.py), on the GPU
-status=0
+status=0 summary_rc=9
 budget=$PLAN_S
 
 pack() {  # the answers in four files: one archive of everything, the three first read beside it
@@ -104,15 +104,16 @@ have_pytest() {
     return 1
 }
 
-finish() {  # the table, packed; printed last
+finish() {  # the table, packed; printed last. The summary's exit code is the check's (docs/gpu.md: 0, 1, 2)
     stage -f summary $SUMMARY_S $PY -m bench.gpu_summary "$OUT_DIR"
+    summary_rc=$?
     [ -f "$OUT_DIR/summary.txt" ] && { echo "== the table ($RETURN_DIR/summary.txt)"; cat "$OUT_DIR/summary.txt"; }
     echo "== every log and JSON: $RETURN_DIR/gpu_check.tar.gz (unpacked: $OUT_DIR)"
 }
 
 plan() {  # the plan, by value per second.  NAME  TIMEOUT(s)  COMMAND
     local e2e=($PY -m bench.gpu_e2e --checkpoint "$CKPT" --out "$OUT_DIR" $TINY)
-    stage preflight        15  $PY -m bench.gpu_summary $PREFLIGHT "$(dirname "$CKPT")" || { finish; exit 2; }
+    stage preflight        15  $PY -m bench.gpu_preflight $PREFLIGHT --checkpoint "$CKPT" "$(dirname "$CKPT")" || { finish; exit 2; }
     stage kernels_decode   85  $PY -m bench.gpu_kernels --only copy,paged,cascade --out "$OUT_DIR" $TINY
     stage spec_kernels     55  $PY -m bench.gpu_spec_kernels --out "$OUT_DIR" $TINY
     stage prefill          50  $PY -m bench.gpu_kernels --only prefill --out "$OUT_DIR" $TINY
@@ -152,4 +153,5 @@ more)
 esac
 finish
 [ -n "$DRY" ] && [ "$status" -eq 0 ] && echo "dry run OK"
-exit $status
+[ "$summary_rc" -le 2 ] && exit "$summary_rc"  # 0 every check PASS, 1 a FAIL row, 2 the check did not run
+exit $status  # the summary itself failed

@@ -1,7 +1,5 @@
-"""The GPU check's first and last stage (bench/gpu_check.sh), and PaCoRe-8B's memory figures.
+"""The GPU check's last stage (bench/gpu_check.sh; its first: bench/gpu_preflight.py), and PaCoRe-8B's memory.
 
-    python3 -m bench.gpu_summary --preflight [DIR ...]  # versions, nvidia-smi, df -h, the device; exit 2 without CUDA
-    python3 -m bench.gpu_summary --dry-run [DIR ...]    # the same on a CPU host (no device required)
     python3 -m bench.gpu_summary DIR                    # the table of what the stages wrote to DIR (summary.txt)
     python3 -m bench.gpu_summary --memory               # PaCoRe-8B's weights and KV tokens per GPU size
 
@@ -19,41 +17,21 @@ listed as failed. A dict with the rows under "rows" (and the "device") is read t
 from __future__ import annotations
 
 import json
-import platform
-import shutil
-import subprocess
+import re
 import sys
 from pathlib import Path
 
-HOST_TARGET = 0.10  # the host's share of a decode step the engine aims under
-
-
-def preflight(need_cuda: bool, folders: list[str]) -> int:
-    import torch
-    for cmd in (["nvidia-smi"], ["df", "-h", ".", *[f for f in folders if Path(f).is_dir()]]):
-        if shutil.which(cmd[0]) is None:
-            print(f"{cmd[0]}: not found")
-            continue
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
-        print(proc.stdout.rstrip() or proc.stderr.rstrip())
-    for f in folders:  # the checkpoint is written there: 16.4 GB
-        if Path(f).is_dir() and shutil.disk_usage(f).free < 20e9:
-            print(f"warning: {f} has {shutil.disk_usage(f).free / 1e9:.1f} GB free; the random checkpoint needs "
-                  f"16.4 GB (set PACORE_GPU_CHECKPOINT to a folder on a larger disk)")
-    versions = {"python": platform.python_version(), "torch": torch.__version__}
-    for name in ("triton", "transformers", "pytest"):
-        try:
-            versions[name] = __import__(name).__version__
-        except Exception as e:  # reported, not fatal: the stages that need it say so
-            versions[name] = f"missing ({type(e).__name__})"
-    print("  ".join(f"{k} {v}" for k, v in versions.items()))
-    if not torch.cuda.is_available():  # the versions and the device last: the stage's log tail shows them
-        print("no CUDA device" + ("" if need_cuda else " (dry run: CPU)"))
-        return 2 if need_cuda else 0
-    free, total = torch.cuda.mem_get_info()
-    print(f"{torch.cuda.get_device_name()}: {free / 1e9:.1f} of {total / 1e9:.1f} GB free, "
-          f"sm_{''.join(map(str, torch.cuda.get_device_capability()))}")
-    return 0
+HOST_TARGET = 0.10  # the host's share of a decode step the engine aims under: at or over it, FAIL
+# Speculative steps against what the rehearsal prices them at (engine/device_model.py speculation_seconds)
+# at the spec section's shape (bench/gpu_e2e.py: 64 rows of ~528 tokens, window 256 + sink 16, depth 3 for
+# self-drafting, 4 n-gram drafts), with the calibration's 34% rms error as the margin (docs/rehearsal.md):
+# a self-drafting draft step costs 0.69 of a verify step there (at most 0.92 passes), an n-gram verify step
+# (5 queries a row) 1.52 plain decode steps (at most 2.03 passes). tests/bench/test_bench_gpu_summary.py
+# recomputes both from the device model.
+MODEL_ERROR = 0.34
+DRAFT_VS_VERIFY_MAX = 0.92
+VERIFY_VS_PLAIN_MAX = 2.03
+STAGE_REASONS = {"124": "timed out", "137": "killed after its timeout"}
 
 
 def _load(path: Path):
@@ -68,7 +46,8 @@ def fp8_gemm_lines(data) -> list[str]:
     """gpu_fp8_gemm.json's rows (the module docstring's format), one line each with its verdict."""
     rows = data if isinstance(data, list) else data.get("rows", [])
     device = "" if isinstance(data, list) else f" on {data.get('device', '?')}"
-    lines = [f"FP8 GEMM (W8A8: torch._scaled_mm per channel, the Triton kernel for block scales) vs bf16{device}"]
+    lines = [f"FP8 GEMM (W8A8: torch._scaled_mm per channel, the Triton kernel for block scales) vs bf16{device}; "
+             "err: against the FP8 layer's torch reference (its quantization error is not counted)"]
     for r in rows:
         name = str(r.get("shape", "?")) + (f" {r['scales']}" if r.get("scales") else "")
         if r.get("error"):
@@ -85,12 +64,24 @@ def _step_line(r: dict) -> list[str]:
     out = []
     for kind, s in r.get("steps", {}).items():
         share = s.get("host_share")
-        verdict = "" if share is None else f" -> host {share:.1%} of the step ({'under' if share < HOST_TARGET else 'OVER'} " \
-                                           f"{HOST_TARGET:.0%})"
+        verdict = "" if share is None else f" -> host {share:.1%} of the step " + \
+            (f"PASS (< {HOST_TARGET:.0%})" if share < HOST_TARGET else f"FAIL (at or over {HOST_TARGET:.0%})")
         out.append(f"    {kind} step {_ms(s['wall_ms'])} ms: schedule {_ms(s['schedule_ms'])}, prepare "
                    f"{_ms(s['prepare_ms'])}, model {_ms(s['model_ms'])} (GPU {_ms(s['gpu_ms'])}, of it graph replay "
                    f"{_ms(s['replay_ms'])}), sample {_ms(s['sample_ms'])}{verdict}")
     return out
+
+
+def _spec_verdict(method: str, fw: dict) -> list[str]:
+    """The speculative step-time rule (DRAFT_VS_VERIFY_MAX, VERIFY_VS_PLAIN_MAX); none without GPU times."""
+    a, b, limit, what = (("draft", "verify", DRAFT_VS_VERIFY_MAX, "a draft step / a verify step") if method == "self_window"
+                         else ("verify", "decode", VERIFY_VS_PLAIN_MAX, "a verify step / a plain decode step"))
+    x, y = (fw.get(k, {}).get("gpu_ms") for k in (a, b))
+    if not x or not y:
+        return []
+    ok = x / y <= limit
+    return [f"    spec {method}: {what} = {x / y:.2f} {'PASS' if ok else 'FAIL'} (at most {limit:.2f}: the rehearsal's "
+            f"price + {MODEL_ERROR:.0%})"]
 
 
 def e2e_lines(e2e: dict) -> list[str]:
@@ -110,6 +101,7 @@ def e2e_lines(e2e: dict) -> list[str]:
         parts = [f"{k} {_ms(v['gpu_ms'])} ms GPU ({v['rows']:.0f} rows, {v['tokens']:.0f} tokens, {v['graphs']}/{v['calls']} "
                  f"from graphs)" for k, v in fw.items()]
         lines.append(f"spec {r['method']:<11} (random weights: step times, not acceptance): " + "; ".join(parts))
+        lines += _spec_verdict(r["method"], fw)
         lines += _step_line(r)
     for name in ("logits", "past_64k_logits"):
         c = e2e.get(name)
@@ -128,15 +120,62 @@ def e2e_lines(e2e: dict) -> list[str]:
     return lines
 
 
+def _stages(folder: Path) -> list[list[str]]:
+    """stages.tsv's rows (name, exit code or "skipped", seconds taken, timeout), the summary's own left out."""
+    path = folder / "stages.tsv"
+    rows = [r.split("\t") for r in path.read_text().splitlines()] if path.is_file() else []
+    return [r + [""] * (4 - len(r)) for r in rows if r and r[0] != "summary"]
+
+
+def _last_line(log: Path) -> str:
+    text = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
+    return text[-1][:300] if text else "(no log)"
+
+
+def stage_lines(folder: Path) -> list[str]:
+    """The stages line, then a FAIL row for each stage that did not finish with exit code 0, with its reason:
+    skipped (the budget was spent), timed out, or its exit code, and the last line of its log."""
+    rows = _stages(folder)
+    if not rows:
+        return []
+    lines = ["stages: " + ", ".join(f"{name} {'ok' if rc == '0' else 'rc=' + rc} {took}/{limit} s"
+                                    for name, rc, took, limit in rows)]
+    for name, rc, took, limit in rows:
+        if rc == "0":
+            continue
+        if rc == "skipped":
+            why = "skipped: the budget (PLAN_S or MORE_S) was spent before it could start"
+        else:
+            why = (f"{STAGE_REASONS[rc]} after {took} s of its {limit} s" if rc in STAGE_REASONS
+                   else f"exited with code {rc} after {took} s")
+            why += f"; its log ends: {_last_line(folder / f'{name}.log')}"
+        lines.append(f"stage {name} FAIL: {why}")
+    return lines
+
+
+def count_verdicts(lines: list[str]) -> tuple[int, int]:
+    """(PASS rows, FAIL rows): a line is one row, FAIL when it says FAIL or FAILED anywhere, else PASS when it
+    says PASS."""
+    lines = [line for entry in lines for line in entry.splitlines()]  # a kernel table is one entry of many rows
+    failed = sum(bool(re.search(r"\bFAIL(ED)?\b", line)) for line in lines)
+    passed = sum(bool(re.search(r"\bPASS\b", line)) and not re.search(r"\bFAIL(ED)?\b", line) for line in lines)
+    return passed, failed
+
+
+def exit_code(folder: Path, text: str) -> int:
+    """0: every row PASS and every stage finished; 1: a FAIL row; 2: the check did not run (its preflight
+    stopped it, or nothing was judged)."""
+    rows = {r[0]: r[1] for r in _stages(folder)}
+    passed, failed = (int(x) for x in re.search(r"verdicts: (\d+) PASS, (\d+) FAIL", text).groups())
+    if rows.get("preflight", "0") != "0" or passed + failed == 0:
+        return 2
+    return 1 if failed else 0
+
+
 def table(folder: Path) -> str:
     from bench.gpu_kernels import format_table as kernel_table
     from bench.gpu_spec_kernels import format_table as spec_table
-    lines = []
-    stages = folder / "stages.tsv"
-    if stages.is_file():
-        rows = [row.split("\t") for row in stages.read_text().splitlines()]
-        lines.append("stages: " + ", ".join(f"{name} {'ok' if rc == '0' else 'rc=' + rc} {took}/{limit} s"
-                                            for name, rc, took, limit in rows))
+    lines = stage_lines(folder)
     for name, fmt in (("gpu_kernels.json", kernel_table), ("gpu_spec_kernels.json", spec_table)):
         data = _load(folder / name)
         if data:
@@ -147,8 +186,8 @@ def table(folder: Path) -> str:
     if fp8:
         lines += fp8_gemm_lines(fp8)
     lines += e2e_lines(_load(folder / "gpu_e2e.json") or {})
-    verdicts = "\n".join(lines)
-    lines.append(f"verdicts: {verdicts.count('PASS')} PASS, {verdicts.count('FAIL')} FAIL")
+    passed, failed = count_verdicts(lines)
+    lines.append(f"verdicts: {passed} PASS, {failed} FAIL")
     params = folder / "device_params.json"
     lines.append(f"device model inputs: {params.name if params.is_file() else 'none written'} "
                  "(the rehearsal's --device)")
@@ -183,10 +222,13 @@ def memory_table(gib=(24, 40, 48, 80, 94), utilization: float = 0.9) -> str:
     return "\n".join(lines)
 
 
+EXIT_LINES = {0: "exit 0: every check PASS, every stage finished",
+              1: "exit 1: FAIL rows above (docs/gpu.md: what to do on each FAIL)",
+              2: "exit 2: the check did not run: its preflight stopped it (the stage's log says why) or nothing was judged"}
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in ("--preflight", "--dry-run"):
-        return preflight(need_cuda=argv[0] == "--preflight", folders=argv[1:])
     if argv == ["--memory"]:
         print(memory_table())
         return 0
@@ -194,9 +236,11 @@ def main(argv=None) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     text = table(Path(argv[0]))
+    code = exit_code(Path(argv[0]), text)
+    text += "\n" + EXIT_LINES[code]
     (Path(argv[0]) / "summary.txt").write_text(text + "\n")
     print(text)
-    return 0
+    return code
 
 
 if __name__ == "__main__":
