@@ -3,8 +3,8 @@
     python3 -m bench.gpu_summary DIR                    # the table of what the stages wrote to DIR (summary.txt)
     python3 -m bench.gpu_summary --memory               # PaCoRe-8B's weights and KV tokens per GPU size
 
-The table reads, when present: stages.tsv, gpu_kernels.json, gpu_spec_kernels.json, gpu_fp8_gemm.json,
-gpu_e2e.json and device_params.json. gpu_fp8_gemm.json (bench/gpu_fp8_gemm.py) is the list of its rows as
+The table reads, when present: stages.tsv (with each stage's log), gpu_kernels.json, gpu_spec_kernels.json,
+gpu_fp8_gemm.json, gpu_engine_fp8.json, gpu_e2e.json and device_params.json. gpu_fp8_gemm.json (bench/gpu_fp8_gemm.py) is the list of its rows as
 it writes them
 
     [{"shape": "qkv 4096->6144", "scales": "channel", "M": 256, "path": "scaled_mm", "bf16_us": 41.0,
@@ -49,14 +49,24 @@ def fp8_gemm_lines(data) -> list[str]:
     lines = [f"FP8 GEMM (W8A8: torch._scaled_mm per channel, the Triton kernel for block scales) vs bf16{device}; "
              "err: against the FP8 layer's torch reference (its quantization error is not counted)"]
     for r in rows:
-        name = str(r.get("shape", "?")) + (f" {r['scales']}" if r.get("scales") else "")
+        name = str(r.get("shape", "?")) + (f" {r['scales']}" if r.get("scales") else "") + (" graph" if r.get("graph") else "")
         if r.get("error"):
             lines.append(f"fp8 gemm {name} FAILED: {r['error']}")
             continue
         ok = r.get("pass", r.get("passed", r.get("rel_err", float("nan")) <= r.get("tol", 0.0)))
+        eager = "" if "same_as_eager" not in r else f"  replay {'==' if r['same_as_eager'] else '!='} eager"
         lines.append(f"fp8 gemm {name:<16} M={r['M']:<6} bf16 {r['bf16_us']:8.1f} us  fp8 {r['fp8_us']:8.1f} us"
-                     f"  {r['speedup']:.2f}x  err {r['rel_err']:.1e}  {'PASS' if ok else 'FAIL'}")
+                     f"  {r['speedup']:.2f}x  err {r['rel_err']:.1e}{eager}  {'PASS' if ok else 'FAIL'}")
     return lines
+
+
+def engine_fp8_line(c: dict) -> str:
+    """gpu_engine_fp8.json (bench/gpu_engine_check.py fp8_weights): the engine with FP8 weights and graphs."""
+    if "error" in c:
+        return f"engine {c['name']} FAILED: {c['error']}"
+    return (f"engine {c['name']}: {'PASS' if c['passed'] else 'FAIL'} ({c['identical']}/{c['trajectories']} greedy "
+            f"trajectories identical, {c['explained_flips']} flips explained by the logits, {len(c['unexplained'])} "
+            f"not; max logit diff {c['max_rel_logit_diff']:.1e} of the largest, tolerance {c['tol']:.0e})")
 
 
 def _step_line(r: dict) -> list[str]:
@@ -185,6 +195,8 @@ def table(folder: Path) -> str:
     fp8 = _load(folder / "gpu_fp8_gemm.json")
     if fp8:
         lines += fp8_gemm_lines(fp8)
+    if (engine_fp8 := _load(folder / "gpu_engine_fp8.json")) is not None:
+        lines.append(engine_fp8_line(engine_fp8))
     lines += e2e_lines(_load(folder / "gpu_e2e.json") or {})
     passed, failed = count_verdicts(lines)
     lines.append(f"verdicts: {passed} PASS, {failed} FAIL")
@@ -195,30 +207,38 @@ def table(folder: Path) -> str:
 
 
 def memory_table(gib=(24, 40, 48, 80, 94), utilization: float = 0.9) -> str:
-    """PaCoRe-8B (Qwen3-8B's shape, bf16 weights) with a bf16 and an FP8 KV cache: the memory it takes
-    and the KV tokens the default sizing leaves, per GPU memory (GiB, as nvidia-smi's total; and the
-    H200 preset), from the engine's device model (engine/device_model.py kv_tokens)."""
+    """PaCoRe-8B (Qwen3-8B's shape) with bf16 weights and with FP8 weights (--quantization fp8), each with a
+    bf16 and an FP8 KV cache: the memory it takes (GiB throughout) and the KV tokens the default sizing
+    leaves, per GPU memory (GiB, as nvidia-smi's total; and the H200 preset), from the engine's device
+    model (engine/device_model.py kv_tokens)."""
     from bench.rehearsal.shapes import QWEN3_8B as C
     from engine.device_model import DeviceParams, kv_tokens
     from engine.step_shape import ModelShape
 
-    def shape(kv_bytes: int) -> ModelShape:
+    def shape(kv_bytes: int, fp8_weights: bool = False) -> ModelShape:
         return ModelShape(C["num_hidden_layers"], C["hidden_size"], C["intermediate_size"], C["num_attention_heads"],
                           C["num_key_value_heads"], C["head_dim"], C["vocab_size"], 2, qk_norm=True,
-                          kv_dtype_bytes=kv_bytes, tie_word_embeddings=C["tie_word_embeddings"])
+                          kv_dtype_bytes=kv_bytes, tie_word_embeddings=C["tie_word_embeddings"], fp8_weights=fp8_weights)
     bf16, fp8 = shape(2), shape(1)
     h200 = DeviceParams()
-    weights = bf16.weight_bytes + bf16.vocab_size * bf16.hidden_size * 2  # the embedding table too (untied)
+    gb = 2 ** 30
+
+    def weights(s: ModelShape) -> float:  # the embedding table too (untied), as kv_tokens counts it
+        return (s.weight_bytes + s.vocab_size * s.hidden_size * s.dtype_bytes) / gb
     context = C["max_position_embeddings"]
-    lines = [f"PaCoRe-8B: weights {weights / 1e9:.1f} GB (bf16), activation reserve {h200.activation_reserve_bytes / 1e9:.0f} GB; "
-             f"KV per token {bf16.kv_bytes_per_token:,} B (bf16) / {fp8.kv_bytes_per_token:,} B (fp8)",
-             f"one {context:,}-token context: {context * bf16.kv_bytes_per_token / 1e9:.1f} GB of KV (bf16), "
-             f"{context * fp8.kv_bytes_per_token / 1e9:.1f} GB (fp8)",
+    lines = [f"PaCoRe-8B: weights {weights(bf16):.1f} GiB (bf16), {weights(shape(2, True)):.1f} GiB (FP8 projections, "
+             f"--quantization fp8); activation reserve {h200.activation_reserve_bytes / gb:.1f} GiB; KV per token "
+             f"{bf16.kv_bytes_per_token:,} B (bf16) / {fp8.kv_bytes_per_token:,} B (fp8)",
+             f"one {context:,}-token context: {context * bf16.kv_bytes_per_token / gb:.1f} GiB of KV (bf16), "
+             f"{context * fp8.kv_bytes_per_token / gb:.1f} GiB (fp8)",
              f"KV tokens at gpu_memory_utilization={utilization}:",
-             f"{'GPU memory':>24} {'bf16 KV':>12} {'fp8 KV':>12}"]
-    devices = [(f"{g} GiB", DeviceParams(memory_bytes=g * 2 ** 30)) for g in gib] + [(f"H200 ({h200.memory_bytes / 1e9:.1f} GB)", h200)]
+             f"{'GPU memory':>22} {'bf16 KV':>12} {'fp8 KV':>12} {'FP8 weights,':>14} {'FP8 weights,':>14}",
+             f"{'':>22} {'':>12} {'':>12} {'bf16 KV':>14} {'fp8 KV':>14}"]
+    devices = [(f"{g} GiB", DeviceParams(memory_bytes=g * gb)) for g in gib]
+    devices.append((f"H200 ({h200.memory_bytes / gb:.1f} GiB)", h200))
     for label, dev in devices:
-        lines.append(f"{label:>24} {kv_tokens(bf16, dev, utilization):>12,} {kv_tokens(fp8, dev, utilization):>12,}")
+        cells = [kv_tokens(s, dev, utilization) for s in (bf16, fp8, shape(2, True), shape(1, True))]
+        lines.append(f"{label:>22} {cells[0]:>12,} {cells[1]:>12,} {cells[2]:>14,} {cells[3]:>14,}")
     return "\n".join(lines)
 
 

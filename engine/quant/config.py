@@ -20,6 +20,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from engine.quant.compressed_tensors import compressed_tensors_ignore
+
 QUANTIZATIONS = ("fp8",)  # vLLM's names
 WAY_OUT = ("load the unquantized (bf16) model instead, with quantization='fp8' (--quantization fp8) to "
             "quantize it at load")
@@ -64,8 +66,7 @@ def checkpoint_quantization(raw: dict, where) -> Fp8Config | None:
         raise ValueError(f"{where}: quantization_config must be an object, got {qc!r}")
     method = qc.get("quant_method")
     if method == "compressed-tensors":
-        from engine.quant.compressed_tensors import compressed_tensors_config
-        return compressed_tensors_config(qc, where)
+        return Fp8Config(prequantized=True, ignore=compressed_tensors_ignore(qc, where, WAY_OUT), method=method)
     if method != "fp8":
         raise ValueError(f"{where}: quantization_config.quant_method {method!r} is not supported: this engine runs "
                          f"FP8 checkpoints (quant_method 'fp8', e4m3, dynamic activation scales, as Qwen3-8B-FP8, or "

@@ -50,7 +50,7 @@ def test_the_plan_fits_one_command():
     command of 10 minutes; `more` fits what a lease has left."""
     kill = _setting("KILL_S")
     plan, more = _stages("plan"), _stages("more")
-    assert list(plan) == ["preflight", "kernels_decode", "spec_kernels", "prefill", "fp8_gemm", "checkpoint",
+    assert list(plan) == ["preflight", "kernels_decode", "spec_kernels", "prefill", "fp8_weights", "checkpoint",
                           "e2e_rounds", "e2e_logits"]  # by value per second; the logits check last
     worst = sum(plan.values()) + kill * len(plan)
     assert worst <= _setting("PLAN_S"), plan
@@ -144,5 +144,10 @@ def test_without_a_gpu_the_plan_stops_at_preflight(tmp_path):
     assert "pytest missing" in proc.stdout  # the host check names what the kernel tests need
     rows = (tmp_path / "out" / "stages.tsv").read_text().splitlines()  # what it found still comes back
     assert [r.split("\t")[0] for r in rows] == ["preflight", "summary"]
+    assert rows[0].split("\t")[3] == str(_stages("plan")["preflight"])
+    (tmp_path / "twice").mkdir()  # PLAN_S scales every stage's limit: twice the budget, twice the time
+    _run(tmp_path / "twice", False, out=tmp_path / "twice" / "out", PLAN_S=str(2 * _setting("PLAN_S")))
+    rows = (tmp_path / "twice" / "out" / "stages.tsv").read_text().splitlines()
+    assert rows[0].split("\t")[3] == str(2 * _stages("plan")["preflight"])
     proc = subprocess.run(["bash", str(SCRIPT), "kernels"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2 and "usage: bench/gpu_check.sh [more|--dry-run]" in proc.stderr

@@ -40,7 +40,9 @@ def test_memory_table_is_the_device_models_sizing():
     from engine.device_model import DeviceParams, kv_tokens
     from engine.step_shape import ModelShape
     text = memory_table(gib=(80,))
-    assert "weights 16.4 GB (bf16)" in text and "KV per token 147,456 B (bf16) / 73,728 B (fp8)" in text
+    assert "weights 15.3 GiB (bf16), 8.8 GiB (FP8 projections" in text and "147,456 B (bf16) / 73,728 B (fp8)" in text
+    assert "GB" not in text.replace("GiB", "")  # one unit
+    assert "H200 (140.4 GiB)      795,142    1,590,284        842,208      1,684,416" in text  # docs/gpu.md's figures
     shape = ModelShape(36, 4096, 12288, 32, 8, 128, 151936, 2, qk_norm=True, kv_dtype_bytes=1)
     assert f"{kv_tokens(shape, DeviceParams(memory_bytes=80 * 2 ** 30)):,}" in text.splitlines()[-2]
 
@@ -114,3 +116,13 @@ def test_the_speculative_limits_are_the_rehearsals_prices_plus_its_error():
     _, plain = seconds(ctx, 0)
     assert round(draft / verify * (1 + MODEL_ERROR), 2) == DRAFT_VS_VERIFY_MAX
     assert round(verify4 / plain * (1 + MODEL_ERROR), 2) == VERIFY_VS_PLAIN_MAX
+
+
+def test_the_documented_memory_table_is_this_commands():
+    """docs/gpu.md's memory table, in GiB, is `python3 -m bench.gpu_summary --memory`'s."""
+    import re
+    from pathlib import Path
+    page = (Path(__file__).resolve().parents[2] / "docs" / "gpu.md").read_text()
+    documented = re.findall(r"^\| ([\d.]+) GiB[^|]* \| ([\d,]+) \| ([\d,]+) \| ([\d,]+) \| ([\d,]+) \|$", page, re.M)
+    computed = re.findall(r"^ *(?:H200 \()?([\d.]+) GiB\)? +([\d,]+) +([\d,]+) +([\d,]+) +([\d,]+)$", memory_table(), re.M)
+    assert len(documented) == 6 and documented == computed
