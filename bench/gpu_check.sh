@@ -20,7 +20,9 @@
 #           it; the summary and the packing run after it (<= SUMMARY_S + KILL_S + a few seconds).
 #   MORE_S  more's budget (default 215), scaling more's limits likewise.   PYTHON: the interpreter (python3).
 #   PACORE_GPU_CHECKPOINT  where the 16 GB random Qwen3-8B checkpoint is written once and reused
-#           (default $TMPDIR/pacore-gpu-check/qwen3-8b-random).
+#           (default $TMPDIR/pacore-gpu-check/qwen3-8b-random): a new or empty folder, or one the check
+#           wrote; any other (a downloaded model) is refused by the preflight, never written into.
+# Exit: the summary's verdict: 0 every check PASS, 1 a FAIL row, 2 the check did not run (docs/gpu.md).
 #   GPU_CHECK_WORK  the working folder the stages write into (default $TMPDIR/pacore-gpu-check/work).
 #
 # The machine this plan is sized for, borrowed for this project's runs (a user's host has none of these

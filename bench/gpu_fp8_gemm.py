@@ -132,7 +132,8 @@ def graph_rows(torch, F, dev: str, dtype, name: str, w, quantized: dict, rows: t
                 row.update(same_as_eager=bool(torch.equal(out, eager)),
                            rel_err=rel_err(out, fp8_linear_ref(x, *q, None, SCALES[scales])), bf16_us=bf16_us,
                            fp8_us=time_us(lambda i: replay(), 1))
-                row.update(speedup=bf16_us / row["fp8_us"], **{"pass": row["same_as_eager"] and row["rel_err"] < PASS_REL_ERR})
+                ok = row["same_as_eager"] and row["rel_err"] < PASS_REL_ERR
+                row.update(speedup=bf16_us / row["fp8_us"], **{"pass": ok})
             except Exception as e:  # a capture that fails costs its row
                 row.update(error=f"{type(e).__name__}: {e}"[:300], bf16_us=bf16_us, fp8_us=None, speedup=None,
                            rel_err=None, **{"pass": False})

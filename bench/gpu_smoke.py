@@ -30,8 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-PROBLEM = {"id": "smoke", "messages": [{"role": "user", "content": "What is 17 * 24? Put the final answer in \\boxed{}."}],
-           "ground_truth": {"answer": "408"}}
+PROBLEM = {"id": "smoke", "ground_truth": {"answer": "408"},
+           "messages": [{"role": "user", "content": "What is 17 * 24? Put the final answer in \\boxed{}."}]}
 TOL = {"bf16": None, "fp8": 0.25}  # None: bench/gpu_logits.py TOL of the dtype
 
 
