@@ -5,7 +5,8 @@ same --out, and --checkpoint lets them share one written checkpoint).
 One file past 300 lines: every engine section of the GPU check is here (step timing: bench/gpu_step_times.py).
 
 Sections (each is written to $OUT/gpu_e2e.json as soon as it ran, so a timeout keeps what ran):
-- checkpoint: the random checkpoint written to --checkpoint (a `complete` marker last). The other
+- checkpoint: the random checkpoint written to --checkpoint (bench/gpu_checkpoint.py: a folder the check
+  creates and marks, `complete` last; one it did not create is refused, never written into). The other
   sections never write it when --checkpoint is given: a cut write is reported, not redone in their time;
 - throughput: round 1 (512-token prompts, n=32) and round 2 (16k prompts, n=4) decode tokens/s with
   cascade on and off, and past_64k (a 64k prompt, n=4), which decodes past position 65,535 and is
@@ -41,81 +42,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.gpu_checkpoint import QWEN3_8B, TINY, checkpoint_folder
 from bench.gpu_kernels import commit, write_device_params
 from bench.gpu_logits import TOL, engine_logits, hf_model, hf_teacher_forced, logits_check, merge_checks
 from bench.gpu_step_times import StepTimer
-from engine.testing import write_char_tokenizer
 
-QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
-                rms_norm_eps=1e-6, tie_word_embeddings=False,
-                rope_parameters=dict(rope_type="yarn", rope_theta=1_000_000.0, factor=4.0,
-                                     original_max_position_embeddings=32768))
-QWEN3_0_6B = dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                  num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-                  rms_norm_eps=1e-6, tie_word_embeddings=True,
-                  rope_parameters=dict(rope_type="default", rope_theta=1_000_000.0))  # bench/pacore_throughput.py
-TINY = dict(QWEN3_8B, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
-            tie_word_embeddings=True, rope_parameters=dict(rope_type="yarn", rope_theta=1_000_000.0, factor=4.0,
-                                                           original_max_position_embeddings=1024))
 SECTIONS = ("checkpoint", "throughput", "spec", "logits", "hf", "fp8")
 CASES = ("round1", "round2", "past_64k")
 
-
-def write_random_model(folder: str | Path, shape: dict = QWEN3_8B, dtype: str = "bfloat16", seed: int = 0,
-                       device: str = "cpu", shard_bytes: int = 4 << 30) -> Path:
-    """A Qwen3 checkpoint with random N(0, 0.02) weights (norms at 1), in safetensors shards of about
-    shard_bytes, drawn on `device` (a GPU draws 8B values in seconds). Parameter names come from a
-    transformers model built on the meta device."""
-    import torch
-    import transformers
-    from safetensors.torch import save_file
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    cfg = transformers.Qwen3Config(bos_token_id=2, eos_token_id=1, pad_token_id=0, **shape)
-    cfg.architectures = ["Qwen3ForCausalLM"]
-    with torch.device("meta"):
-        names = {k: v.shape for k, v in transformers.Qwen3ForCausalLM(cfg).state_dict().items()}
-    g = torch.Generator(device=device).manual_seed(seed)
-    dt = getattr(torch, dtype)
-    shards, cur, size, weight_map = [], {}, 0, {}
-    for name, shp in names.items():
-        if name == "lm_head.weight" and cfg.tie_word_embeddings:
-            continue
-        t = torch.ones(shp, device=device) if name.endswith("norm.weight") else \
-            torch.randn(shp, generator=g, device=device) * 0.02
-        cur[name] = t.to(dt).cpu().contiguous()
-        size += cur[name].nbytes
-        if size >= shard_bytes:
-            shards.append(cur)
-            cur, size = {}, 0
-    shards.append(cur)
-    for i, tensors in enumerate(shards):
-        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" if len(shards) > 1 else "model.safetensors"
-        save_file(tensors, str(folder / fname), metadata={"format": "pt"})
-        weight_map.update({n: fname for n in tensors})
-    if len(shards) > 1:
-        (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    cfg.dtype = dtype
-    cfg.save_pretrained(folder)
-    write_char_tokenizer(folder, cfg.vocab_size)
-    return folder
-
-
-def checkpoint_folder(path: Path, shape: dict, dtype: str, device: str, write: bool = True) -> Path:
-    """The random checkpoint at path, written there first unless a complete one is (`complete` is written
-    last). write=False: a missing or cut one is an error that says so, not a write in the caller's time."""
-    marker = path / "complete"
-    if not marker.is_file():
-        if not write:
-            raise FileNotFoundError(f"no complete checkpoint at {path}: its write (the `checkpoint` stage) was cut "
-                                    f"or failed. Write it: python3 -m bench.gpu_e2e --only checkpoint --checkpoint {path}")
-        write_random_model(path, shape, dtype, device=device)
-        marker.write_text(json.dumps(dict(shape=shape, dtype=dtype)))
-    elif json.loads(marker.read_text()) != json.loads(json.dumps(dict(shape=shape, dtype=dtype))):
-        raise ValueError(f"{path} holds another model than this run's; delete it or pass another --checkpoint")
-    return path
 
 
 class Run:
@@ -155,14 +89,19 @@ class Run:
         if record_load and self.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         t = time.perf_counter()
+        failure = None
         try:
             llm = self.engine(**kw)
         except RuntimeError as e:
             if kw.get("enforce_eager") or "CUDA graphs failed" not in str(e):
                 raise
-            self.report.setdefault("graph_capture_errors", []).append(dict(engine=label, error=str(e)[:800]))
+            failure = str(e)
+        if failure is not None:
+            # Out of the `except` block: its traceback held the failed LLM() frames, and with them the model
+            # and the KV cache (~16 GB + ~117 GB on an H200); the retry needs that memory back first.
+            self.report.setdefault("graph_capture_errors", []).append(dict(engine=label, error=failure[:800]))
             self._write()
-            print(f"== {label}: graph capture failed, running eagerly: {str(e)[:300]}", flush=True)
+            print(f"== {label}: graph capture failed, running eagerly: {failure[:300]}", flush=True)
             self.free()
             t = time.perf_counter()
             llm = self.engine(**dict(kw, enforce_eager=True))
@@ -406,7 +345,7 @@ def main(argv=None) -> int:
         try:  # with --checkpoint only the checkpoint section writes it (a cut write is not redone silently)
             run.folder = checkpoint_folder(folder, run.shape, run.dtype, run.device,
                                            write="checkpoint" in run.only or not args.checkpoint)
-        except (FileNotFoundError, ValueError) as e:
+        except (FileNotFoundError, PermissionError, ValueError) as e:
             run.save("checkpoint_error", str(e))
             print(f"gpu_e2e: {e}", file=sys.stderr)
             return 1

@@ -3,6 +3,12 @@
     python3 -m bench.gpu_engine_check          # CUDA: torch eager vs triton eager vs triton + graphs
     python3 -m bench.gpu_engine_check --cpu    # CPU, Triton interpreter, graphs emulated: checks the script
 
+FP8 weights (``fp8_weights``, run by the GPU plan's fp8 stage through bench/gpu_fp8_gemm.py --engine):
+the model quantized at load (quantization="fp8": per-channel scales, torch._scaled_mm on sm_89+) with its
+decode graphs, greedy, against the same model in bf16 with graphs; the agreement is the one documented
+for FP8 weights on tiny random models (tests/engine/test_fp8_weights.py LOGIT_BOUND: every step's logits
+within 25% of the step's largest, flips only where the logits explain them).
+
 Forked prompts on a tiny random Qwen3 (cascade on and off), greedy and seeded temperature-1. fp32
 compares the torch references with the Triton kernels (+ graphs); bf16 compares eager Triton with
 graph replay.
@@ -25,7 +31,7 @@ import tempfile
 
 import torch
 
-from bench.gpu_e2e import TINY, write_random_model
+from bench.gpu_checkpoint import TINY, write_random_model
 from bench.gpu_logits import TOL, recorded_logits
 
 
@@ -45,6 +51,25 @@ def _run(model: str, device: str, dtype: str, temperature: float = 0.0, graphs: 
         with recorded_logits(llm) as rows:
             outs = llm.generate(ids, params, use_tqdm=False)
     return {(r.request_id, o.index): (o.token_ids, rows[r.request_id, o.index]) for r in outs for o in r.outputs}
+
+
+FP8_WEIGHTS_TOL = 0.25  # tests/engine/test_fp8_weights.py LOGIT_BOUND: FP8 weights vs the model's dtype, tiny models
+
+
+def fp8_weights(cpu: bool, tiny: bool) -> dict:
+    """The FP8-weight case (module docstring): compare()'s result with its name, dtype and tolerance. On a
+    CPU: fp32 (the FP8 reference path), graphs emulated."""
+    if cpu:
+        os.environ["TRITON_INTERPRET"] = "1"
+    device, dtype = ("cpu", "float32") if cpu else ("cuda", "bfloat16")
+    folder = write_random_model(tempfile.mkdtemp(prefix="pacore_fp8w_"), TINY, dtype="float32")
+    size = dict(prompts=(5, 20), n=2, max_tokens=5) if tiny else dict(prompts=(37, 100), n=4, max_tokens=16)
+    base = dict(cascade_attention=True, cascade_min_shared_tokens=0, attention_backend="triton", graphs=True)
+    ref = _run(str(folder), device, dtype, **size, **base)
+    cand = _run(str(folder), device, dtype, **size, **base, quantization="fp8")
+    r = compare(ref, cand, FP8_WEIGHTS_TOL, greedy=True)
+    return dict(r, name=f"{'fp32' if cpu else 'bf16'} fp8 weights + graphs vs {dtype} + graphs", dtype=dtype,
+                tol=FP8_WEIGHTS_TOL)
 
 
 def compare(ref: dict, cand: dict, tol: float, greedy: bool) -> dict:

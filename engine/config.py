@@ -136,7 +136,7 @@ def merged_rope_parameters(hf, rope_scaling: dict) -> dict:
     """
     if not isinstance(rope_scaling, dict) or not rope_scaling:
         raise ValueError(f"rope_scaling must be a non-empty dict such as {{'rope_type': 'yarn', 'factor': 2.0, "
-                         f"'original_max_position_embeddings': 32768}}, got {rope_scaling!r}")
+                         f"'original_max_position_embeddings': 65536}}, got {rope_scaling!r}")
     override = dict(rope_scaling)
     if "type" in override:
         override.setdefault("rope_type", override.pop("type"))
@@ -161,7 +161,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 
 # -- command-line flags: argparse types (shared with pacore's own flags) ---------------------------
-_YARN_EXAMPLE = '{"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32768}'
+_YARN_EXAMPLE = '{"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 65536}'
 _SPEC_EXAMPLE = '{"method": "ngram", "num_speculative_tokens": 4}'
 
 
@@ -320,7 +320,7 @@ class EngineConfig:
         "paper, with --rope-scaling", type=positive_int, metavar="N"))
     rope_scaling: dict | None = field(default=None, metadata=_flag(
         "RoPE parameters laid over the checkpoint's (vLLM's --rope-scaling), e.g. the paper's YaRN x2: "
-        "'{\"rope_type\": \"yarn\", \"factor\": 2.0, \"original_max_position_embeddings\": 32768, "
+        "'{\"rope_type\": \"yarn\", \"factor\": 2.0, \"original_max_position_embeddings\": 65536, "
         "\"attention_factor\": 1.0}' (default: the checkpoint's)", type=json_object, metavar="JSON"))
     enable_prefix_caching: bool = True
     enable_fork: bool = True

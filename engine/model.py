@@ -20,9 +20,18 @@ from engine.distributed import Shard, TPGroup, whole
 from pacore_kernels.batch_invariant import linear_invariant
 
 
-def projection(cfg: ModelConfig, in_features: int, out_features: int, bias: bool) -> nn.Module:
-    """An attention or MLP projection: nn.Linear, or Fp8Linear when the model runs FP8 weights."""
+def projection(cfg: ModelConfig, in_features: int, out_features: int, bias: bool, parts: tuple[str, ...] = ()
+               ) -> nn.Module:
+    """An attention or MLP projection: nn.Linear, or Fp8Linear when the model runs FP8 weights and the
+    checkpoint did not leave it unquantized. ``parts``: the Hugging Face modules it fuses (q, k, v)."""
     if cfg.quant is None:
+        return nn.Linear(in_features, out_features, bias=bias)
+    fp8 = {p: cfg.quant.quantizes(p) for p in parts}
+    if len(set(fp8.values())) > 1:
+        raise ValueError(f"the checkpoint's quantization_config leaves {[p for p, q in fp8.items() if not q]} "
+                         f"unquantized but not {[p for p, q in fp8.items() if q]}; this engine fuses them into one "
+                         f"projection, so they must be quantized alike")
+    if not all(fp8.values()):
         return nn.Linear(in_features, out_features, bias=bias)
     from engine.quant.fp8 import Fp8Linear
     return Fp8Linear(in_features, out_features, bias, cfg.quant)
@@ -36,14 +45,16 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, shard: Shard, tp: TPGroup):
+    def __init__(self, cfg: ModelConfig, shard: Shard, tp: TPGroup, layer: int = 0):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = shard.num_heads, shard.num_kv_heads, cfg.head_dim
         self.q_size = self.num_heads * cfg.head_dim
         self.kv_size = self.num_kv_heads * cfg.head_dim
         self.tp = tp
-        self.qkv_proj = projection(cfg, cfg.hidden_size, self.q_size + 2 * self.kv_size, cfg.qkv_bias)
-        self.o_proj = projection(cfg, self.q_size, cfg.hidden_size, cfg.o_bias)
+        hf = f"model.layers.{layer}.self_attn."
+        self.qkv_proj = projection(cfg, cfg.hidden_size, self.q_size + 2 * self.kv_size, cfg.qkv_bias,
+                                   (hf + "q_proj", hf + "k_proj", hf + "v_proj"))
+        self.o_proj = projection(cfg, self.q_size, cfg.hidden_size, cfg.o_bias, (hf + "o_proj",))
         self.qk_norm = cfg.qk_norm
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps)
@@ -69,10 +80,12 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, shard: Shard, tp: TPGroup):
+    def __init__(self, cfg: ModelConfig, shard: Shard, tp: TPGroup, layer: int = 0):
         super().__init__()
-        self.gate_up_proj = projection(cfg, cfg.hidden_size, 2 * shard.ffn_size, cfg.mlp_bias)
-        self.down_proj = projection(cfg, shard.ffn_size, cfg.hidden_size, cfg.mlp_bias)
+        hf = f"model.layers.{layer}.mlp."
+        self.gate_up_proj = projection(cfg, cfg.hidden_size, 2 * shard.ffn_size, cfg.mlp_bias,
+                                       (hf + "gate_proj", hf + "up_proj"))
+        self.down_proj = projection(cfg, shard.ffn_size, cfg.hidden_size, cfg.mlp_bias, (hf + "down_proj",))
         self.tp = tp
 
     def forward(self, x: torch.Tensor, ops: Backend) -> torch.Tensor:
@@ -80,10 +93,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, shard: Shard, tp: TPGroup):
+    def __init__(self, cfg: ModelConfig, shard: Shard, tp: TPGroup, layer: int = 0):
         super().__init__()
-        self.self_attn = Attention(cfg, shard, tp)
-        self.mlp = MLP(cfg, shard, tp)
+        self.self_attn = Attention(cfg, shard, tp, layer)
+        self.mlp = MLP(cfg, shard, tp, layer)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -104,7 +117,7 @@ class CausalLM(nn.Module):
         self.cfg, self.shard, self.tp = cfg, shard or whole(cfg), tp or TPGroup()
         shard, tp = self.shard, self.tp
         self.embed_tokens = nn.Embedding(shard.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, shard, tp) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, shard, tp, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, shard.vocab_size, bias=False)
         if cfg.tie_word_embeddings:

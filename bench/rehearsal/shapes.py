@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-# Qwen3-8B's published config, which PaCoRe-8B keeps, with the context the paper runs at (YaRN to 131,072).
+# Qwen3-8B's published config, which PaCoRe-8B keeps, with the context the paper runs at (YaRN scale 2.0 to
+# 131,072: bench/gpu_checkpoint.py PACORE_YARN, docs/pacore-runs.md).
 QWEN3_8B = {
     "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
     "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
     "vocab_size": 151936, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "hidden_act": "silu",
     "tie_word_embeddings": False, "attention_bias": False, "torch_dtype": "bfloat16",
-    "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+    "rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 65536, "attention_factor": 1.0},
     "rope_theta": 1000000.0,
 }
 # Meta-Llama-3-8B's published config (the calibration's published Llama measurements ran it).

@@ -7,14 +7,23 @@ Supported: FP8 e4m3 with dynamic (per-token) activation scales, vLLM's ``fp8`` m
   at load with one scale per output channel;
 - a pre-quantized checkpoint (``quant_method: fp8``) is read as it is: e4m3 weights with 128 x 128 block
   scales (``weight_block_size``, tensors ``*.weight_scale_inv``, as the official Qwen3-8B-FP8), or
-  per-tensor / per-channel scales (``*.weight_scale``) without ``weight_block_size``.
+  per-tensor / per-channel scales (``*.weight_scale``) without ``weight_block_size``;
+- a compressed-tensors FP8-dynamic checkpoint (``quant_method: compressed-tensors``, llm-compressor's
+  releases) likewise: per-channel ``*.weight_scale`` [out, 1], per-token activations
+  (engine/quant/compressed_tensors.py).
+
+The modules a checkpoint names as left unquantized (``ignored_layers``, vLLM's; ``modules_to_not_convert``,
+transformers'; ``ignore``, compressed-tensors') stay in the model's dtype.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
+from engine.quant.compressed_tensors import compressed_tensors_ignore
+
 QUANTIZATIONS = ("fp8",)  # vLLM's names
-_WAY_OUT = ("load the unquantized (bf16) model instead, with quantization='fp8' (--quantization fp8) to "
+WAY_OUT = ("load the unquantized (bf16) model instead, with quantization='fp8' (--quantization fp8) to "
             "quantize it at load")
 
 
@@ -26,10 +35,25 @@ class Fp8Config:
 
     block: tuple[int, int] | None = None
     prequantized: bool = False
+    ignore: tuple[str, ...] = ()  # modules the checkpoint left unquantized (HF names; "re:" for a regex)
+    method: str = "fp8"  # the checkpoint's quant_method
 
     def describe(self) -> str:
         scales = f"{self.block[0]}x{self.block[1]} block scales" if self.block else "per-channel scales"
-        return f"fp8_e4m3 ({scales}, {'from the checkpoint' if self.prequantized else 'quantized at load'})"
+        source = f"from the {self.method} checkpoint" if self.method != "fp8" else "from the checkpoint"
+        return f"fp8_e4m3 ({scales}, {source if self.prequantized else 'quantized at load'})"
+
+    def quantizes(self, module: str) -> bool:
+        """Whether the Hugging Face module ``module`` (e.g. model.layers.3.mlp.down_proj) is FP8: not when an
+        ignore entry names it: the whole name, a dotted suffix of it (``lm_head``, ``down_proj``), or
+        ``re:PATTERN`` matching from its start, as compressed-tensors matches."""
+        for entry in self.ignore:
+            if entry.startswith("re:"):
+                if re.match(entry[3:], module):
+                    return False
+            elif module == entry or module.endswith("." + entry) or module.startswith(entry + "."):
+                return False
+        return True
 
 
 def checkpoint_quantization(raw: dict, where) -> Fp8Config | None:
@@ -41,17 +65,20 @@ def checkpoint_quantization(raw: dict, where) -> Fp8Config | None:
     if not isinstance(qc, dict):
         raise ValueError(f"{where}: quantization_config must be an object, got {qc!r}")
     method = qc.get("quant_method")
+    if method == "compressed-tensors":
+        return Fp8Config(prequantized=True, ignore=compressed_tensors_ignore(qc, where, WAY_OUT), method=method)
     if method != "fp8":
         raise ValueError(f"{where}: quantization_config.quant_method {method!r} is not supported: this engine runs "
-                         f"FP8 checkpoints (quant_method 'fp8', e4m3, dynamic activation scales, as Qwen3-8B-FP8); "
-                         f"{_WAY_OUT}")
+                         f"FP8 checkpoints (quant_method 'fp8', e4m3, dynamic activation scales, as Qwen3-8B-FP8, or "
+                         f"'compressed-tensors' FP8-dynamic); "
+                         f"{WAY_OUT}")
     fmt = qc.get("fmt", "e4m3")
     if fmt != "e4m3":
-        raise ValueError(f"{where}: quantization_config.fmt {fmt!r} is not supported (only e4m3); {_WAY_OUT}")
+        raise ValueError(f"{where}: quantization_config.fmt {fmt!r} is not supported (only e4m3); {WAY_OUT}")
     scheme = qc.get("activation_scheme", "dynamic")
     if scheme != "dynamic":
         raise ValueError(f"{where}: quantization_config.activation_scheme {scheme!r} is not supported: activations "
-                         f"are quantized per token at run time ('dynamic'), static input scales are not read; {_WAY_OUT}")
+                         f"are quantized per token at run time ('dynamic'), static input scales are not read; {WAY_OUT}")
     block = qc.get("weight_block_size")
     if block is not None:
         if (not isinstance(block, (list, tuple)) or len(block) != 2
@@ -60,9 +87,13 @@ def checkpoint_quantization(raw: dict, where) -> Fp8Config | None:
                              f"as [128, 128], got {block!r}")
         if block[1] < 16 or block[1] & (block[1] - 1):
             raise ValueError(f"{where}: quantization_config.weight_block_size {list(block)}: the column width must be "
-                             f"a power of two >= 16 (128 in published checkpoints); {_WAY_OUT}")
+                             f"a power of two >= 16 (128 in published checkpoints); {WAY_OUT}")
         block = (int(block[0]), int(block[1]))
-    return Fp8Config(block=block, prequantized=True)
+    ignore = qc.get("ignored_layers") or qc.get("modules_to_not_convert") or []
+    if not isinstance(ignore, list) or not all(isinstance(x, str) for x in ignore):
+        raise ValueError(f"{where}: quantization_config ignored_layers / modules_to_not_convert must be a list of "
+                         f"module names, got {ignore!r}")
+    return Fp8Config(block=block, prequantized=True, ignore=tuple(ignore))
 
 
 def resolve_quantization(asked: str | None, checkpoint: Fp8Config | None, where) -> Fp8Config | None:

@@ -50,7 +50,7 @@ def test_the_plan_fits_one_command():
     command of 10 minutes; `more` fits what a lease has left."""
     kill = _setting("KILL_S")
     plan, more = _stages("plan"), _stages("more")
-    assert list(plan) == ["preflight", "kernels_decode", "spec_kernels", "prefill", "fp8_gemm", "checkpoint",
+    assert list(plan) == ["preflight", "kernels_decode", "spec_kernels", "prefill", "fp8_weights", "checkpoint",
                           "e2e_rounds", "e2e_logits"]  # by value per second; the logits check last
     worst = sum(plan.values()) + kill * len(plan)
     assert worst <= _setting("PLAN_S"), plan
@@ -64,12 +64,16 @@ def test_the_plan_fits_one_command():
 
 def test_the_budget_comes_from_the_environment(tmp_path):
     """PLAN_S=5: every stage is skipped, said so in stages.tsv, the summary still runs and the answers still
-    come back (exit 1: nothing was measured); a PLAN_S that is not a number is refused."""
+    come back (exit 2: the check did not run); a PLAN_S that is not a number is refused."""
     out = tmp_path / "out"
     proc = _run(tmp_path, True, out=out, PLAN_S="5")
-    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-2000:]
     rows = [line.split("\t") for line in (out / "stages.tsv").read_text().splitlines()]
-    assert [r[:2] for r in rows] == [[name, "skipped"] for name in _stages("plan")] + [["summary", "0"]]
+    # the summary's exit code is its verdict: 2, its preflight did not run; a FAIL row for every stage
+    assert [r[:2] for r in rows] == [[name, "skipped"] for name in _stages("plan")] + [["summary", "2"]]
+    summary = (out / "summary.txt").read_text()
+    assert all(f"stage {name} FAIL: skipped" in summary for name in _stages("plan"))
+    assert f"verdicts: 0 PASS, {len(_stages('plan'))} FAIL" in summary
     assert sorted(p.name for p in out.iterdir()) == ["gpu_check.tar.gz", "stages.tsv", "summary.txt"]
     (tmp_path / "again").mkdir()
     bad = _run(tmp_path / "again", True, out=out, PLAN_S="9m")
@@ -123,11 +127,27 @@ def test_dry_run_runs_every_stage_at_tiny_shapes(tmp_path):
     assert {"paged_decode_bw_frac_min_16k", "cascade_speedup_vs_paged", "prefill_tflops", "engine"} <= set(raw)
 
 
+def test_a_shadowed_import_stops_the_check_at_preflight_in_one_line(tmp_path):
+    shim = tmp_path / "shim" / "transformers"  # shadows the installed transformers for every stage
+    shim.mkdir(parents=True)
+    (shim / "__init__.py").write_text("")
+    proc = _run(tmp_path, True, "--dry-run", out=tmp_path / "out", PYTHONPATH=str(shim.parent))
+    assert proc.returncode == 2, proc.stdout[-3000:]
+    rows = (tmp_path / "out" / "stages.tsv").read_text().splitlines()
+    assert [r.split("\t")[:2] for r in rows] == [["preflight", "2"], ["summary", "2"]]  # no stage after it ran
+    assert "   preflight: `from transformers import AutoModelForCausalLM` fails (AttributeError" in proc.stdout
+
+
 def test_without_a_gpu_the_plan_stops_at_preflight(tmp_path):
     proc = _run(tmp_path, False, out=tmp_path / "out")
     assert proc.returncode == 2 and "no CUDA device" in proc.stdout
     assert "pytest missing" in proc.stdout  # the host check names what the kernel tests need
     rows = (tmp_path / "out" / "stages.tsv").read_text().splitlines()  # what it found still comes back
     assert [r.split("\t")[0] for r in rows] == ["preflight", "summary"]
+    assert rows[0].split("\t")[3] == str(_stages("plan")["preflight"])
+    (tmp_path / "twice").mkdir()  # PLAN_S scales every stage's limit: twice the budget, twice the time
+    _run(tmp_path / "twice", False, out=tmp_path / "twice" / "out", PLAN_S=str(2 * _setting("PLAN_S")))
+    rows = (tmp_path / "twice" / "out" / "stages.tsv").read_text().splitlines()
+    assert rows[0].split("\t")[3] == str(2 * _stages("plan")["preflight"])
     proc = subprocess.run(["bash", str(SCRIPT), "kernels"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 2 and "usage: bench/gpu_check.sh [more|--dry-run]" in proc.stderr

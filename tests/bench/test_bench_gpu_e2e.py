@@ -69,15 +69,51 @@ def test_a_failed_graph_capture_is_recorded_and_the_engine_runs_eagerly(tmp_path
     assert err["engine"] == "logits" and "operation not permitted" in err["error"]
 
 
+def test_the_fallback_frees_the_failed_engine_before_it_retries(tmp_path, monkeypatch):
+    """The failed LLM() is out of reach (its KV cache collected) when the eager retry starts: an `except`
+    block's traceback would still hold its frames, and with them ~133 GB on an H200."""
+    import weakref
+    real, seen = gpu_e2e.Run.engine, {}
+
+    def engine(self, **kw):
+        if kw.get("enforce_eager"):
+            seen["kv alive at the retry"] = seen["kv"]() is not None
+            return real(self, **kw)
+        llm = real(self, **dict(kw, enforce_eager=True))  # a real engine, as LLM() holds it when capture fails
+        seen["kv"] = weakref.ref(llm.runner.kv_cache)
+        raise RuntimeError("capturing the decode CUDA graphs failed (OutOfMemoryError); run without them")
+    monkeypatch.setattr(gpu_e2e.Run, "engine", engine)
+    assert main(["--tiny", "--only", "checkpoint,logits", "--out", str(tmp_path)]) == 0
+    assert seen["kv alive at the retry"] is False
+    assert json.loads((tmp_path / "gpu_e2e.json").read_text())["logits"]["passed"]
+
+
+def test_a_folder_the_check_did_not_create_is_refused_not_written(tmp_path, capsys):
+    model = tmp_path / "PaCoRe-8B"  # a downloaded model
+    model.mkdir()
+    files = {"config.json": b"{}", "model.safetensors": b"weights", "tokenizer.json": b"{}"}
+    for name, data in files.items():
+        (model / name).write_bytes(data)
+    out = tmp_path / "out"
+    assert main(["--tiny", "--only", "checkpoint", "--checkpoint", str(model), "--out", str(out)]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert f"PACORE_GPU_CHECKPOINT={model} holds files this check did not write" in line and "new or empty" in line
+    assert {p.name: p.read_bytes() for p in model.iterdir()} == files  # nothing written, nothing changed
+    from bench.gpu_checkpoint import foreign_folder
+    assert foreign_folder(tmp_path / "new") is None and foreign_folder(model) == line.removeprefix("gpu_e2e: ")
+
+
 def test_a_cut_checkpoint_write_is_reported_not_redone(tmp_path):
+    from bench.gpu_checkpoint import OWNER_MARK
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
+    (ckpt / OWNER_MARK).write_text("")  # the check created it
     (ckpt / "model.safetensors").write_bytes(b"half a shard")  # the write was cut: no `complete` marker
     out = tmp_path / "out"
     assert main(["--tiny", "--only", "throughput", "--checkpoint", str(ckpt), "--out", str(out)]) == 1
     error = json.loads((out / "gpu_e2e.json").read_text())["checkpoint_error"]
     assert "its write (the `checkpoint` stage) was cut or failed" in error and "--only checkpoint" in error
-    assert sorted(p.name for p in ckpt.iterdir()) == ["model.safetensors"]  # nothing rewritten
+    assert sorted(p.name for p in ckpt.iterdir()) == [OWNER_MARK, "model.safetensors"]  # nothing rewritten
     with pytest.raises(SystemExit):
         main(["--tiny", "--only", "throughputs"])  # a typo is refused, naming the sections
 
