@@ -23,8 +23,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # module[:attribute] each stage needs; transformers' loading modules are the ones a stale or shadowed
-# install breaks (the logits check loads transformers' model from the checkpoint).
+# install breaks (the logits check loads transformers' model from the checkpoint); hub_kernels imports
+# Hugging Face's `kernels`, which a package of that name on the path once shadowed.
 IMPORTS = ("torch", "triton", "safetensors", "transformers:AutoModelForCausalLM", "transformers.modeling_utils",
+           "transformers.integrations.hub_kernels",
            "transformers:Qwen3Config", "engine:LLM", "engine.loader", "pacore_kernels", "pacore_kernels.fp8_gemm",
            "bench.gpu_e2e")
 OURS = ("engine", "pacore_kernels", "bench")  # must come from this repository
