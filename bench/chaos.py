@@ -198,7 +198,8 @@ def _check_session(report: Report, s: Session, err: str, out: Path) -> None:
 
 def _compare(report: Report, ref: Path, out: Path) -> None:
     """Whole lines, no duplicates or errors, the lock and snapshots gone, every record as the reference's."""
-    for leftover in (Path(f"{os.path.realpath(out)}.lock"), Path(f"{out}.partial")):
+    leftovers = [Path(f"{os.path.realpath(out)}.lock"), Path(f"{out}.partial"), *out.parent.glob(f"{out.name}*.tmp")]
+    for leftover in leftovers:
         if leftover.exists():
             report.problems.append(f"{leftover} is left after the run finished")
     want, got = _records(ref, report, "reference"), _records(out, report, "chaos")

@@ -19,6 +19,7 @@ again when it stops before anything was computed (a refusal, a model that fails 
 from __future__ import annotations
 
 import os
+import re
 import stat
 import sys
 from collections.abc import Callable, Iterator
@@ -103,6 +104,7 @@ def _checked(cfg: RunConfig, max_model_len: int | Callable[[], int] | None) -> I
     """Steps 2-5, the results lock held."""
     path = settings_path(cfg.out_path)
     check_side_files(cfg.out_path, (path,))
+    _remove_torn_writes(cfg.out_path)
     # 3. what is there
     prior = prepare_output(cfg.out_path, cfg.resume)
     recorded = None
@@ -194,6 +196,22 @@ def _snapshots(out_path: str) -> int:
         return sum(name.endswith(".pt") for name in os.listdir(snapshot_dir(out_path)))
     except OSError:
         return 0
+
+
+def _remove_torn_writes(out_path: str) -> None:
+    """Remove the temporary files of a settings or summary write a kill cut short (files.replace_atomically's
+    names; regular files only, never a link): the results lock is held, so no run is writing them."""
+    real = os.path.realpath(out_path)
+    folder, base = os.path.split(real)
+    torn = re.compile(re.escape(base) + r"\.(settings|summary)\.json\.[0-9a-f]{16}\.tmp")
+    for name in os.listdir(folder or "."):
+        if torn.fullmatch(name):
+            p = os.path.join(folder, name)
+            try:
+                if stat.S_ISREG(os.lstat(p).st_mode):
+                    os.unlink(p)
+            except OSError:
+                pass
 
 
 def _missing_folders(out_path: str) -> list[str]:

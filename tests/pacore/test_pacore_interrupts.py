@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from pacore.cli import main
-from pacore.results.files import ResultsWriter, rounds_path, snapshot_dir
+from pacore.results.files import ResultsWriter, rounds_path, snapshot_dir, summary_path
 from pacore.results.keys import pool_key, unit_key
 from pacore.results.preflight import preflight
 from pacore.results.settings import settings_path
@@ -128,6 +128,19 @@ def test_a_resume_removes_only_the_snapshots_of_work_since_saved(tmp_path, monke
     with preflight(replace(cfg, resume=True), None):  # what the resume starts from
         left = sorted(os.listdir(snapshot_dir(cfg.out_path)))
     assert left == sorted(store._name(key, r) for (key, r), kept in plant.items() if kept)
+
+
+def test_a_resume_removes_the_temporary_files_of_a_write_a_kill_cut_short(tmp_path, monkeypatch, capsys):
+    cfg = _done(tmp_path, monkeypatch, capsys, n=1)
+    torn = [settings_path(cfg.out_path) + ".0123456789abcdef.tmp", summary_path(cfg.out_path) + ".fedcba9876543210.tmp"]
+    for path in torn:
+        with open(path, "w") as f:
+            f.write('{"sett')
+    link = settings_path(cfg.out_path) + ".00000000000000ff.tmp"
+    os.symlink(cfg.data_path, link)  # not ours: never followed, never removed
+    _no_engine(monkeypatch)
+    assert main(_argv(cfg, "--resume")) == 0
+    assert not any(os.path.exists(p) for p in torn) and os.path.islink(link)
 
 
 # -- 3. a stop while the model loads -------------------------------------------------------------------
