@@ -36,7 +36,6 @@ from .resume import (OutputExistsError, PriorWork, confidence_note, prepare_outp
                      stale_snapshots)
 from .settings import (SettingsChanged, SettingsUnreadable, differences, listed, missing_settings, read_settings,
                        run_settings, settings_path, with_change)
-from .snapshots import SnapshotStore
 
 INTERRUPTED = ("pacore: interrupted; finished problems are saved in {out}. "
                "Run again with --resume to complete the rest.")
@@ -135,6 +134,8 @@ def _checked(cfg: RunConfig, max_model_len: int | Callable[[], int] | None) -> I
             raise SettingsRefused(str(e)) from None
     work = read_prior_work(cfg, todo, prior)
     if not prior.fresh:  # what a kill left of work since recorded or checkpointed goes
+        from .snapshots import SnapshotStore  # torch: only once there are results (`pacore run` starts without)
+
         SnapshotStore(cfg.out_path).prune(*stale_snapshots(prior, work))
     mixed = confidence_note(cfg, prior, work)
     if mixed:
