@@ -61,6 +61,8 @@ class Report:
     sessions: list[Session] = field(default_factory=list)
     reference_s: float = 0.0
     records: int = 0
+    recorded_between: int = 0  # records the interrupted sessions wrote (the last one wrote the others)
+    from_snapshots: int = 0  # sessions that continued rounds in flight from snapshots
     compared_fields: int = 0
     problems: list[str] = field(default_factory=list)  # every broken promise, said
 
@@ -74,23 +76,26 @@ class Report:
         late = sum(s.status == 0 for s in sent)
         loading = sum(s.when == "loading" for s in sent if s.status != 0)
         head = (f"chaos: {self.kills} interruptions ({by['SIGKILL']} SIGKILL, {by['SIGTERM']} SIGTERM; {loading} while "
-                f"the session started; {late} sent after the session had finished), {len(self.sessions)} sessions; "
-                f"{self.records} records compared with the uninterrupted run ({self.compared_fields} fields), "
-                f"reference {self.reference_s:.1f} s")
+                f"the session started; {late} sent after the session had finished), {len(self.sessions)} sessions "
+                f"({self.from_snapshots} continued rounds in flight from snapshots); "
+                f"{self.records} records ({self.recorded_between} written between kills) compared with the "
+                f"uninterrupted run ({self.compared_fields} fields), reference {self.reference_s:.1f} s")
         if not self.problems:
             return head + "; differences: none"
         return head + f"; {len(self.problems)} problems:\n" + "\n".join(f"  - {p}" for p in self.problems)
 
 
-def run_chaos(command: list[str], folder: str | Path, kills: int, seed: int = 0, variants: list[list[str]] | None = None,
-              env: dict | None = None, timeout_s: float = 600.0, max_sessions: int | None = None) -> Report:
+def run_chaos(command: list[str], folder: str | Path, kills: int, seed: int = 0,
+              variants: list[list[str]] | None = None, env: dict | None = None, timeout_s: float = 600.0,
+              max_sessions: int | None = None) -> Report:
     """Run ``command`` whole, then stopped ``kills`` times and resumed (module docstring); the report of
     what held. ``variants``: flag sets a resume picks from (seeded; [] is the plain run).
 
     The moments: a quarter of the signals land while the session starts (uniform over the reference's
     time to its ``engine:`` line: imports, the preflight, the model loading), the others once the engine
-    is up, uniform over twice the reference's running time split by ``kills``, so that most land before
-    the run is complete."""
+    is up, uniform over 1.5 times the reference's running time still to go (by the lines written, against
+    the reference's) split by the kills still to land (3/4 of a share, on average, between two kills), so
+    that most of the run is done between kills and they land before it is complete."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
@@ -112,14 +117,17 @@ def run_chaos(command: list[str], folder: str | Path, kills: int, seed: int = 0,
         variant = rng.randrange(len(variants)) if resume else 0
         sig = rng.choice((signal.SIGKILL, signal.SIGTERM))
         early = rng.random() < 0.25
-        after = rng.uniform(0.0, loading if early else 2 * running / kills)
+        left = running * max(0.05, 1 - _written(out) / max(1, _written(ref)))  # the reference's time still to go
+        after = rng.uniform(0.0, loading if early else 1.5 * left / (kills - report.kills))
         argv = command + ["--out", str(out)] + (["--resume"] if resume else []) + variants[variant]
         status, err, _, wall = _session(argv, sig, after, not early, env, timeout_s)
         s = Session(sig.name, after, status, wall, _last(err), variant, "loading" if early else "running")
         report.sessions.append(s)
+        report.from_snapshots += "continue from their snapshots" in err
         _check_session(report, s, err, out)
         if status == 0:  # it finished before the signal: nothing is left to stop
             break
+    report.recorded_between = len(_records(out, Report(), "chaos"))
     status, err, _, wall = _session(command + ["--out", str(out), "--resume"], None, 0.0, False, env, timeout_s)
     report.sessions.append(Session(None, None, status, wall, _last(err), 0, ""))
     _check_session(report, report.sessions[-1], err, out)
@@ -161,6 +169,15 @@ def _session(argv: list[str], sig: signal.Signals | None, after_s: float, after_
     finally:
         os.unlink(err_path)
         os.unlink(out_path)
+
+
+def _written(out: Path) -> int:
+    """Lines in the results and round checkpoints of ``out``: how far its run is."""
+    count = 0
+    for path in (out, Path(f"{out}.rounds.jsonl")):
+        if path.exists():
+            count += path.read_bytes().count(b"\n")
+    return count
 
 
 def _loaded(err_path: str) -> bool:

@@ -205,7 +205,11 @@ def _remove_torn_writes(out_path: str) -> None:
     real = os.path.realpath(out_path)
     folder, base = os.path.split(real)
     torn = re.compile(re.escape(base) + r"\.(settings|summary)\.json\.[0-9a-f]{16}\.tmp")
-    for name in os.listdir(folder or "."):
+    try:
+        names = os.listdir(folder or ".")
+    except OSError:  # a folder that cannot be listed: nothing to tidy that we can see
+        return
+    for name in names:
         if torn.fullmatch(name):
             p = os.path.join(folder, name)
             try:

@@ -88,8 +88,8 @@ def run_settings(cfg: RunConfig) -> dict:
 
 def read_settings(path: str) -> dict | None:
     """The recorded settings document ({"settings", "changes"}), or None when there is no file (which a
-    resume over results refuses: missing_settings). SettingsUnreadable naming the file and why for one that cannot be
-    used. The file was checked to be a regular file of its own (files.check_side_files)."""
+    resume over results refuses: missing_settings). SettingsUnreadable naming the file and why for one
+    that cannot be used. The file was checked to be a regular file of its own (files.check_side_files)."""
     try:
         with open(path, "rb") as f:
             data = f.read()

@@ -95,7 +95,8 @@ def test_a_stop_after_the_last_record_says_the_results_are_complete_and_a_resume
     _stop_after_the_last_record(monkeypatch, 2)
     assert main(_argv(cfg, "--checkpoint-every", "0.000001")) == 143
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == f"pacore: interrupted after every problem was recorded; the results in {cfg.out_path} are complete"
+    assert err[-1] == ("pacore: interrupted after every problem was recorded; the results in "
+                       f"{cfg.out_path} are complete")
     assert len(_lines(cfg.out_path)) == 2
     assert os.listdir(snapshot_dir(cfg.out_path))  # the last round's, left by the stop
     monkeypatch.undo()
