@@ -8,9 +8,12 @@ transitions (start, submit, finish, fail) share its state and read best together
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from engine.llm import StepError
 from engine.sampling_params import SamplingParams
@@ -29,12 +32,14 @@ from .prompts import order_responses
 from .results.journal import Journal
 from .results.files import check_present
 from .results.keys import request_id
-from .results.preflight import INTERRUPTED, Pending, preflight
+from .results.preflight import COMPLETE, INTERRUPTED, Interrupted, Pending, preflight
 from .results.problems import BadLine, Problem
 from .results.resume import PriorWork, runs_left
 from .results.sink import FileSink
 from .results.snapshots import finished_without_logprobs
 from .unit import InFlight, Pool, Unit
+
+STOPS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}  # what pacore run stops on as Ctrl-C (cli/run.py)
 
 
 class PaCoReRunner:
@@ -104,9 +109,11 @@ class PaCoReRunner:
                 self.step()
         except BaseException as e:
             self.snapshot_safely()  # Ctrl-C or a crash: the rounds in flight continue from here on --resume
-            if isinstance(e, KeyboardInterrupt):
-                print(f"\n{self.interrupted.format(out=self.cfg.out_path)}", file=sys.stderr)
-            raise
+            if not isinstance(e, KeyboardInterrupt):
+                raise
+            said = self.interrupted if self.busy or self._open else COMPLETE  # a stop after the last record
+            print(f"\n{said.format(out=self.cfg.out_path)}", file=sys.stderr)
+            raise Interrupted from None
         finally:
             self.end()
             if own_sink:
@@ -376,26 +383,39 @@ class PaCoReRunner:
 
     # -- records -----------------------------------------------------------------------------
     def _finish(self, unit: Unit) -> None:
-        self._journal.record(with_extra(run_record(unit.problem.id, unit.run, unit.rounds, unit.stats,
-                                                   gold=unit.gold, graded=self.cfg.grade, k1=self.schedule[0],
-                                                   pool=unit.pool), unit.problem.extra))
-        self._closed(unit.problem)
+        record = with_extra(run_record(unit.problem.id, unit.run, unit.rounds, unit.stats, gold=unit.gold,
+                                       graded=self.cfg.grade, k1=self.schedule[0], pool=unit.pool), unit.problem.extra)
+        with signals_held():  # a stop lands before the record or after its run is closed: it says what is left
+            self._journal.record(record)
+            self._closed(unit.problem)
 
     def _fail(self, job: Unit | Pool, error: str) -> None:
         print(f"pacore: problem {job.problem.id!r} failed: {error}", file=sys.stderr)
         self._progress.problem_failed(*job.left(self.cfg))
         for run in job.runs:
-            self._journal.record(with_extra(error_record(
-                job.problem.id, run, error, job.problem.line_no,
-                round_responses=[[t.to_record() for t in rnd] for rnd in job.rounds],
-                rounds_stats=[s.to_dict() for s in job.stats]), job.problem.extra))
-            self._closed(job.problem)
+            record = with_extra(error_record(job.problem.id, run, error, job.problem.line_no,
+                                             round_responses=[[t.to_record() for t in rnd] for rnd in job.rounds],
+                                             rounds_stats=[s.to_dict() for s in job.stats]), job.problem.extra)
+            with signals_held():
+                self._journal.record(record)
+                self._closed(job.problem)
 
     def _closed(self, problem: Problem) -> None:
         self._open[problem.key] -= 1
         if not self._open[problem.key]:
             del self._open[problem.key]
             self._journal.closed(problem.key)
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP wait (blocked, then delivered on leaving) while inside: what is written
+    and what the runner knows of it stay in step."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _engine_stats(llm) -> dict:

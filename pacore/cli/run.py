@@ -14,7 +14,7 @@ from engine.config import engine_kwargs
 from ..config import PRESETS, RunConfig
 from ..evaluate.summary import show_summary, write_summary
 from ..results.files import OutputGone, WriteFailed
-from ..results.preflight import REFUSALS, Pending, preflight
+from ..results.preflight import REFUSALS, Interrupted, Pending, preflight, stopped_early
 from .flags import EMBEDDED_MODEL_MAX_TOKENS
 
 
@@ -82,7 +82,9 @@ def run(args, cfg: RunConfig) -> int:
             print(f"pacore: {e}. What finished before is saved in {cfg.out_path}; free space on its disk, then run "
                   f"again with --resume to complete the rest", file=sys.stderr)
             return 2
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
+            if not isinstance(e, Interrupted):  # before the run loop said what is saved: loading the model
+                print(stopped_early(cfg.out_path), file=sys.stderr)
             return 128 + (caught[0] if caught else signal.SIGINT)
     return _status(summary, cfg)
 

@@ -26,7 +26,7 @@ from ..config import RunConfig
 from ..evaluate.records import bad_line_record, error_record, with_extra
 from ..evaluate.summary import write_summary
 from ..results.keys import POOL_RUN, pool_key, problem_key, run_key, unit_key
-from ..results.preflight import INTERRUPTED, Pending, preflight
+from ..results.preflight import INTERRUPTED, Interrupted, Pending, preflight
 from ..results.problems import Problem
 from ..results.resume import PriorWork, runs_left
 from ..results.sink import FileSink
@@ -139,7 +139,7 @@ class _Driver:
                 if isinstance(answer, Reply):
                     self._apply(rank, answer)
             print(f"\n{INTERRUPTED.format(out=self.cfg.out_path)}", file=sys.stderr)
-            raise
+            raise Interrupted from None
         finally:
             self.finished = time.perf_counter()
             self.bar.close()

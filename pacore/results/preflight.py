@@ -19,6 +19,7 @@ again when it stops before anything was computed (a refusal, a model that fails 
 from __future__ import annotations
 
 import os
+import re
 import stat
 import sys
 from collections.abc import Callable, Iterator
@@ -31,12 +32,20 @@ from ..evaluate.runs import validate_runs
 from .files import check_side_files, rounds_path, same_file, snapshot_dir, write_json
 from .lock import OutputUnusable, ResultsLocked, results_lock
 from .problems import BadLine, Problem, read_problems
-from .resume import OutputExistsError, PriorWork, confidence_note, prepare_output, read_prior_work, select_pending
-from .settings import (SettingsChanged, SettingsUnreadable, differences, listed, read_settings, run_settings,
-                       settings_path, with_change)
+from .resume import (OutputExistsError, PriorWork, confidence_note, prepare_output, read_prior_work, select_pending,
+                     stale_snapshots)
+from .settings import (SettingsChanged, SettingsUnreadable, differences, listed, missing_settings, read_settings,
+                       run_settings, settings_path, with_change)
 
 INTERRUPTED = ("pacore: interrupted; finished problems are saved in {out}. "
                "Run again with --resume to complete the rest.")
+# What a stop says when every problem of the session was recorded before it came: nothing to resume.
+COMPLETE = "pacore: interrupted after every problem was recorded; the results in {out} are complete"
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGTERM, SIGHUP) once the runner or driver has said what is saved (INTERRUPTED or
+    COMPLETE), so that the command does not say it again."""
 
 
 class SettingsRefused(ValueError):
@@ -94,17 +103,21 @@ def _checked(cfg: RunConfig, max_model_len: int | Callable[[], int] | None) -> I
     """Steps 2-5, the results lock held."""
     path = settings_path(cfg.out_path)
     check_side_files(cfg.out_path, (path,))
+    _remove_torn_writes(cfg.out_path)
     # 3. what is there
     prior = prepare_output(cfg.out_path, cfg.resume)
     recorded = None
     if not prior.fresh:
         try:
             recorded = read_settings(path)
+            if recorded is None:  # results with nothing to check this resume against
+                raise SettingsUnreadable(missing_settings(cfg.out_path, path))
         except SettingsUnreadable:
             if not cfg.override_settings:
                 raise
-            print(f"pacore: {path} cannot be read; recording this run's settings in its place, as "
-                  f"--override-settings asks", file=sys.stderr)
+            what = "cannot be read" if os.path.lexists(path) else "is missing"
+            print(f"pacore: {path} {what}; recording this run's settings in its place, as --override-settings asks",
+                  file=sys.stderr)
     # 4. the settings compared
     now = run_settings(cfg)
     doc = {"settings": now, "changes": []} if recorded is None else _compared(cfg, recorded, now, path)
@@ -120,6 +133,10 @@ def _checked(cfg: RunConfig, max_model_len: int | Callable[[], int] | None) -> I
         except (ValueError, OSError, RuntimeError) as e:  # no such model, a size that cannot split it, a budget
             raise SettingsRefused(str(e)) from None
     work = read_prior_work(cfg, todo, prior)
+    if not prior.fresh:  # what a kill left of work since recorded or checkpointed goes
+        from .snapshots import SnapshotStore  # torch: only once there are results (`pacore run` starts without)
+
+        SnapshotStore(cfg.out_path).prune(*stale_snapshots(prior, work))
     mixed = confidence_note(cfg, prior, work)
     if mixed:
         print(f"pacore: {mixed}", file=sys.stderr)
@@ -182,6 +199,26 @@ def _snapshots(out_path: str) -> int:
         return 0
 
 
+def _remove_torn_writes(out_path: str) -> None:
+    """Remove the temporary files of a settings or summary write a kill cut short (files.replace_atomically's
+    names; regular files only, never a link): the results lock is held, so no run is writing them."""
+    real = os.path.realpath(out_path)
+    folder, base = os.path.split(real)
+    torn = re.compile(re.escape(base) + r"\.(settings|summary)\.json\.[0-9a-f]{16}\.tmp")
+    try:
+        names = os.listdir(folder or ".")
+    except OSError:  # a folder that cannot be listed: nothing to tidy that we can see
+        return
+    for name in names:
+        if torn.fullmatch(name):
+            p = os.path.join(folder, name)
+            try:
+                if stat.S_ISREG(os.lstat(p).st_mode):
+                    os.unlink(p)
+            except OSError:
+                pass
+
+
 def _missing_folders(out_path: str) -> list[str]:
     """The folders of the results file's real path that do not exist yet, innermost first."""
     missing, folder = [], os.path.dirname(os.path.realpath(out_path))
@@ -197,7 +234,7 @@ def _undo_if_nothing_computed(cfg: RunConfig) -> None:
     file, the checkpoint file) or not (the settings), so that it leaves nothing behind (the folders it
     made go once empty, after the lock). The results file is locked: no other run writes it meanwhile."""
     made = [os.path.realpath(cfg.out_path), rounds_path(cfg.out_path), settings_path(cfg.out_path)]
-    if _size(made[0]) or _size(made[1]) or _snapshots(cfg.out_path):
+    if holds_work(cfg.out_path):
         return
     for p in made:
         try:
@@ -205,6 +242,18 @@ def _undo_if_nothing_computed(cfg: RunConfig) -> None:
                 os.unlink(p)
         except OSError:
             pass
+
+
+def holds_work(out_path: str) -> bool:
+    """Whether the output holds anything computed: a record, a round checkpoint or a snapshot."""
+    return bool(_size(os.path.realpath(out_path)) or _size(rounds_path(out_path)) or _snapshots(out_path))
+
+
+def stopped_early(out_path: str) -> str:
+    """What a stop before the run loop began (in the preflight, while the model loads) says."""
+    if holds_work(out_path):
+        return INTERRUPTED.format(out=out_path)
+    return "pacore: interrupted before any problem started; nothing was saved"
 
 
 def _size(path: str) -> int:

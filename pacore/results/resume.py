@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from ..config import RunConfig
 from ..evaluate.confidence import MEASURES
 from .files import cut_torn_line, rounds_path, snapshot_dir
-from .keys import POOL_RUN, problem_key, record_key, run_key
+from .keys import POOL_RUN, pool_key, problem_key, record_key, run_key, unit_key
 from .problems import BadLine, Problem
 from .shapes import read_usable, usable_checkpoint, usable_result
 
@@ -183,6 +183,23 @@ def read_prior_work(cfg: RunConfig, todo: list, prior: PriorResults) -> dict[str
         if work.runs_done or work.rounds or work.pool:
             out[key] = work
     return out
+
+
+def stale_snapshots(prior: PriorResults, work: dict[str, PriorWork]) -> tuple[set[str], set[tuple[str, int]]]:
+    """The snapshots no session will continue from, which a kill between a write and a snapshot's removal
+    leaves: (units whose every round's are stale: the runs recorded done and the pools of problems with
+    a run done or a pool checkpointed, {(unit, round)} of the rounds checkpointed). A failed run's stay:
+    a resume continues it from them."""
+    units: set[str] = set()
+    for rk in prior.done:
+        key, run = (rk, 0) if isinstance(rk, str) else rk
+        units.update((unit_key(key, run), pool_key(key)))  # a run done: its pool was checkpointed first
+    rounds: set[tuple[str, int]] = set()
+    for key, w in work.items():
+        if w.pool is not None:
+            units.add(pool_key(key))
+        rounds.update((unit_key(key, run), rec["round"]) for run, recs in w.rounds.items() for rec in recs)
+    return units, rounds
 
 
 def _measured(rounds: object) -> bool:

@@ -5,8 +5,9 @@ A new output records them; a resume compares every one with the recorded ones (p
 a difference, naming each setting, unless ``--override-settings`` is given: then the change is recorded
 too. ``--runs`` may grow (each run has its own record). A settings file that cannot be read (garbage,
 too deep, not the shape of one, settings missing) refuses a resume: a weakened check would pass anything;
-``--override-settings`` replaces it. An output written before settings were recorded has none to
-compare: its first resume records them; one recorded before a setting was added gets it filled in.
+``--override-settings`` replaces it. So does results without a settings file (removed, or the results
+copied without it): an empty output (a kill before the settings were written, which is before the first
+record can be) is a new one. One recorded before a setting was added gets it filled in.
 
 Not settings, so a resume may change them: ``--speculative-config`` (speculation is exact: the tokens
 decoding without it draws, engine/spec/verify.py, or with acceptance "rejection" the same distribution),
@@ -86,9 +87,9 @@ def run_settings(cfg: RunConfig) -> dict:
 
 
 def read_settings(path: str) -> dict | None:
-    """The recorded settings document ({"settings", "changes"}), or None when there is no file (an output
-    of a version that recorded none). SettingsUnreadable naming the file and why for one that cannot be
-    used. The file was checked to be a regular file of its own (files.check_side_files)."""
+    """The recorded settings document ({"settings", "changes"}), or None when there is no file (which a
+    resume over results refuses: missing_settings). SettingsUnreadable naming the file and why for one
+    that cannot be used. The file was checked to be a regular file of its own (files.check_side_files)."""
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -108,6 +109,13 @@ def read_settings(path: str) -> dict | None:
     if missing:
         raise SettingsUnreadable(_unreadable(path, f"settings missing: {', '.join(missing)}"))
     return {"settings": settings, "changes": changes}
+
+
+def missing_settings(out_path: str, path: str) -> str:
+    """Why a resume over results without their settings file is refused, and the ways on."""
+    return (f"{out_path} holds results but no settings file ({path}) to check this resume against the settings "
+            f"they were computed with; restore it, choose another --out, or pass --override-settings to record "
+            f"this run's settings and go on")
 
 
 def _unreadable(path: str, why: str) -> str:

@@ -17,6 +17,7 @@ import errno
 import hashlib
 import io
 import os
+import re
 import stat
 import sys
 from array import array
@@ -78,6 +79,10 @@ def finished_without_logprobs(partial: list[Partial], logprobs: list[TokenLogpro
         if reason is not None and tokens and (logprobs is None or logprobs[i] is None):
             return i
     return None
+
+
+# A snapshot's name (the unit's hash, the round), or the temporary file of one a kill left half-written
+_OURS = re.compile(r"([0-9a-f]{24})\.r([0-9]+)\.pt(\.[0-9a-f]{16}\.tmp)?")
 
 
 class SnapshotStore:
@@ -189,6 +194,32 @@ class SnapshotStore:
             pass
         finally:
             os.close(dir_fd)
+
+    def prune(self, units: set[str], rounds: set[tuple[str, int]]) -> None:
+        """Remove the snapshots of work since saved (every round of ``units``; the (unit, round) pairs of
+        ``rounds``) and what a kill left half-written (the temporary files of replace_atomically), then
+        the folder once empty. Called with the results lock held: no run writes here meanwhile."""
+        stale = {self._name(key, r) for key, r in rounds}
+        hashes = {self._name(key, 0).split(".")[0] for key in units}
+        try:
+            dir_fd = self._open_dir(create=False)
+        except WriteFailed:  # a link at the folder: nothing of ours is behind it
+            return
+        if dir_fd is None:
+            return
+        try:
+            for name in os.listdir(dir_fd):
+                ours = _OURS.fullmatch(name)
+                if not ours or not (ours[3] or ours[1] in hashes or f"{ours[1]}.r{ours[2]}.pt" in stale):
+                    continue
+                try:
+                    if stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):  # never a link
+                        os.unlink(name, dir_fd=dir_fd)
+                except OSError:
+                    pass
+        finally:
+            os.close(dir_fd)
+        self.close()
 
     def close(self) -> None:
         """Remove the folder if it is empty (every round in flight ended): a finished run leaves none."""

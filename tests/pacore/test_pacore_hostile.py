@@ -270,7 +270,8 @@ def test_results_written_by_the_previous_version_still_resume(tmp_path):
     old = tmp_path / "old"
     shutil.copytree(V1, old)
     cfg = _cfg(old, old / "in.jsonl", runs=2, max_problems_in_flight=2)
-    cfg.rounds, cfg.resume = (3, 2), True
+    # it predates the settings file: nothing to check the resume against, so it is asked for (issue 48)
+    cfg.rounds, cfg.resume, cfg.override_settings = (3, 2), True, True
     llm = FakeLLM(_script_v1)
     PaCoReRunner(llm, cfg).run()
     # p0 and p1 were done; p2's two runs continue at round 2 from their snapshots
