@@ -71,8 +71,9 @@ def block_scores_ref(q: torch.Tensor, bounds: torch.Tensor, block_tables: torch.
     cand = (n[None, :] >= sink_blocks) & (n[None, :] < (nb - recent_blocks)[:, None])
     blk = torch.where(cand, block_tables.long(), 0)
     lo, hi = bounds[0][blk].float(), bounds[1][blk].float()     # [B, W, Hkv, D]
-    qg = q.float().view(B, 1, Hkv, Hq // Hkv, D)                # head h reads KV head h // group
-    ub = torch.maximum(qg * lo[:, :, :, None], qg * hi[:, :, :, None]).sum(-1)  # [B, W, Hkv, G]
+    # max(q * lo, q * hi) summed over d is q+ . hi + q- . lo: two batched dots; head h reads KV head h // group
+    qg = q.float().view(B, Hkv, Hq // Hkv, D)
+    ub = torch.einsum("bwkd,bkgd->bwkg", hi, qg.clamp(min=0)) + torch.einsum("bwkd,bkgd->bwkg", lo, qg.clamp(max=0))
     return torch.where(cand, ub.sum((2, 3)), float("-inf"))
 
 
