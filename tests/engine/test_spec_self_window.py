@@ -87,8 +87,8 @@ def test_a_window_over_the_whole_context_drafts_the_model_itself(tiny_model_dir)
     drafts, verified = [], []
     run_draft, run = llm.runner.run_draft, llm.runner.run
 
-    def spy_draft(seqs, tokens, offset, window, sink):
-        logits = run_draft(seqs, tokens, offset, window, sink)
+    def spy_draft(seqs, tokens, offset, window, sink, selected):
+        logits = run_draft(seqs, tokens, offset, window, sink, selected)
         drafts.extend(((s.seq_id, s.num_computed + offset), row) for s, row in zip(seqs, logits))
         return logits
 
