@@ -55,7 +55,8 @@ def enable_bounds(llm) -> None:
                                        r.dtype, r.device)
 
 
-def measure(args) -> dict:
+def measure(args, save=lambda res: None) -> dict:
+    """The acceptance of every policy per context bin and temperature; ``save(res)`` after each cell."""
     from engine import LLM, SamplingParams
     from pacore.cli.demo import DEMO_PROBLEMS
 
@@ -86,8 +87,9 @@ def measure(args) -> dict:
             log(f"context {lo}-{hi} T={temp}: {len(chunks.rows)} draft starts, {len(cfgs)} policies")
             blocks.release()
             entry["by_temperature"][str(temp)] = t
+            res["cpu_s"] = time.process_time() - t0
+            save(res | {"bins": res["bins"] + [entry]})
         res["bins"].append(entry)
-    res["cpu_s"] = time.process_time() - t0
     return res
 
 
@@ -97,7 +99,9 @@ def table(res: dict, depths: tuple[int, ...] = (4, 6)) -> str:
     lines = [head, "|" + "---|" * 6]
     for temp in sorted({t for b in res["bins"] for t in b["by_temperature"]}, reverse=True):
         for b in res["bins"]:
-            t = b["by_temperature"][temp]
+            t = b["by_temperature"].get(temp)
+            if t is None:  # a run cut short
+                continue
             for label, window, selected in res["configs"]:
                 cells = []
                 for rule in RULES:
@@ -142,13 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     apply_threads(args.threads)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    res = measure(args)
-    res |= {"command": " ".join(["python -m bench.spec_sparse_acceptance", *sys.argv[1:]]), "commit": _commit(),
+    meta = {"command": " ".join(["python -m bench.spec_sparse_acceptance", *sys.argv[1:]]), "commit": _commit(),
             "note": CAVEAT}
-    (out / "report.json").write_text(json.dumps(res, indent=1))
-    text = CAVEAT + "\n\n" + table(res) + f"\n\nCPU time: {res['cpu_s']:.0f} s\n"
-    (out / "table.md").write_text(text)
-    print(text)
+
+    def save(res: dict) -> str:  # after every cell: a run cut short keeps what it measured
+        (out / "report.json").write_text(json.dumps(res | meta, indent=1))
+        text = CAVEAT + "\n\n" + table(res) + f"\n\nCPU time: {res['cpu_s']:.0f} s\n"
+        (out / "table.md").write_text(text)
+        return text
+    print(save(measure(args, save)))
     return 0
 
 

@@ -191,3 +191,30 @@ def test_the_adaptive_depth_speculates_where_it_pays_and_stops_where_it_does_not
     assert a < 0.2 and wrong[0] > 0.6 * sum(wrong.values()) and wrong.get(1, 0) > 0  # off, with probes
     full, _ = depths(tiny_model_dir("qwen3"), dict(adaptive, window=4096))
     assert full[0] > 0.9 * sum(full.values())
+
+
+@pytest.mark.parametrize("options", [dict(cascade_attention=True), dict(num_kv_blocks=14, max_num_seqs=8)],
+                         ids=["fork-cascade", "preempt"])
+def test_sparse_drafting_keeps_every_blocks_key_bounds(tiny_model_dir, options):
+    """Before every draft step, each layer's bounds of each block a row has computed hold every key the
+    cache has there: fork's copied blocks, prefix-cache hits, preemption and verify passes included (the
+    identity tests cannot see bounds that went stale: they would only pick worse blocks)."""
+    spec, options = _policy("sparse", SW, options)
+    llm = LLM(str(tiny_model_dir("llama")), skip_tokenizer_init=True, speculative_config=spec, **options)
+    runner, bs, checked = llm.runner, llm.block_size, []
+    run_draft = runner.run_draft
+
+    def spy_draft(seqs, tokens, offset, window, sink, selected):
+        kv, bounds = runner.kv_cache, runner.key_bounds
+        for s in seqs:
+            blocks = torch.tensor(s.block_table[:s.num_computed // bs])
+            keys = kv[:, 0, blocks]                                  # [L, n, bs, Hkv, D]
+            assert (bounds[:, 0, blocks] <= keys.amin(2)).all() and (bounds[:, 1, blocks] >= keys.amax(2)).all()
+            checked.append(len(blocks))
+        return run_draft(seqs, tokens, offset, window, sink, selected)
+    runner.run_draft = spy_draft
+    llm.generate(PROMPTS, SamplingParams(n=4, temperature=1.0, max_tokens=32, seed=0, ignore_eos=True),
+                 use_tqdm=False)
+    assert sum(checked) > 100
+    if "num_kv_blocks" in options:
+        assert llm.stats()["preemptions"] > 0
