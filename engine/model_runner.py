@@ -167,7 +167,7 @@ class ModelRunner:
         if self.workers is not None:
             self.workers.shutdown()
         self.closed = True
-        self.graphs = self.kv_cache = self.model = None
+        self.graphs = self.kv_cache = self.key_bounds = self.model = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
