@@ -12,6 +12,9 @@ reference (on the first two rows, except cascade). Cases, each row written to OU
   multi-query kernel on the same batch (which reads the prefix once per row);
 - draft: B=32 x 32k, one query per row over a sink of 16 + a window of 512 (self-drafting), vs the full
   paged decode of the same rows;
+- sparse: the same rows drafting over sink 16 + window 128 + 384 tokens of selected blocks (issue 46: the
+  Quest-style block scores, pacore_kernels/block_select.py, then the paged decode over the reduced table),
+  beside the 16 + 512 window draft: the scores and the output checked against the references;
 - sample: the sampler's Gumbel-max kernel (pacore_kernels/gumbel_sample.py) on B=256 rows x Qwen3's 151,936
   fp32 logits: time per call, logits bytes / time, and its tokens against the torch reference's.
 
@@ -31,7 +34,7 @@ from pathlib import Path
 
 from bench.gpu_kernels import REL_TOL, commit, open_kernels, rel_err, run_cases, verdict, write_device_params
 
-CASES = ("verify", "draft", "cascade", "sample")
+CASES = ("verify", "draft", "sparse", "cascade", "sample")
 K_SCALE, V_SCALE = 0.5, 0.25  # an FP8 cache's scales: not 1, so the folded scales run too
 REPS = 10
 
@@ -199,6 +202,39 @@ def case_draft(s: Spec, kernels):
                    full_over_draft=t_full / t_draft, rel_err_vs_fp32=err))
 
 
+def case_sparse(s: Spec, kernels):
+    from pacore_kernels import block_select as bsel
+    B, L, sink, window, selected = (2, 70, 4, 16, 16) if s.tiny else (32, 32768, 16, 128, 384)
+    caches, bt = s.cache([L] * B)
+    sc = 1 / math.sqrt(s.D)
+    q, sl = s.randn(B, s.Hq, s.D), s.i32([L] * B)
+    spans = (-(-sink // s.bs), selected // s.bs, window // s.bs)
+    k0 = caches[next(iter(caches))][0]  # the model-dtype keys: what the bounds are kept from
+    bounds = bsel.allocate_key_bounds(1, k0.shape[0], s.Hkv, s.D, s.dtype, s.dev)[0]
+    bsel.update_key_bounds(bounds, k0.flatten(0, 1), s.torch.arange(k0.shape[0] * s.bs, device=s.dev), s.bs)
+    scores = bsel.block_scores_triton(q, bounds, bt, sl, s.bs, spans[0], spans[2])
+    ref_scores = bsel.block_scores_ref(q[:2], bounds, bt[:2], sl[:2], s.bs, spans[0], spans[2])
+    keep = s.torch.isfinite(ref_scores)
+    score_err = rel_err(scores[:2][keep], ref_scores[keep])
+    for fmt, (k, v, ks, vs) in caches.items():
+        def sparse():
+            tables, lens = bsel.select_blocks_triton(q, bounds, bt, sl, s.bs, *spans)
+            return kernels.paged_decode_triton(q, k, v, tables, lens, sc, k_scale=ks, v_scale=vs)
+        st, sk = s.i32([L - (32 if s.tiny else 512)] * B), s.i32([sink] * B)  # the window draft's 16 + 512
+        window_draft = lambda: kernels.paged_decode_triton(q, k, v, bt, sl, sc, start_lens=st, sink_lens=sk,  # noqa: E731
+                                                           k_scale=ks, v_scale=vs)
+        tables, lens = bsel.select_blocks_ref(q[:2], bounds, bt[:2], sl[:2], s.bs, *spans)
+        ref = kernels.paged_decode_ref(q[:2].float(), k, v, tables, lens, sc, k_scale=ks, v_scale=vs)
+        err = rel_err(sparse()[:2], ref)
+        t_window, _ = s.time(window_draft)
+        t_sparse, graph = s.time(sparse)
+        read = sum(spans) * s.bs
+        s.add(dict(case="sparse", kv_dtype=fmt, B=B, context=L, sink=sink, window=window, selected=selected,
+                   us=t_sparse * 1e6, graph=graph, kv_bytes=s.kv_bytes(B * read, k) + B * (L // s.bs) * 2 * s.Hkv * s.D
+                   * bounds.element_size(), window_us=t_window * 1e6, sparse_over_window=t_sparse / t_window,
+                   rel_err_vs_fp32=err, scores_rel_err_vs_fp32=score_err))
+
+
 def case_cascade(s: Spec, kernels):
     K, P, S = (2, 32, 16) if s.tiny else (4, 65536, 8192)
     caches, bt = s.cache([P + S] * K, prefix=P)
@@ -250,6 +286,11 @@ def format_table(rows, dtype: str = "bfloat16") -> str:
             lines.append(f"{head}B={r['B']} ctx={r['context']} sink {r['sink']} + window {r['window']}: "
                          f"{r['us']:.1f} us ({r['GBps']:.0f} GB/s) vs full {r['full_us']:.1f} us: "
                          f"{r['full_over_draft']:.1f}x  err {r['rel_err_vs_fp32']:.1e}")
+        elif r["case"] == "sparse":
+            lines.append(f"{head}B={r['B']} ctx={r['context']} sink {r['sink']} + window {r['window']} + selected "
+                         f"{r['selected']}: {r['us']:.1f} us ({r['GBps']:.0f} GB/s, bounds read included) vs the "
+                         f"window draft {r['window_us']:.1f} us: x{r['sparse_over_window']:.2f}  err "
+                         f"{r['rel_err_vs_fp32']:.1e}")
         elif r["case"] == "cascade":
             lines.append(f"{head}K={r['K']} P={r['prefix']} S={r['suffix']} q_len={r['q_len']}: {r['us']:.1f} us "
                          f"({r['GBps']:.0f} GB/s, x{r['vs_q1']:.2f} of q_len 1), paged {r['paged_us']:.1f} us "

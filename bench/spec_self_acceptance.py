@@ -169,16 +169,17 @@ def chunks_of(llm, blocks: Blocks, forced: list[Forced], depth: int, stride: int
 
 
 def draft_pass(llm, chunks: Chunks, window: int, sink: int, depth: int, temperature: float,
-               batch: int) -> dict[str, torch.Tensor]:
+               batch: int, selected: int = 0) -> dict[str, torch.Tensor]:
     """For every chunk and draft step d < depth: the acceptance chances (see ``acceptance``) [chunks, depth],
-    and the largest |q - p| of each chunk's distributions."""
+    and the largest |q - p| of each chunk's distributions (selected: sparse drafting, bench/spec_sparse_acceptance.py)."""
     runner = llm.runner
     res: dict[str, list] = {}
     for at in range(0, len(chunks.rows), batch):
         rows, forced = chunks.rows[at:at + batch], chunks.forced[at:at + batch]
         cols: dict[str, list] = {}
         for d in range(depth):
-            q_logits = runner.run_draft(rows, [r.token_ids[r.num_computed + d] for r in rows], d, window, sink)
+            q_logits = runner.run_draft(rows, [r.token_ids[r.num_computed + d] for r in rows], d, window, sink,
+                                       selected)
             p = _probs(torch.stack([f.logits[r.num_computed + d - f.first] for r, f in zip(rows, forced)]), temperature)
             q = _probs(q_logits, temperature)
             y = torch.tensor([r.token_ids[r.num_computed + d + 1] for r in rows])

@@ -25,6 +25,8 @@ class AttentionMetadata:
     decode_max_query_len: int = 1                    # host-side bound on a row's queries
     decode_start_lens: torch.Tensor | None = None    # set: a self-drafting step's window starts (int32 [B])
     decode_sink_lens: torch.Tensor | None = None     # and its sink [0, sink) before the window
+    decode_select: tuple[int, int, int] | None = None  # set: a sparse draft step's (sink, top-k, recent) blocks
+    key_bounds: torch.Tensor | None = None     # set: every block's key min/max per layer (sparse self-drafting)
     group_starts: torch.Tensor | None = None   # set: decode rows use cascade (prefix-shared) attention
     group_prefix_lens: torch.Tensor | None = None
     max_group_size: int | None = None          # host-side bound, so kernels need no device read
@@ -33,8 +35,8 @@ class AttentionMetadata:
 
 
 _OPS = ("store_kvcache", "paged_decode", "cascade_decode", "prefill_attention", "rmsnorm", "rope",
-        "silu_and_mul")
-_MODULES = {op: op for op in _OPS} | {"silu_and_mul": "activation"}  # op -> pacore_kernels.<module>
+        "silu_and_mul", "select_blocks")
+_MODULES = {op: op for op in _OPS} | {"silu_and_mul": "activation", "select_blocks": "block_select"}
 
 
 @dataclass(slots=True, frozen=True)
@@ -47,10 +49,12 @@ class Backend:
     rmsnorm: Callable
     rope: Callable
     silu_and_mul: Callable
+    select_blocks: Callable
 
     def attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, k_scale: float = 1.0,
-                  v_scale: float = 1.0) -> torch.Tensor:
-        """Store the new K/V, then attend; k_scale / v_scale: an FP8 cache's scales for this layer."""
+                  v_scale: float = 1.0, bounds: torch.Tensor | None = None) -> torch.Tensor:
+        """Store the new K/V, then attend; k_scale / v_scale: an FP8 cache's scales for this layer;
+        bounds: its blocks' key bounds (a sparse draft step chooses its blocks by them)."""
         kv_scales = dict(k_scale=k_scale, v_scale=v_scale)
         self.store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping, **kv_scales)
         num_p = meta.num_prefill_tokens
@@ -60,24 +64,28 @@ class Backend:
                                              meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale,
                                              work_plans=meta.work_plans, k=k[:num_p], v=v[:num_p], **kv_scales)
         if num_p < q.shape[0]:
-            qd = q[num_p:]
-            if meta.decode_cu_seqlens_q is not None:  # each KV block read once for all of a row's queries
-                kv_scales = kv_scales | dict(cu_seqlens_q=meta.decode_cu_seqlens_q,
-                                             max_query_len=meta.decode_max_query_len)
-            if meta.decode_start_lens is not None:  # a draft step: the sink and the recent window only
-                kv_scales = kv_scales | dict(start_lens=meta.decode_start_lens, sink_lens=meta.decode_sink_lens)
-            if meta.group_starts is not None:
-                decode = self.cascade_decode(qd, k_cache, v_cache, meta.decode_block_tables,
-                                             meta.decode_seq_lens, meta.group_starts,
-                                             meta.group_prefix_lens, scale,
-                                             max_group_size=meta.max_group_size, work_plans=meta.work_plans,
-                                             **kv_scales)
-            else:
-                decode = self.paged_decode(qd, k_cache, v_cache, meta.decode_block_tables,
-                                           meta.decode_seq_lens, scale, **kv_scales)
+            decode = self._decode(q[num_p:], k_cache, v_cache, meta, scale, kv_scales, bounds)
         if prefill is None or decode is None:
             return prefill if decode is None else decode
         return torch.cat([prefill, decode])
+
+    def _decode(self, qd, k_cache, v_cache, meta: AttentionMetadata, scale: float, kv_scales: dict,
+                bounds: torch.Tensor | None) -> torch.Tensor:
+        if meta.decode_select is not None:  # a sparse draft step: the sink, the top-scoring blocks, the window
+            tables, lens = self.select_blocks(qd, bounds, meta.decode_block_tables, meta.decode_seq_lens,
+                                              k_cache.shape[1], *meta.decode_select)
+            return self.paged_decode(qd, k_cache, v_cache, tables, lens, scale, **kv_scales)
+        if meta.decode_cu_seqlens_q is not None:  # each KV block read once for all of a row's queries
+            kv_scales = kv_scales | dict(cu_seqlens_q=meta.decode_cu_seqlens_q,
+                                         max_query_len=meta.decode_max_query_len)
+        if meta.decode_start_lens is not None:  # a draft step: the sink and the recent window only
+            kv_scales = kv_scales | dict(start_lens=meta.decode_start_lens, sink_lens=meta.decode_sink_lens)
+        if meta.group_starts is not None:
+            return self.cascade_decode(qd, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens,
+                                       meta.group_starts, meta.group_prefix_lens, scale,
+                                       max_group_size=meta.max_group_size, work_plans=meta.work_plans, **kv_scales)
+        return self.paged_decode(qd, k_cache, v_cache, meta.decode_block_tables, meta.decode_seq_lens, scale,
+                                 **kv_scales)
 
 
 def get_backend(name: str) -> Backend:
@@ -119,7 +127,7 @@ class BatchInvariantBackend(Backend):
     others (pacore_kernels/batch_invariant.py): the model runner hands decodes over as one-token chunks."""
 
     def attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, k_scale: float = 1.0,
-                  v_scale: float = 1.0) -> torch.Tensor:
+                  v_scale: float = 1.0, bounds: torch.Tensor | None = None) -> torch.Tensor:
         from pacore_kernels.batch_invariant import max_pairs, plan_attention
         if meta.num_prefill_tokens != q.shape[0]:
             raise RuntimeError("batch-invariant attention takes decodes as one-token prefill chunks (engine bug)")

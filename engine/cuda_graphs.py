@@ -71,9 +71,11 @@ class DecodeGraphs:
 
     def _meta(self, size: int, q: int, cascade: bool) -> AttentionMetadata:
         meta = AttentionMetadata(slot_mapping=self.slots[:size * max(q, 1)], num_prefill_tokens=0,
-                                 decode_seq_lens=self.seq_lens[:size], decode_block_tables=self.tables[:size])
+                                 decode_seq_lens=self.seq_lens[:size], decode_block_tables=self.tables[:size],
+                                 key_bounds=self.runner.key_bounds)
         if q == 0:
             meta.decode_start_lens, meta.decode_sink_lens = self.start_lens[:size], self.sink_lens[:size]
+            meta.decode_select = self.runner.draft_select  # sparse: the blocks chosen inside the graph
         if q > 1:
             meta.decode_cu_seqlens_q, meta.decode_max_query_len = self.cu_q[:size + 1], q
         if cascade:

@@ -93,7 +93,9 @@ class LLM:
             cascade=cascade.enabled is not False, batch_invariant=opts.batch_invariant,
             kv_cache_dtype=opts.kv_cache_dtype, logprobs_mode=opts.logprobs_mode,
             verify_queries=spec.num_speculative_tokens + 1 if spec else 1,
-            draft_steps=spec is not None and spec.method == "self_window")
+            draft_steps=spec is not None and spec.method == "self_window",
+            draft_select=(spec.sink, spec.selected, spec.window) if spec and spec.method == "self_window"
+            and spec.selected else None)
         if opts.device_model:
             from engine.device_model import DeviceParams
             from engine.rehearsal.runner import RehearsalRunner

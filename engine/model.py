@@ -18,6 +18,7 @@ from engine.attention import AttentionMetadata, Backend
 from engine.config import ModelConfig
 from engine.distributed import Shard, TPGroup, whole
 from pacore_kernels.batch_invariant import linear_invariant
+from pacore_kernels.block_select import update_key_bounds
 
 
 def projection(cfg: ModelConfig, in_features: int, out_features: int, bias: bool, parts: tuple[str, ...] = ()
@@ -47,6 +48,7 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, shard: Shard, tp: TPGroup, layer: int = 0):
         super().__init__()
+        self.layer = layer  # its row of the key bounds (sparse self-drafting)
         self.num_heads, self.num_kv_heads, self.head_dim = shard.num_heads, shard.num_kv_heads, cfg.head_dim
         self.q_size = self.num_heads * cfg.head_dim
         self.kv_size = self.num_kv_heads * cfg.head_dim
@@ -75,7 +77,11 @@ class Attention(nn.Module):
         else:
             q, k = q.contiguous(), k.contiguous()
         q, k = ops.rope(positions, q, k, cos_sin)
-        out = ops.attention(q, k, v.contiguous(), kv[0], kv[1], meta, self.scale, self.k_scale, self.v_scale)
+        bounds = None
+        if meta.key_bounds is not None:  # keep every block's key min/max current as it fills
+            bounds = meta.key_bounds[self.layer]
+            update_key_bounds(bounds, k, meta.slot_mapping, kv.shape[2])
+        out = ops.attention(q, k, v.contiguous(), kv[0], kv[1], meta, self.scale, self.k_scale, self.v_scale, bounds)
         return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))
 
 

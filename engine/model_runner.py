@@ -35,6 +35,7 @@ from engine.sampler import distribution
 from engine.step_plan import StepPlan
 from engine.sequence import Sequence
 from pacore_kernels._utils import is_fp8
+from pacore_kernels.block_select import allocate_key_bounds
 
 _CPU_KV_BYTES = 2 << 30  # the cache on CPU unless told: 2 GiB for all ranks, at most 64k blocks
 _MAX_CPU_BLOCKS = 1 << 16
@@ -75,7 +76,7 @@ class ModelRunner:
                  max_num_seqs: int, max_model_len: int, backend: str, cascade: bool = True,
                  batch_invariant: bool = False, shard: Shard | None = None, tp: TPGroup | None = None,
                  workers=None, kv_cache_dtype: str = "auto", logprobs_mode: str = "raw_logprobs",
-                 verify_queries: int = 1, draft_steps: bool = False):
+                 verify_queries: int = 1, draft_steps: bool = False, draft_select: tuple[int, int, int] | None = None):
         self.cfg, self.dtype, self.device, self.block_size = cfg, dtype, device, block_size
         self.kv_dtype = resolve_kv_dtype(kv_cache_dtype, dtype)
         # A checkpoint's KV scales quantize an FP8 cache only (as vLLM): else neither read nor checked.
@@ -105,14 +106,25 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.verify_queries = verify_queries  # query slots per row of verify-step graphs (speculation)
         self.draft_steps = draft_steps  # self-drafting: capture its draft steps' graphs too
+        # sparse self-drafting: (sink, selected, window) in tokens; the cache then keeps every block's key bounds
+        self.draft_select = None if draft_select is None else self.select_spans(*draft_select)
+        self.key_bounds: torch.Tensor | None = None
         self.processed_logprobs = logprobs_mode == "processed_logprobs"  # for a resumed trajectory's scored rows
 
     @property
     def kv_bytes_per_block(self) -> int:
-        """This rank's bytes per block (its KV heads only)."""
+        """This rank's bytes per block (its KV heads only; with sparse self-drafting, its key bounds too)."""
         cfg = self.cfg
-        return bytes_per_block(cfg.num_layers, self.block_size, self.model.shard.num_kv_heads, cfg.head_dim,
-                               self.kv_dtype)
+        kv = bytes_per_block(cfg.num_layers, self.block_size, self.model.shard.num_kv_heads, cfg.head_dim,
+                             self.kv_dtype)
+        if self.draft_select is None:
+            return kv
+        return kv + cfg.num_layers * 2 * self.model.shard.num_kv_heads * cfg.head_dim * self.dtype.itemsize
+
+    def select_spans(self, sink: int, selected: int, window: int) -> tuple[int, int, int]:
+        """A sparse draft step's (sink, top-k, recent) in blocks: each span rounded up to whole blocks."""
+        bs = self.block_size
+        return -(-sink // bs), -(-selected // bs), max(1, -(-window // bs))
 
     def free_kv_bytes(self, gpu_memory_utilization: float) -> int:
         """Bytes this rank's GPU can give the cache, its weights loaded. Memory torch's allocator keeps
@@ -155,7 +167,7 @@ class ModelRunner:
         if self.workers is not None:
             self.workers.shutdown()
         self.closed = True
-        self.graphs = self.kv_cache = self.model = None
+        self.graphs = self.kv_cache = self.key_bounds = self.model = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -186,6 +198,9 @@ class ModelRunner:
         cfg = self.cfg
         self.kv_cache = allocate_kv_cache(cfg.num_layers, num_blocks, self.block_size,
                                           self.model.shard.num_kv_heads, cfg.head_dim, self.kv_dtype, self.device)
+        if self.draft_select is not None:
+            self.key_bounds = allocate_key_bounds(cfg.num_layers, num_blocks, self.model.shard.num_kv_heads,
+                                                  cfg.head_dim, self.dtype, self.device)
         if cuda_graphs and self.device.type == "cuda" and self.ops.name == "triton":  # never batch_invariant
             try:
                 self.capture_decode_graphs(self.max_num_seqs)
@@ -334,15 +349,18 @@ class ModelRunner:
         return logits, scored
 
     @torch.inference_mode()
-    def run_draft(self, seqs: list[Sequence], tokens: list[int], offset: int, window: int, sink: int) -> torch.Tensor:
+    def run_draft(self, seqs: list[Sequence], tokens: list[int], offset: int, window: int, sink: int,
+                  selected: int = 0) -> torch.Tensor:
         """One self-drafting step (engine/spec/self_window.py): row i's query ``tokens[i]`` at position
         ``num_computed + offset`` attends to its first ``sink`` tokens and its last ``window`` (itself
-        included); its K/V go into the row's own slot, which the verify pass overwrites. fp32 logits
-        [rows, V]. Batch-invariant engines draft with the plain ops: a draft only decides which
-        positions are verified, never which token is emitted."""
-        return self._execute_all(self.prepare_draft(seqs, tokens, offset, window, sink))[0]
+        included), and with ``selected`` to that many tokens of the top-scoring blocks between (each
+        span then in whole blocks); its K/V go into the row's own slot, which the verify pass
+        overwrites. fp32 logits [rows, V]. Batch-invariant engines draft with the plain ops: a draft
+        only decides which positions are verified, never which token is emitted."""
+        return self._execute_all(self.prepare_draft(seqs, tokens, offset, window, sink, selected))[0]
 
-    def prepare_draft(self, seqs: list[Sequence], tokens: list[int], offset: int, window: int, sink: int) -> StepInputs:
+    def prepare_draft(self, seqs: list[Sequence], tokens: list[int], offset: int, window: int, sink: int,
+                      selected: int = 0) -> StepInputs:
         """run_draft's inputs (the rehearsal's runner prepares them and models the step)."""
         bs = self.block_size
         pos = [s.num_computed + offset for s in seqs]
@@ -353,6 +371,11 @@ class ModelRunner:
             num_prefill_tokens=0, decode_seq_lens=torch.tensor(lens, dtype=i32),
             decode_start_lens=torch.tensor([max(0, n - window) for n in lens], dtype=i32),
             decode_sink_lens=torch.full((len(seqs),), sink, dtype=i32))
+        if selected:
+            meta.decode_select = self.select_spans(sink, selected, window)
+            if meta.decode_select != self.draft_select:
+                raise RuntimeError(f"a sparse draft step {meta.decode_select} in an engine made for {self.draft_select} "
+                                   "(engine bug: the runner's draft_select comes from the speculative config)")
         tables = {"decode": self._table_rows(seqs, lens)}
         writes, self.writes = self.writes, []
         graph = self.graphs is not None and self.graphs.can_run(len(seqs), draft=True)
@@ -380,6 +403,7 @@ class ModelRunner:
                 self.tables[row, start:start + len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
         for kind, (rows, width) in inputs.tables.items():
             setattr(meta, f"{kind}_block_tables", self.tables[rows, :width])
+        meta.key_bounds = self.key_bounds  # this rank's (None: no sparse self-drafting)
         if inputs.graph:
             hidden = out = self.graphs.run(ids, positions, meta)  # decode rows are the sampled rows (none scored)
         else:
@@ -417,5 +441,7 @@ class ModelRunner:
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         if pairs:
             src, dst = zip(*pairs)
-            copy_blocks(self.kv_cache, torch.tensor(src, device=self.device),
-                        torch.tensor(dst, device=self.device))
+            src, dst = torch.tensor(src, device=self.device), torch.tensor(dst, device=self.device)
+            copy_blocks(self.kv_cache, src, dst)
+            if self.key_bounds is not None:  # the copy's offsets past the fork widen the source's bounds
+                self.key_bounds[:, :, dst] = self.key_bounds[:, :, src]

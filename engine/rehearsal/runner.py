@@ -84,11 +84,14 @@ class RehearsalRunner(ModelRunner):
     """A ModelRunner whose forward pass is the device model (see the module docstring)."""
 
     def __init__(self, cfg, dtype: torch.dtype, block_size: int, max_num_seqs: int, max_model_len: int,
-                 device: DeviceParams, keep_steps: bool = True, kv_cache_dtype: str = "auto", **_ignored):
+                 device: DeviceParams, keep_steps: bool = True, kv_cache_dtype: str = "auto",
+                 draft_select: tuple[int, int, int] | None = None, **_ignored):
         # No ModelRunner.__init__: it would load the weights. What prepare() needs is set here.
         self.cfg, self.dtype, self.device, self.block_size = cfg, dtype, torch.device("cpu"), block_size
         self.workers, self.is_worker, self.tp_size = None, False, 1
         self.graphs = None
+        self.draft_select = None if draft_select is None else self.select_spans(*draft_select)
+        self.key_bounds = None
         self.kv_cache = None  # no tensor: the cache is the block manager's bookkeeping only
         self.cascade, self.batch_invariant = True, False
         self.max_blocks = -(-max_model_len // block_size)
@@ -115,7 +118,13 @@ class RehearsalRunner(ModelRunner):
 
     @property
     def kv_bytes_per_block(self) -> int:
-        return self.shape.kv_bytes_per_token * self.block_size
+        """A block's KV; with sparse self-drafting, its key bounds too (2 x Hkv x D per layer in the model's dtype)."""
+        kv = self.shape.kv_bytes_per_token * self.block_size
+        return kv + (0 if self.draft_select is None else self._bounds_tokens() * self.shape.kv_bytes_per_token)
+
+    def _bounds_tokens(self) -> float:
+        """One block's key bounds, in tokens of KV (what reading them costs against reading keys and values)."""
+        return self.dtype.itemsize / self.kv_dtype.itemsize
 
     def bind(self, scheduler, block_manager) -> None:
         """Read the cache's occupancy and each request's shared prefix from the engine's own parts."""
@@ -185,18 +194,30 @@ class RehearsalRunner(ModelRunner):
         self.clock.now_s += cost.total
 
     @torch.inference_mode()
-    def run_draft(self, seqs: list[Sequence], tokens: list[int], offset: int, window: int, sink: int) -> torch.Tensor:
+    def run_draft(self, seqs: list[Sequence], tokens: list[int], offset: int, window: int, sink: int,
+                  selected: int = 0) -> torch.Tensor:
         """A self-drafting step: its inputs prepared for real (ModelRunner.prepare_draft), its cost
         modelled (the weights once; per row the KV of its sink and window, what the kernel reads, and
         its store; its logits sampled) and folded into the step's sample. The drafts' tokens are the
-        draft sampler's (engine/rehearsal/drafter.py), so the logits are placeholders."""
+        draft sampler's (engine/rehearsal/drafter.py), so the logits are placeholders. Sparse (selected
+        > 0): the sink, window and selected blocks in whole blocks, plus the key bounds of every block
+        between, which the scoring reads (counted as the KV tokens of the same bytes)."""
         t0 = time.perf_counter()
-        self.prepare_draft(seqs, tokens, offset, window, sink)
+        self.prepare_draft(seqs, tokens, offset, window, sink, selected)
         prepare_s = time.perf_counter() - t0
         work = StepWork(sampled=len(seqs))
+        bs = self.block_size
+
+        def read(n: int) -> int:  # KV tokens a row of n tokens reads
+            if not selected:
+                return min(n, window + sink)
+            sink_b, top_k, recent_b = self.draft_select
+            nb = -(-n // bs)
+            scored = max(0, nb - sink_b - recent_b)
+            return min(n, (sink_b + top_k + recent_b) * bs) + round(scored * self._bounds_tokens())
         for i, j in request_runs(seqs):
             work.decodes.append(DecodeGroup(seqs[i].request.request_id,
-                                            [min(s.num_computed + offset + 1, window + sink) for s in seqs[i:j]]))
+                                            [read(s.num_computed + offset + 1) for s in seqs[i:j]]))
         cost, per = step_cost(work, self.shape, self.device_params, self.account_by)
         self._charge(cost, per)
         if self.trace is not None:

@@ -3,7 +3,9 @@
 vLLM's keys where vLLM has them: ``method``, ``num_speculative_tokens``, ``prompt_lookup_min``,
 ``prompt_lookup_max``. Ours: ``lookup_siblings`` (the n-gram corpus includes the other trajectories of
 the same request, PaCoRe's K siblings), and for method ``self_window`` (the model drafts for itself
-over a sink and a recent window of its own KV, MagicDec-style): ``window``, ``sink``, ``acceptance``;
+over a sink and a recent window of its own KV, MagicDec-style): ``window``, ``sink``, ``selected``
+(tokens of the rest's most relevant blocks a draft step reads besides, chosen by Quest-style key bounds),
+``acceptance``;
 and ``policy`` / ``cost_model`` (each step's draft depth chosen from the measured acceptance and the
 modelled device, engine/spec/policy.py).
 """
@@ -16,7 +18,7 @@ ACCEPTANCE = ("coupled", "rejection")
 POLICIES = ("adaptive", "fixed")
 MAX_SPAN = 1 << 20  # the most tokens a sink or window may name (a context of 1,048,576 tokens)
 _ONLY = {"ngram": {"prompt_lookup_min", "prompt_lookup_max", "lookup_siblings"},
-         "self_window": {"window", "sink", "acceptance", "policy", "cost_model"}}
+         "self_window": {"window", "sink", "selected", "acceptance", "policy", "cost_model"}}
 
 
 @dataclass(slots=True, frozen=True)
@@ -28,7 +30,10 @@ class SpeculativeConfig:
     tokens (``prompt_lookup_min`` to ``prompt_lookup_max`` tokens long) where it occurred before in
     the request's prompt, its own tokens, and (``lookup_siblings``) its siblings' tokens.
     method "self_window": the model drafts for itself, one step per draft token, attending only to its
-    first ``sink`` tokens and its last ``window`` (engine/spec/self_window.py). ``acceptance``:
+    first ``sink`` tokens and its last ``window`` (engine/spec/self_window.py), and with ``selected`` > 0
+    also to that many tokens of the blocks in between whose keys bound q.k highest (Quest-style bounds per
+    block, engine/spec/self_window.py; sink, window and selected are then rounded up to whole blocks).
+    ``acceptance``:
     "coupled" (the draft is drawn by Gumbel-max with the noise of the target's own draw at that
     position and kept while they agree: the output is token for token the trajectory without
     speculation) or "rejection" (textbook speculative sampling: kept with probability min(1, p/q), else
@@ -45,6 +50,7 @@ class SpeculativeConfig:
     lookup_siblings: bool = True
     window: int = 512
     sink: int = 16
+    selected: int = 0
     acceptance: str = "coupled"
     policy: str = "adaptive"
     cost_model: str = "h200"
@@ -69,12 +75,11 @@ class SpeculativeConfig:
         if misplaced:
             raise ValueError(f"speculative_config: {misplaced} apply to method {other!r}, not {method!r}; remove them")
         cfg = cls(**raw)
-        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "window", "sink"):
-            value = getattr(cfg, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < (0 if name == "sink" else 1):
-                raise ValueError(f"speculative_config: {name} must be an integer >= {0 if name == 'sink' else 1}, "
-                                 f"got {value!r}")
-        for name in ("window", "sink"):  # positions are int32 on the device: a larger span overflows every step
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "window", "sink", "selected"):
+            value, least = getattr(cfg, name), 0 if name in ("sink", "selected") else 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"speculative_config: {name} must be an integer >= {least}, got {value!r}")
+        for name in ("window", "sink", "selected"):  # positions are int32 on the device: a larger span overflows every step
             if getattr(cfg, name) > MAX_SPAN:
                 raise ValueError(f"speculative_config: {name}={getattr(cfg, name)} is above {MAX_SPAN} tokens (MAX_SPAN, "
                                  f"longer than any context this engine runs); give at most the model's context")

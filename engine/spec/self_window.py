@@ -1,6 +1,7 @@
 """The model drafts for itself over a windowed KV (MagicDec, arXiv 2408.11049): the same weights and
 the same paged cache, each draft step attending only to the row's first ``sink`` tokens and its last
-``window``; one full pass then verifies the drafts.
+``window`` (with ``selected``, also the blocks between whose keys bound q.k highest: Quest-style
+bounds, pacore_kernels/block_select.py); one full pass then verifies the drafts.
 
 A draft step reads the weights plus sink + window tokens of KV per row instead of every live token,
 and its K/V go into the row's own slots (the verify pass overwrites them: no extra memory).
@@ -46,7 +47,8 @@ def self_draft(plan: StepPlan, config: SpeculativeConfig, runner: ModelRunner, s
     tokens = {s.seq_id: s.token_ids[-1] for s in rows}
     for j in range(max(len(plan.drafts[s.seq_id]) for s in rows)):
         active = [s for s in rows if len(plan.drafts[s.seq_id]) > j]
-        logits = runner.run_draft(active, [tokens[s.seq_id] for s in active], j, config.window, config.sink)
+        logits = runner.run_draft(active, [tokens[s.seq_id] for s in active], j, config.window, config.sink,
+                                  config.selected)
         # the penalties at the draft's position: the verify pass applies the same ones there
         logits = penalize(logits, active, outputs_before(active, [j] * len(active), plan.drafts))
         if coupled:

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from test_spec_self_window import spy_selection
 
 pytest.importorskip("triton")
 
@@ -23,21 +24,26 @@ def test_triton_backend_same_tokens_as_torch(kind, tiny_model_dir):
     assert outs["triton"] == outs["torch"]
 
 
-@pytest.mark.parametrize("spec", [
-    {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1},
-    {"method": "self_window", "num_speculative_tokens": 3, "window": 8, "sink": 2, "policy": "fixed"},
-], ids=["ngram", "self_window"])
-def test_speculative_triton_graphs_give_the_torch_tokens(tiny_model_dir, spec):
+@pytest.mark.parametrize("spec,block_size", [
+    ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}, 16),
+    ({"method": "self_window", "num_speculative_tokens": 3, "window": 8, "sink": 2, "policy": "fixed"}, 16),
+    ({"method": "self_window", "num_speculative_tokens": 3, "window": 8, "sink": 2, "selected": 4, "policy": "fixed"}, 4),
+], ids=["ngram", "self_window", "self_window-sparse"])
+def test_speculative_triton_graphs_give_the_torch_tokens(tiny_model_dir, spec, block_size):
     """Verify and draft steps through the Triton kernels, replayed from (emulated) graph buffers with cascade
-    on: ragged rows and a bucket's padding queries past the last row's (a cascade plan once failed there)."""
+    on: ragged rows and a bucket's padding queries past the last row's (a cascade plan once failed there);
+    sparse draft steps choose their blocks inside the graph (padding rows read their one token)."""
     prompts = [[5, 6, 7, 8] * 5, [9, 10, 11] * 6]
     params = SamplingParams(n=3, temperature=0, max_tokens=7, ignore_eos=True)
-    kw = dict(num_kv_blocks=64, cascade_attention=True, cascade_min_prefix=16, device="cpu")
+    kw = dict(num_kv_blocks=64 * 16 // block_size, cascade_attention=True, cascade_min_prefix=16, device="cpu",
+              block_size=block_size)
     torch_out = LLM(str(tiny_model_dir("qwen3")), attention_backend="torch", **kw).generate(prompts, params,
                                                                                             use_tqdm=False)
     llm = LLM(str(tiny_model_dir("qwen3")), attention_backend="triton", speculative_config=spec, **kw)
     llm.runner.capture_decode_graphs(8, emulate=True)
+    cut = spy_selection(llm) if spec.get("selected") else [1]
+    assert llm.runner.window_ops.name == "triton"
     out = llm.generate(prompts, params, use_tqdm=False)
     assert [[o.token_ids for o in r.outputs] for r in out] == [[o.token_ids for o in r.outputs] for r in torch_out]
     st = llm.stats()
-    assert st["spec_decode_num_draft_tokens"] > 0 and st["cascade_decode_steps"] > 0
+    assert st["spec_decode_num_draft_tokens"] > 0 and st["cascade_decode_steps"] > 0 and sum(cut) > 0

@@ -1,7 +1,11 @@
 """Self-drafting over a windowed KV (speculative_config method "self_window") is exact: coupled acceptance
 emits the tokens decoding without speculation draws (greedy and seeded: token for token; unseeded: the
 same distribution), rejection acceptance the same distribution; with a window covering the whole context
-the draft is the model itself."""
+the draft is the model itself. Each identity holds for both draft-KV policies: the sink + window, and the
+sparse one (``selected``: the blocks between chosen by their key bounds), whose runs here are checked to
+have cut rows' tables."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -10,21 +14,49 @@ from spec_samples import same_distribution, samples
 from test_spec_decode import PENALISED, PROMPTS, _exercised, _tokens
 
 SW = {"method": "self_window", "num_speculative_tokens": 3, "window": 8, "sink": 2, "policy": "fixed"}
+# sparse: blocks of 4, so these short runs pass the 1 sink + 2 selected + 2 recent blocks a draft step reads
+SPARSE = (dict(SW, window=8, sink=2, selected=8), dict(block_size=4))
+POLICIES = pytest.mark.parametrize("policy", ["window", "sparse"])
+
+
+def _policy(policy: str, spec: dict, options: dict) -> tuple[dict, dict]:
+    if policy == "window":
+        return spec, options
+    if "num_kv_blocks" in options:  # the same cache in tokens, in blocks of 4 instead of 16
+        options = options | dict(num_kv_blocks=options["num_kv_blocks"] * 4)
+    return spec | {k: v for k, v in SPARSE[0].items() if k in ("window", "sink", "selected")}, options | SPARSE[1]
+
+
+def spy_selection(llm) -> list[int]:
+    """Per sparse draft step, the rows whose tables the selection cut (the others read every block)."""
+    cut, ops = [], llm.runner.window_ops
+
+    def select(q, bounds, tables, lens, bs, sink_b, top_k, recent_b):
+        cut.append(int(((lens + bs - 1) // bs > sink_b + top_k + recent_b).sum()))
+        return ops.select_blocks(q, bounds, tables, lens, bs, sink_b, top_k, recent_b)
+    llm.runner.window_ops = dataclasses.replace(ops, select_blocks=select)
+    return cut
 
 
 def _both(model, prompts, params, spec=SW, **options):
     plain = LLM(str(model), skip_tokenizer_init=True, **options).generate(prompts, params, use_tqdm=False)
     llm = LLM(str(model), skip_tokenizer_init=True, speculative_config=spec, **options)
-    return plain, llm.generate(prompts, params, use_tqdm=False), llm
+    cut = spy_selection(llm) if spec.get("selected") else None
+    out = llm.generate(prompts, params, use_tqdm=False)
+    if cut is not None:
+        assert sum(cut) > 0, "no sparse draft step cut a table: the test would not exercise selection"
+    return plain, out, llm
 
 
 @pytest.mark.parametrize("kind,options", [
     ("qwen3", dict(cascade_attention=True, kv_cache_dtype="fp8_e4m3", quantization="fp8")),  # FP8 KV and weights
     ("llama", dict(num_kv_blocks=14, max_num_seqs=8)),  # preemption
 ], ids=["qwen3-cascade-fp8", "llama-preempt"])
-def test_greedy_is_identical(tiny_model_dir, kind, options):
+@POLICIES
+def test_greedy_is_identical(tiny_model_dir, kind, options, policy):
     params = SamplingParams(n=4, temperature=0, max_tokens=32, ignore_eos=True)
-    plain, spec, llm = _both(tiny_model_dir(kind), PROMPTS, params, **options)
+    spec, options = _policy(policy, SW, options)
+    plain, spec, llm = _both(tiny_model_dir(kind), PROMPTS, params, spec, **options)
     assert _tokens(spec) == _tokens(plain)
     st = _exercised(llm)
     assert st["kv_blocks_used"] == 0
@@ -32,11 +64,15 @@ def test_greedy_is_identical(tiny_model_dir, kind, options):
         assert st["preemptions"] > 0
 
 
-@pytest.mark.parametrize("options", [{}, dict(quantization="fp8")], ids=["model-dtype", "fp8-weights"])
-def test_seeded_sampling_is_identical_bit_for_bit(tiny_model_dir, options):
+@pytest.mark.parametrize("options", [{}, dict(quantization="fp8"), dict(kv_cache_dtype="fp8_e4m3")],
+                         ids=["model-dtype", "fp8-weights", "fp8-kv"])
+@POLICIES
+def test_seeded_sampling_is_identical_bit_for_bit(tiny_model_dir, options, policy):
     params = [SamplingParams(n=4, temperature=1.0, max_tokens=40, seed=1, logprobs=2, ignore_eos=True),
               SamplingParams(n=4, temperature=1.0, max_tokens=40, seed=2, logprobs=2, ignore_eos=True, **PENALISED)]
-    plain, spec, llm = _both(tiny_model_dir("qwen3_sharp"), PROMPTS[:2], params, batch_invariant=True, **options)
+    spec, options = _policy(policy, SW, options)
+    plain, spec, llm = _both(tiny_model_dir("qwen3_sharp"), PROMPTS[:2], params, spec, batch_invariant=True,
+                             **options)
     assert _tokens(spec) == _tokens(plain)
     assert [[o.logprobs.logprobs for o in r.outputs] for r in spec] == [[o.logprobs.logprobs for o in r.outputs]
                                                                         for r in plain]
@@ -51,8 +87,8 @@ def test_a_window_over_the_whole_context_drafts_the_model_itself(tiny_model_dir)
     drafts, verified = [], []
     run_draft, run = llm.runner.run_draft, llm.runner.run
 
-    def spy_draft(seqs, tokens, offset, window, sink):
-        logits = run_draft(seqs, tokens, offset, window, sink)
+    def spy_draft(seqs, tokens, offset, window, sink, selected):
+        logits = run_draft(seqs, tokens, offset, window, sink, selected)
         drafts.extend(((s.seq_id, s.num_computed + offset), row) for s, row in zip(seqs, logits))
         return logits
 
@@ -108,6 +144,9 @@ def test_rejection_gives_a_seeded_request_the_same_tokens_alone_and_beside_other
     ({"method": "ngram", "window": 64}, "apply to method 'self_window'"),
     ({"method": "self_window", "window": 0}, "window"),
     ({"method": "self_window", "acceptance": "greedy"}, "acceptance"),
+    ({"method": "self_window", "selected": -16}, "selected"),
+    ({"method": "self_window", "selected": 1.5}, "selected"),
+    ({"method": "ngram", "selected": 64}, "apply to method 'self_window'"),
 ])
 def test_bad_config_is_refused_naming_the_key(tiny_model_dir, bad, match):
     with pytest.raises(ValueError, match=match):
@@ -152,3 +191,30 @@ def test_the_adaptive_depth_speculates_where_it_pays_and_stops_where_it_does_not
     assert a < 0.2 and wrong[0] > 0.6 * sum(wrong.values()) and wrong.get(1, 0) > 0  # off, with probes
     full, _ = depths(tiny_model_dir("qwen3"), dict(adaptive, window=4096))
     assert full[0] > 0.9 * sum(full.values())
+
+
+@pytest.mark.parametrize("options", [dict(cascade_attention=True), dict(num_kv_blocks=14, max_num_seqs=8)],
+                         ids=["fork-cascade", "preempt"])
+def test_sparse_drafting_keeps_every_blocks_key_bounds(tiny_model_dir, options):
+    """Before every draft step, each layer's bounds of each block a row has computed hold every key the
+    cache has there: fork's copied blocks, prefix-cache hits, preemption and verify passes included (the
+    identity tests cannot see bounds that went stale: they would only pick worse blocks)."""
+    spec, options = _policy("sparse", SW, options)
+    llm = LLM(str(tiny_model_dir("llama")), skip_tokenizer_init=True, speculative_config=spec, **options)
+    runner, bs, checked = llm.runner, llm.block_size, []
+    run_draft = runner.run_draft
+
+    def spy_draft(seqs, tokens, offset, window, sink, selected):
+        kv, bounds = runner.kv_cache, runner.key_bounds
+        for s in seqs:
+            blocks = torch.tensor(s.block_table[:s.num_computed // bs])
+            keys = kv[:, 0, blocks]                                  # [L, n, bs, Hkv, D]
+            assert (bounds[:, 0, blocks] <= keys.amin(2)).all() and (bounds[:, 1, blocks] >= keys.amax(2)).all()
+            checked.append(len(blocks))
+        return run_draft(seqs, tokens, offset, window, sink, selected)
+    runner.run_draft = spy_draft
+    llm.generate(PROMPTS, SamplingParams(n=4, temperature=1.0, max_tokens=32, seed=0, ignore_eos=True),
+                 use_tqdm=False)
+    assert sum(checked) > 100
+    if "num_kv_blocks" in options:
+        assert llm.stats()["preemptions"] > 0

@@ -42,7 +42,7 @@ def _compile_all() -> int:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from pacore_kernels import (activation, cascade_decode, fp8_gemm, gumbel_sample, paged_decode, prefill_attention, rmsnorm,
+    from pacore_kernels import (activation, block_select, cascade_decode, fp8_gemm, gumbel_sample, paged_decode, prefill_attention, rmsnorm,
                          rope, store_kvcache)
 
     target = GPUTarget("cuda", 90, 32)
@@ -141,6 +141,12 @@ def _compile_all() -> int:
     compile_one(gumbel_sample._gumbel_argmax_kernel,
                 dict(scores_ptr=f32, keys_ptr=torch.int64, out_ptr=torch.int64, V=151936, stride=151936),
                 dict(BLOCK=2048, num_warps=8))
+    for dt in (bf, f32):  # sparse self-drafting's block scores at Qwen3-8B's shape (64k tokens of blocks of 16)
+        compile_one(block_select._block_scores_kernel,
+                    dict(q_ptr=dt, lo_ptr=dt, hi_ptr=dt, bt_ptr=i32, lens_ptr=i32, out_ptr=f32, stride_qb=4096,
+                         stride_qh=128, stride_bt=4096, stride_out=4096, W=4096, HQ=32, GROUP=4, HKV=8, BS=16,
+                         SINK_B=1, RECENT_B=8),
+                    dict(D=128, BLOCK_N=block_select.BLOCK_N, BLOCK_D=128, num_warps=4))
     compile_one(rope._rope_kernel,
                 dict(pos_ptr=torch.int64, q_ptr=bf, k_ptr=bf, cs_ptr=f32, stride_q=6144, stride_k=6144, HQ=32, HKV=8),
                 dict(HALF=64, BLOCK_HQ=32, BLOCK_HKV=8, BLOCK_HALF=64, num_warps=4))

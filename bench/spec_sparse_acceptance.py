@@ -1,0 +1,162 @@
+"""Sparse self-drafting against the sink + window at the same KV read per draft step, on the embedded model.
+
+    python -m bench.spec_sparse_acceptance            # the figures in docs/speculative.md
+    python -m bench.spec_sparse_acceptance --quick    # seconds, small
+
+The harness of bench/spec_self_acceptance.py (round-2-shaped prompts per context bin, trajectories
+sampled without speculation, then the engine's own draft step teacher-forced on them from every
+``--stride``-th position, the exact acceptance chance of each rule given the token the model drew). For
+each budget B (KV tokens a draft step reads besides its ``--sink``): the window alone (window B), and
+the sparse policy (speculative_config ``selected``) with a recent window of each ``--recent`` fraction
+of B and the rest of B in the blocks between whose key bounds score highest (Quest-style; sink, window
+and selection in whole blocks, so it reads at most what the window does: its partial last block is
+the same one).
+
+A 135M model at 8k is a weak proxy for PaCoRe-8B at 50k: what it measures is how much of its own
+distribution each policy's KV keeps. The published figures: Vegas (arXiv 2602.07223, Qwen3-8B, AIME25
+at ~10k context, 6 drafts): 4.92 tokens per iteration for a StreamingLLM (sink + window) draft, 5.43
+Quest-style, 6.24 verification-guided.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from bench.spec_acceptance import SUFFIX, _commit
+from bench.spec_self_acceptance import (Blocks, _ints, _pairs, chunks_of, draft_pass, reference_prompts, summarise,
+                                        teacher_force)
+
+CAVEAT = ("SmolLM2-135M at 1-8k tokens is a weak proxy for PaCoRe-8B at ~50k: read the gap between the policies, "
+          "not the levels. Published (Vegas poster, Qwen3-8B, AIME25 ~10k context, 6 drafts): 4.92 tokens per "
+          "iteration StreamingLLM, 5.43 Quest-style, 6.24 Vegas.")
+RULES = ("coupled", "rejection")
+
+
+def configs(budgets: list[int], recent: list[float], bs: int) -> list[tuple[str, int, int]]:
+    """(label, window, selected) per budget: the window alone, then sparse splits (whole blocks)."""
+    out = []
+    for b in budgets:
+        out.append((f"window {b}", b, 0))
+        for f in recent:
+            w = max(bs, round(b * f / bs) * bs)
+            if w < b:
+                out.append((f"window {w} + selected {b - w}", w, b - w))
+    return out
+
+
+def enable_bounds(llm) -> None:
+    """Give the runner its key bounds (what an engine with ``selected`` allocates), before any KV is written."""
+    from pacore_kernels.block_select import allocate_key_bounds
+    r, cfg = llm.runner, llm.runner.cfg
+    r.key_bounds = allocate_key_bounds(cfg.num_layers, r.kv_cache.shape[2], r.model.shard.num_kv_heads, cfg.head_dim,
+                                       r.dtype, r.device)
+
+
+def measure(args, save=lambda res: None) -> dict:
+    """The acceptance of every policy per context bin and temperature; ``save(res)`` after each cell."""
+    from engine import LLM, SamplingParams
+    from pacore.cli.demo import DEMO_PROBLEMS
+
+    messages = [{"role": "user", "content": DEMO_PROBLEMS[args.problem]["question"] + SUFFIX}]
+    llm = LLM(args.model, max_model_len=args.max_model_len)
+    enable_bounds(llm)
+    t0 = time.process_time()
+    prompts = reference_prompts(llm, args, messages)
+    log = lambda msg: print(f"[{time.process_time() - t0:6.0f} s CPU] {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    log(f"prompts of {[len(p) for p in prompts]} tokens")
+    cfgs = configs(args.budgets, args.recent, llm.block_size)
+    res = {"bins": [], "configs": cfgs, "sink": args.sink}
+    for (lo, hi), prompt in zip(args.bins, prompts):
+        entry = {"context": [lo, hi], "prompt_tokens": len(prompt), "by_temperature": {}}
+        for temp in args.temperatures:
+            params = SamplingParams(n=args.k, temperature=temp, max_tokens=args.max_tokens, seed=args.seed)
+            gens = [o.token_ids for o in sorted(llm.generate([prompt], params, use_tqdm=False)[0].outputs,
+                                                key=lambda o: o.index)]
+            blocks = Blocks(llm)
+            forced = teacher_force(llm, blocks, prompt, gens, args.prefill_chunk)
+            chunks = chunks_of(llm, blocks, forced, args.depth, args.stride)
+            t = {"chunks": len(chunks.rows), "policies": {}}
+            for label, window, selected in cfgs:
+                if selected:
+                    llm.runner.draft_select = llm.runner.select_spans(args.sink, selected, window)
+                a = draft_pass(llm, chunks, window, args.sink, args.depth, temp, args.batch, selected)
+                t["policies"][label] = {rule: summarise(a[rule]) for rule in RULES}
+            log(f"context {lo}-{hi} T={temp}: {len(chunks.rows)} draft starts, {len(cfgs)} policies")
+            blocks.release()
+            entry["by_temperature"][str(temp)] = t
+            res["cpu_s"] = time.process_time() - t0
+            save(res | {"bins": res["bins"] + [entry]})
+        res["bins"].append(entry)
+    return res
+
+
+def table(res: dict, depths: tuple[int, ...] = (4, 6)) -> str:
+    head = ("| T | context | KV read per draft step | policy | coupled: accept 1st / tokens per verify at "
+            + " / ".join(map(str, depths)) + " drafts | rejection |")
+    lines = [head, "|" + "---|" * 6]
+    for temp in sorted({t for b in res["bins"] for t in b["by_temperature"]}, reverse=True):
+        for b in res["bins"]:
+            t = b["by_temperature"].get(temp)
+            if t is None:  # a run cut short
+                continue
+            for label, window, selected in res["configs"]:
+                cells = []
+                for rule in RULES:
+                    s = t["policies"][label][rule]
+                    tpv = [s["tokens_per_verify"][d - 1] for d in depths if d <= len(s["tokens_per_verify"])]
+                    cells.append(" / ".join(f"{x:.2f}" for x in [s["accept"][0], *tpv]))
+                lo, hi = b["context"]
+                lines.append(f"| {temp} | {lo}-{hi} | {res['sink']} + {window + selected} | {label} | "
+                             f"{cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.spec_sparse_acceptance", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None, help="a model folder (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--max-model-len", type=int, default=8192)
+    p.add_argument("--problem", type=int, default=0)
+    p.add_argument("--refs-k", type=int, default=32)
+    p.add_argument("--refs-tokens", type=int, default=384)
+    p.add_argument("--bins", type=_pairs, default=[(1024, 2048), (2048, 4096), (4096, 8192)])
+    p.add_argument("--k", type=int, default=2, help="trajectories per bin and temperature")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")], default=[1.0, 0.6])
+    p.add_argument("--budgets", type=_ints, default=[128, 512], help="KV tokens per draft step besides the sink")
+    p.add_argument("--recent", type=lambda s: [float(x) for x in s.split(",")], default=[0.25, 0.5],
+                   help="the sparse policy's recent window, as fractions of the budget")
+    p.add_argument("--sink", type=int, default=16)
+    p.add_argument("--depth", type=int, default=6)
+    p.add_argument("--stride", type=int, default=4)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--prefill-chunk", type=int, default=1024)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default="runs/spec_sparse_acceptance")
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.max_model_len, args.refs_k, args.refs_tokens, args.bins, args.k, args.max_tokens = 1024, 16, 16, \
+            None, 2, 24
+        args.budgets, args.depth, args.stride = [64], 4, 2
+    from bench.profile_run import apply_threads
+    apply_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"command": " ".join(["python -m bench.spec_sparse_acceptance", *sys.argv[1:]]), "commit": _commit(),
+            "note": CAVEAT}
+
+    def save(res: dict) -> str:  # after every cell: a run cut short keeps what it measured
+        (out / "report.json").write_text(json.dumps(res | meta, indent=1))
+        text = CAVEAT + "\n\n" + table(res) + f"\n\nCPU time: {res['cpu_s']:.0f} s\n"
+        (out / "table.md").write_text(text)
+        return text
+    print(save(measure(args, save)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
