@@ -18,7 +18,8 @@ class SamplingParams:
     """How to sample one request (vLLM's names and meanings).
 
     n: trajectories forked from the prompt (prefilled once, KV shared).
-    temperature: 0 (or below 1e-5, as vLLM) means greedy. top_p in (0, 1], top_k (-1 = off), min_p in [0, 1]:
+    temperature: 0 (or below 1e-5, as vLLM) means greedy. top_p in (0, 1], top_k (-1 or 0 = off, as vLLM;
+    a token tied with the k-th is kept too), min_p in [0, 1]:
     min-p and top-k first, then top-p over what they keep, renormalised (vLLM's and transformers' order).
     presence_penalty, frequency_penalty in [-2, 2]: subtracted from the logit of each token the
     trajectory has generated, once (presence) or once per occurrence (frequency). repetition_penalty > 0
@@ -78,8 +79,8 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
-        if not _is_int(self.top_k) or self.top_k == 0 or self.top_k < -1:
-            raise ValueError(f"SamplingParams.top_k must be an integer, -1 (off) or >= 1, got {self.top_k!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise ValueError(f"SamplingParams.top_k must be an integer, -1 or 0 (off) or >= 1, got {self.top_k!r}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"SamplingParams.min_p must be in [0, 1], got {self.min_p}")
         for name in ("presence_penalty", "frequency_penalty"):

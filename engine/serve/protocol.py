@@ -142,7 +142,7 @@ class _Generate(_Body):
         ``limits`` (the server's flags)."""
         max_tokens = self.budget()
         if self.top_k is not None and self.top_k >= 2 ** 63:  # the sampler holds it in an int64
-            raise ValueError(f"top_k must be -1 (off) or an integer in [1, 2**63), got {self.top_k}")
+            raise ValueError(f"top_k must be -1 or 0 (off) or an integer in [1, 2**63), got {self.top_k}")
         logprobs = self.logprobs_asked()
         prompt_logprobs = self.prompt_logprobs
         _check_count(self.logprobs_field(), logprobs, limits.max_logprobs)
