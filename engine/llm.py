@@ -25,7 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from engine.attention import default_backend
-from engine.block_manager import BlockManager
+from engine.block_manager import BlockManager, salt_root
 from engine.checks import (check_fits, check_logprobs, check_max_logprobs, check_resume, check_resume_logprobs,
                            check_stop_token_ids, prompt_ids)
 from engine.config import EngineConfig, ModelConfig, resolve_dtype
@@ -34,6 +34,7 @@ from engine.fairness import FairShare
 from engine.kv_cache import kv_dtype_name
 from engine.loader import load_tokenizer
 from engine.logprobs import TokenLogprobs, prompt_logprobs_list
+from engine.penalties import stops_held_back
 from engine.observers import StepHooks, StepObserver, StepRecord
 from engine.sampler import Sampler, record_logprobs
 from engine.sampling_params import SamplingParams
@@ -165,9 +166,12 @@ class LLM:
     # -- requests ----------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, resume: list[Partial] | None = None,
-                    resume_logprobs: list[TokenLogprobs | None] | None = None) -> str:
+                    resume_logprobs: list[TokenLogprobs | None] | None = None, cache_salt: str | None = None) -> str:
         """Queue a prompt (text or token ids); returns its request id. Raises ValueError if it can
         never fit in max_model_len or the whole KV cache.
+
+        cache_salt: the prefix cache shares this request's blocks only with requests of the same salt
+        (vLLM's: a client cannot learn from timing which prompts others sent).
 
         resume: what ``partial_outputs`` returned for this request in an earlier session; each
         unfinished child continues after its tokens (a seeded child draws exactly what it would have).
@@ -192,7 +196,11 @@ class LLM:
         request_id = str(request_id)
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
-        req = Request(request_id, text, ids, params, metrics=RequestMetrics(self.clock()))
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise ValueError(f"cache_salt must be a non-empty string or None, got {cache_salt!r}")
+        req = Request(request_id, text, ids, params, metrics=RequestMetrics(self.clock()),
+                      min_tokens_stops=stops_held_back(params, self.config.eos_token_ids),
+                      cache_root=salt_root(cache_salt))
         req.metrics.num_prompt_tokens = len(ids)
         if resume is not None:
             check_resume(params, resume, self.config.vocab_size)

@@ -226,7 +226,8 @@ class EngineLoop:
         self._jobs[job.id] = job
         if job.stream:
             tok = self.llm.tokenizer
-            job.texts = {c: IncrementalText(tok, job.params.stop_strings) for c in range(len(ids) * job.params.n)}
+            job.texts = {c: IncrementalText(tok, job.params.stop_strings, job.params.skip_special_tokens)
+                         for c in range(len(ids) * job.params.n)}
         job.emit(Accepted())
 
     def _drop(self, job: Job) -> None:
