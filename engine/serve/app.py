@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from contextlib import asynccontextmanager
 
@@ -29,6 +30,7 @@ from .prompts import PromptReader
 from .replies import Renderer, logprob_entries
 from .tokenize import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest, detokenize, tokenize
 
+log = logging.getLogger("pacore.serve")
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                 413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's and vLLM's for /v1/completions; chat fills the context
@@ -76,8 +78,9 @@ class _Server:
             raise
         self.in_flight += 1
         self.metrics.in_flight.inc()
-        renderer = Renderer(self.model_name, self.texts, endpoint == "chat", job.params,
-                            api.new_id("chatcmpl" if endpoint == "chat" else "cmpl"), int(time.time()),
+        prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
+        rid = f"{prefix}-{body.request_id}" if body.request_id is not None else api.new_id(prefix)  # vLLM's
+        renderer = Renderer(self.model_name, self.texts, endpoint == "chat", job.params, rid, int(time.time()),
                             prompt_logprobs=body.prompt_logprobs is not None and not body.stream)
         if body.stream:
             chunks = self._stream(job, body, endpoint, renderer)
@@ -115,6 +118,8 @@ class _Server:
         if not prompts:
             raise APIError(400, "prompt is empty", param="prompt")
         chat = endpoint == "chat"
+        if body.ignored_fields():  # vLLM's words
+            log.warning("The following fields were present in the request but ignored: %s", body.ignored_fields())
         try:
             params = body.sampling_params(None if chat else DEFAULT_COMPLETION_MAX_TOKENS, self.limits)
         except ValueError as e:
@@ -123,11 +128,12 @@ class _Server:
         release = self._hold(len(prompts) * params.n, len(prompts), params.n)
         try:
             # A worker thread: a long prompt must not hold up the event loop or the engine thread.
-            ids = await asyncio.to_thread(lambda: [self.prompts.token_ids(p, chat, params) for p in prompts])
+            template = body.template() if chat else None
+            ids = await asyncio.to_thread(lambda: [self.prompts.token_ids(p, chat, params, template) for p in prompts])
             self._check_reply_size(body, params, [len(i) for i in ids], chat)
             echo = [self.prompts.text(p, i) for p, i in zip(prompts, ids)] if body.echoes() else None
             job = Job(ids, params, body.stream, asyncio.get_running_loop(), on_done=release, echo=echo,
-                      echo_only=body.echo_only())
+                      echo_only=body.echo_only(), cache_salt=body.cache_salt)
             self.engine.submit(job)
         except BaseException as e:
             release()
@@ -210,10 +216,12 @@ class _Server:
         outcome, chat = "aborted", endpoint == "chat"
 
         async def chunk(index: int, text: str | None, finish: str | None = None, role: bool = False,
-                        pieces=None) -> str:
+                        pieces=None, tokens: int = 0) -> str:
+            # continuous_usage_stats (vLLM's): each chunk says its choice's prompt and tokens so far
+            use = api.usage(len(job.prompts[index // job.params.n]), tokens) if body.continuous_usage else None
             if pieces:
-                return await asyncio.to_thread(renderer.chunk, index, text, finish, role, pieces)
-            return renderer.chunk(index, text, finish, role, pieces)
+                return await asyncio.to_thread(renderer.chunk, index, text, finish, role, pieces, use)
+            return renderer.chunk(index, text, finish, role, pieces, use)
         try:
             event = await job.events.get()
             if isinstance(event, Failed):
@@ -227,10 +235,12 @@ class _Server:
                 event = await job.events.get()
                 if isinstance(event, TextReady):
                     for index, (text, pieces) in job.take_text().items():
-                        yield await chunk(index, text, pieces=pieces if job.logprobs else None)
+                        yield await chunk(index, text, pieces=pieces if job.logprobs else None,
+                                          tokens=job.texts[index].seen)
                 elif isinstance(event, ChoiceEnd):
                     ends.append(event)
-                    yield await chunk(event.index, event.text, event.finish_reason, pieces=event.logprobs)
+                    yield await chunk(event.index, event.text, event.finish_reason, pieces=event.logprobs,
+                                      tokens=event.num_tokens)
                 elif isinstance(event, Failed):  # after the 200: report it inside the stream, as vLLM
                     outcome = "error"
                     yield f"data: {json.dumps(APIError(event.status, event.message).body())}\n\n"

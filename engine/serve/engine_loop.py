@@ -78,6 +78,7 @@ class Job:
     request_ids: list[str] = field(default_factory=list)
     echo: list[str] | None = None  # completions' echo: each prompt's text, which its choices begin with
     echo_only: bool = False  # echo with max_tokens 0: a choice is its prompt alone (its one token is dropped)
+    cache_salt: str | None = None  # vLLM's: the prefix cache shares blocks within one salt only
     texts: dict[int, IncrementalText] = field(default_factory=dict)  # streams: per choice
     ended: set[int] = field(default_factory=set)  # streams: choices whose last chunk has gone
     echoed: set[int] = field(default_factory=set)  # streams: prompts whose echo has gone
@@ -214,7 +215,7 @@ class EngineLoop:
         try:
             for i, prompt_ids in enumerate(ids):
                 rid = f"{job.id}-{i}"
-                self.llm.add_request(prompt_ids, job.params, request_id=rid)
+                self.llm.add_request(prompt_ids, job.params, request_id=rid, cache_salt=job.cache_salt)
                 job.request_ids.append(rid)
                 self._owner[rid] = (job, i)
         except ValueError as e:
