@@ -293,6 +293,9 @@ class LLM:
         if not plan:
             return self._idle()
         hooks.planned(plan)
+        now = self.clock()
+        for seq, _ in plan.prefills:  # a request's queue time ends when its first chunk is scheduled
+            seq.request.metrics.scheduled_time = seq.request.metrics.scheduled_time or now
         try:
             with hooks.phase("engine.model"):
                 # self-drafting: the draft steps run first (what verification needs of them comes back)
@@ -404,7 +407,7 @@ class LLM:
                 f"context {self.max_model_len:,} tokens, device {devices}")
 
     def stats(self) -> dict:
-        """Counters since start (tokens computed, prefix-cache hits, KV block peaks, preemptions) and
+        """Counters since start (tokens computed, tokens generated (each sequence's first too), prefix-cache hits, KV block peaks, preemptions) and
         the present (KV blocks used and shared by more than one sequence, sequences waiting and running).
 
         kv_blocks_peak_saved is the engine-wide peak of blocks that sharing saved at one time (the
@@ -417,6 +420,7 @@ class LLM:
         return dict(
             prefill_tokens=sch.prefill_tokens,
             decode_tokens=sch.decode_tokens,
+            generated_tokens=sch.generated_tokens,
             steps=self._steps,
             prefix_cache_hit_tokens=sch.prefix_hit_tokens,
             kv_blocks_total=bm.num_blocks,

@@ -78,6 +78,7 @@ class Sequence:
 @dataclass(slots=True)
 class RequestMetrics:
     arrival_time: float
+    scheduled_time: float | None = None  # when its first prefill chunk was scheduled
     first_token_time: float | None = None
     finished_time: float | None = None
     num_prompt_tokens: int = 0

@@ -15,7 +15,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
@@ -24,8 +23,9 @@ from . import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_LOGPROB_ENTRIES
 from . import protocol as api
 from .engine_loop import ChoiceEnd, EngineLoop, EngineUnavailable, Failed, Job, JobDone, TextReady
 from .front_door import FrontDoor, check_api_key
+from .info import ERROR_RESPONSES, add_info_routes
 from .logprobs import TokenTexts
-from .metrics import ServerMetrics
+from .metrics import ServerMetrics, cache_config
 from .prompts import PromptReader
 from .replies import Renderer, logprob_entries
 from .tokenize import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest, detokenize, tokenize
@@ -59,7 +59,7 @@ class _Server:
     def __init__(self, llm, model_name: str, max_queue: int, limits: api.Limits, max_logprob_entries: int,
                  aliases: tuple[str, ...] = ()):
         self.engine = EngineLoop(llm)
-        self.metrics = ServerMetrics(self.engine, model_name)
+        self.metrics = ServerMetrics(self.engine, model_name, llm.max_model_len, cache_config(llm))
         self.model_name, self.max_queue = model_name, max_queue
         self.answers_to = {model_name, *aliases}  # the names a request's "model" may hold
         self.max_model_len = llm.max_model_len
@@ -340,36 +340,22 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
         # param: the request's field (a union's error locations also name the member types tried).
         return JSONResponse(APIError(status, message, locs[0][0] if locs[0] else None).body(), status_code=status)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=ERROR_RESPONSES)
     async def chat_completions(body: api.ChatCompletionRequest, request: Request):
         messages = [m.for_template() for m in body.messages]
         return await server.generate(request, body, "chat", [messages])
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=ERROR_RESPONSES)
     async def completions(body: api.CompletionRequest, request: Request):
         return await server.generate(request, body, "completions", body.prompts())
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", responses=ERROR_RESPONSES)
     async def tokenize_route(body: TokenizeCompletionRequest | TokenizeChatRequest):
         return await server.tokenizer_call(tokenize, body, server.max_model_len)
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", responses=ERROR_RESPONSES)
     async def detokenize_route(body: DetokenizeRequest):
         return await server.tokenizer_call(detokenize, body)
 
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": server.created,
-                                            "owned_by": "pacore", "max_model_len": server.max_model_len}]}
-
-    @app.get("/health")
-    async def health():
-        if not server.engine.alive:
-            raise APIError(503, "the engine is not running")
-        return {"status": "ok"}
-
-    @app.get("/metrics")
-    async def metrics():
-        return Response(server.metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
+    add_info_routes(app, server, APIError)
     return app

@@ -137,6 +137,7 @@ class EngineLoop:
         self._rates_lock = threading.Lock()
         self._recent: deque[tuple[float, int, int]] = deque()  # (time, prefill, decode tokens) per step
         self.latest_stats: dict = self._stats()  # replaced whole after every change; read by /metrics
+        self.request_metrics = None  # vllm_metrics.VllmRequestMetrics: told of each step and finished request
         self._thread = threading.Thread(target=self._run, name="pacore-engine", daemon=True)
 
     # -- any thread ------------------------------------------------------------------------
@@ -235,6 +236,8 @@ class EngineLoop:
         for rid in job.request_ids:
             self.llm.abort_request(rid)
             self._owner.pop(rid, None)
+            if self.request_metrics is not None:
+                self.request_metrics.forget(rid)
         self._jobs.pop(job.id, None)
 
     def _step(self) -> None:
@@ -258,11 +261,25 @@ class EngineLoop:
             self._forget_before(now - RATE_WINDOW_S)
             self._recent.append((now, stats["prefill_tokens"] - before["prefill_tokens"],
                                  stats["decode_tokens"] - before["decode_tokens"]))
+        if self.request_metrics is not None:
+            self._observe(before, stats, outputs)
         for out in outputs:
             self._finish(out)
         for job in self._jobs.values():
             if job.stream:
                 self._stream(job)
+
+    def _observe(self, before: dict, stats: dict, outputs) -> None:
+        """vLLM's step and request metrics (vllm_metrics.py), in the engine's clock."""
+        m, llm = self.request_metrics, self.llm
+        tokens = stats["prefill_tokens"] - before["prefill_tokens"] + stats["generated_tokens"] - before["generated_tokens"]
+        running = {rid: llm.requests[rid] for rid in self._owner if rid in llm.requests}
+        m.step(tokens, {rid: sum(s.num_generated for s in req.seqs) for rid, req in running.items()}, llm.clock())
+        for out in outputs:
+            owner = self._owner.get(out.request_id)
+            if owner is not None:
+                params = owner[0].params
+                m.finished(out, params.n, params.max_tokens or llm.max_model_len - len(out.prompt_token_ids))
 
     def _finish(self, out) -> None:
         owner = self._owner.pop(out.request_id, None)
