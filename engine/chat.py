@@ -16,8 +16,10 @@ def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = T
     ``template_kwargs``: variables the template reads (vLLM's chat_template_kwargs, e.g. Qwen3's
     enable_thinking)."""
     if getattr(tokenizer, "chat_template", None):
+        if continue_final_message:  # passed only when asked: older tokenizers do not take it
+            template_kwargs["continue_final_message"] = True
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                             continue_final_message=continue_final_message, **template_kwargs)
+                                             **template_kwargs)
     # A base model without a chat template: a plain transcript is the most neutral fallback.
     text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
     if continue_final_message:

@@ -29,6 +29,7 @@ from engine.block_manager import BlockManager, salt_root
 from engine.checks import (check_fits, check_logprobs, check_max_logprobs, check_resume, check_resume_logprobs,
                            check_stop_token_ids, prompt_ids)
 from engine.config import EngineConfig, ModelConfig, resolve_dtype
+from engine.context_length import check_max_model_len
 from engine.default_model import resolve_model
 from engine.fairness import FairShare
 from engine.kv_cache import kv_dtype_name
@@ -82,7 +83,7 @@ class LLM:
         # A rehearsal models a GPU, so its dtype is a GPU's default.
         self.dtype = resolve_dtype(opts.dtype, torch.device("cuda") if opts.device_model else self.device)
         self.tokenizer = None if opts.skip_tokenizer_init else load_tokenizer(opts.tokenizer or path)
-        self.max_model_len = opts.max_model_len or cfg.max_position_embeddings
+        self.max_model_len = check_max_model_len(cfg, opts.max_model_len)
         self.block_size = opts.block_size
         spec = SpeculativeConfig.from_dict(opts.speculative_config)
         cascade = CascadePolicy(False if opts.batch_invariant else opts.cascade_attention, opts.cascade_min_group,

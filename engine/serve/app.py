@@ -67,6 +67,7 @@ class _Server:
         self.texts = TokenTexts(llm.tokenizer)  # each token decoded once, for every reply
         self.prompts = PromptReader(llm.tokenizer, llm.max_model_len)
         self.created = int(time.time())
+        self.sampling_defaults: dict = {}  # --generation-config's
         self.in_flight = 0  # generation requests being served; only the event loop touches it
         self.queued = 0  # sequences (prompts x n) the engine holds or will: what --max-queue bounds
 
@@ -121,7 +122,8 @@ class _Server:
         if body.ignored_fields():  # vLLM's words
             log.warning("The following fields were present in the request but ignored: %s", body.ignored_fields())
         try:
-            params = body.sampling_params(None if chat else DEFAULT_COMPLETION_MAX_TOKENS, self.limits)
+            params = body.sampling_params(None if chat else DEFAULT_COMPLETION_MAX_TOKENS, self.limits,
+                                          self.sampling_defaults)
         except ValueError as e:
             field = str(e).partition(" ")[0].removeprefix("SamplingParams.")
             raise APIError(400, str(e), param=field if field in type(body).model_fields else None) from None
@@ -291,7 +293,8 @@ async def _unless_disconnected(request: Request, work):
 def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int = 1024,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, aliases: tuple[str, ...] = (),
                max_logprob_entries: int = DEFAULT_MAX_LOGPROB_ENTRIES, max_stop_strings: int = MAX_STOP_STRINGS,
-               max_stop_chars: int = MAX_STOP_CHARS, allowed_origins: list[str] | None = None) -> FastAPI:
+               max_stop_chars: int = MAX_STOP_CHARS, allowed_origins: list[str] | None = None,
+               sampling_defaults: dict | None = None) -> FastAPI:
     """An OpenAI-compatible app serving ``llm`` as ``model_name``; the engine thread runs while the
     app does (its lifespan). ``api_key``: /v1 routes need ``Authorization: Bearer KEY`` (surrounding
     whitespace stripped; an empty key, or one no client can send in a header, is refused).
@@ -299,10 +302,13 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
     gets 413, unread. ``aliases``: other names a request's ``model`` may hold (replies and /v1/models
     carry ``model_name``). ``max_logprob_entries``: the most log-probabilities one request's replies
     may hold (replies.py), ``max_stop_strings`` / ``max_stop_chars``: its stop strings; beyond, 400.
-    ``allowed_origins``: the web origins browsers may call the API from (CORS; default none)."""
+    ``allowed_origins``: the web origins browsers may call the API from (CORS; default none).
+    ``sampling_defaults``: what a request that leaves temperature, top_p, top_k, min_p or
+    repetition_penalty out gets instead of OpenAI's defaults (--generation-config)."""
     api_key = check_api_key(api_key)
     limits = api.Limits(llm.options.max_logprobs, max_stop_strings, max_stop_chars)
     server = _Server(llm, model_name, max_queue, limits, max_logprob_entries, aliases)
+    server.sampling_defaults = dict(sampling_defaults or {})
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -178,9 +178,12 @@ class _Generate(_Body):
         """Top alternatives per generated token (0: the chosen token only), None for no logprobs."""
         return None
 
-    def sampling_params(self, default_max_tokens: int | None, limits: Limits) -> SamplingParams:
+    def sampling_params(self, default_max_tokens: int | None, limits: Limits,
+                        defaults: dict | None = None) -> SamplingParams:
         """The engine's SamplingParams; ValueError (a 400) names a value out of range or beyond
-        ``limits`` (the server's flags)."""
+        ``limits`` (the server's flags). ``defaults``: the values a field left out takes (the server's
+        --generation-config, vLLM's keys), else OpenAI's."""
+        d = defaults or {}
         max_tokens = self.budget()
         if self.top_k is not None and self.top_k >= 2 ** 63:  # the sampler holds it in an int64
             raise ValueError(f"top_k must be -1 or 0 (off) or an integer in [1, 2**63), got {self.top_k}")
@@ -203,17 +206,18 @@ class _Generate(_Body):
             max_tokens = 1
         return SamplingParams(
             n=1 if self.n is None else self.n,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=-1 if self.top_k is None else self.top_k,
-            min_p=0.0 if self.min_p is None else self.min_p,
+            temperature=d.get("temperature", 1.0) if self.temperature is None else self.temperature,
+            top_p=d.get("top_p", 1.0) if self.top_p is None else self.top_p,
+            top_k=d.get("top_k", -1) if self.top_k is None else self.top_k,
+            min_p=d.get("min_p", 0.0) if self.min_p is None else self.min_p,
             max_tokens=default_max_tokens if max_tokens is None else max_tokens,
             seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids or [],
             ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output, skip_special_tokens=self.skip_special_tokens,
             logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            repetition_penalty=d.get("repetition_penalty", 1.0) if self.repetition_penalty is None
+            else self.repetition_penalty,
             logit_bias={int(t): b for t, b in self.logit_bias.items()} if self.logit_bias else None)
 
     def logprobs_field(self) -> str:
