@@ -2,7 +2,8 @@
 (the engine's OpenAI-compatible server, engine/serve/). Importing this loads neither torch nor the
 engine: ``pacore --help`` answers at once.
 
-flags.py (the flags of run and demo; the engine's come from engine/config.py), run.py (the RunConfig,
+flags.py (the parser, without abbreviations and naming an unknown flag first, and the flags of run and
+demo; the engine's come from engine/config.py), run.py (the RunConfig,
 the preflight, one engine or its replicas), demo.py (the built-in problems).
 """
 from __future__ import annotations
@@ -13,14 +14,11 @@ import sys
 import tempfile
 
 
-from .flags import Parser, unknown_flags  # noqa: F401 (pacore.cli.unknown_flags, as before)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``pacore`` argument parser."""
     from engine.serve.command import add_serve_parser
 
-    from .flags import add_engine_options, add_method_options
+    from .flags import Parser, add_engine_options, add_method_options
 
     parser = Parser(
         prog="pacore",
