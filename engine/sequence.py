@@ -78,7 +78,6 @@ class Sequence:
 @dataclass(slots=True)
 class RequestMetrics:
     arrival_time: float
-    scheduled_time: float | None = None  # when its first prefill chunk was scheduled
     first_token_time: float | None = None
     finished_time: float | None = None
     num_prompt_tokens: int = 0
@@ -91,6 +90,7 @@ class RequestMetrics:
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
     spec_decode_num_emitted_tokens: int = 0
+    scheduled_time: float | None = None  # when its first prefill chunk was scheduled (vLLM's queue time ends)
 
 
 @dataclass(slots=True, eq=False)
