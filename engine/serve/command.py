@@ -167,7 +167,12 @@ def generation_defaults(choice: str, model: str | None) -> dict:
 
     if choice == "vllm":
         return {}
-    folder = resolve_model(None if model in (None, "default") else model) if choice == "auto" else choice
+    folder = choice
+    if choice == "auto":
+        try:
+            folder = resolve_model(None if model in (None, "default") else model)
+        except (FileNotFoundError, ValueError):
+            return {}  # the engine says what is wrong with the model as it loads it
     path = os.path.join(folder, "generation_config.json")
     if not os.path.isfile(path):
         if choice == "auto":
