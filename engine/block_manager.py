@@ -19,6 +19,12 @@ class NoFreeBlocks(RuntimeError):
     pass
 
 
+def salt_root(cache_salt: str | None) -> bytes | None:
+    """The hash chain's root for a request's ``cache_salt`` (vLLM's): blocks of different salts never
+    hash alike, so the prefix cache shares blocks only between requests of one salt. None: no salt."""
+    return None if cache_salt is None else hashlib.sha256(b"cache_salt:" + cache_salt.encode("utf-8")).digest()
+
+
 def block_hash(parent: bytes | None, tokens: list[int]) -> bytes:
     """SHA-256 of (parent block's hash, this block's token ids).
 
@@ -105,7 +111,7 @@ class BlockManager:
     def _register(self, seq: Sequence, i: int) -> None:
         """Hash full block i of seq (its tokens are known) and publish it to the prefix cache."""
         bs = self.block_size
-        parent = seq.block_hashes[i - 1] if i else None
+        parent = seq.block_hashes[i - 1] if i else seq.request.cache_root
         h = block_hash(parent, seq.token_ids[i * bs:(i + 1) * bs])
         seq.block_hashes.append(h)
         block = seq.block_table[i]
@@ -125,7 +131,7 @@ class BlockManager:
             return 0
         bs = self.block_size
         max_blocks = (min(seq.num_tokens - 1, seq.num_tokens if limit is None else limit)) // bs
-        parent = None
+        parent = seq.request.cache_root
         for i in range(max_blocks):
             h = block_hash(parent, seq.token_ids[i * bs:(i + 1) * bs])
             block = self.cached.get(h)

@@ -20,8 +20,11 @@ if TYPE_CHECKING:  # torch is imported where it is used: `pacore --help` reads t
 SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
 SUPPORTED_ROPE_TYPES = {"default", "linear", "llama3", "yarn"}
 DTYPES = ("float32", "bfloat16", "float16")  # torch dtype names
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other spellings
 # KV cache formats (vLLM's names): "auto" is the model's dtype; the FP8 ones store K and V in one byte.
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
+KV_CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3"}  # vLLM's usual spelling: e4m3 on CUDA
+BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # vLLM's --block-size choices
 # Which distribution logprobs report (vLLM's names; engine/logprobs.py).
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 CASCADE_SCOPES = ("request", "batch")  # cascade_scope: a request's own rows, or a prefix common to the whole step
@@ -155,6 +158,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
         return dtype
     if dtype in (None, "auto"):
         return torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = DTYPE_ALIASES.get(dtype, dtype)
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; use one of {list(DTYPES)} or 'auto'")
     return getattr(torch, dtype)
@@ -222,6 +226,16 @@ def speculative_json(value: str) -> dict:
     return obj
 
 
+def dtype_name(value: str) -> str:
+    """argparse type of ``--dtype``: vLLM's spellings (half, float) as torch's names."""
+    return DTYPE_ALIASES.get(value, value)
+
+
+def kv_cache_dtype_name(value: str) -> str:
+    """argparse type of ``--kv-cache-dtype``: vLLM's fp8 is fp8_e4m3."""
+    return KV_CACHE_DTYPE_ALIASES.get(value, value)
+
+
 def _flag(help: str, *, name: str | tuple[str, ...] | None = None, type=None, metavar: str | None = None,
           choices: tuple | None = None) -> dict:
     """Field metadata making an EngineConfig field a command-line flag (``--field-name`` unless ``name``;
@@ -281,18 +295,22 @@ class EngineConfig:
     """
     model: str | None = None
     dtype: str | torch.dtype | None = field(default=None, metadata=_flag(
-        "weights/activations dtype, e.g. float32, bfloat16 (default: the engine's choice)"))
+        "weights/activations dtype: auto, float32, bfloat16, float16 (vLLM's half and float are read as float16 "
+        "and float32; default auto: bfloat16 on a GPU, float32 on a CPU)", type=dtype_name,
+        choices=("auto",) + DTYPES))
     device: str | torch.device | None = None
-    tokenizer: str | None = None
+    tokenizer: str | None = field(default=None, metadata=_flag(
+        "a folder to load the tokenizer from (vLLM's flag; default: the model's)", metavar="DIR"))
     skip_tokenizer_init: bool = False
-    block_size: int = 16
+    block_size: int = field(default=16, metadata=_flag(
+        "tokens per KV-cache block (vLLM's flag and choices; default 16)", type=int, choices=BLOCK_SIZES))
     num_kv_blocks: int | None = field(default=None, metadata=_flag(
         "KV-cache size in blocks (default: sized by the engine)", type=positive_int, metavar="N"))
     kv_cache_memory: int | None = None
     kv_cache_dtype: str = field(default="auto", metadata=_flag(
         "KV cache format: auto (the model's dtype), fp8_e4m3 or fp8_e5m2 (one byte per value: twice the tokens "
-        "in the same memory, half the bytes read per decode step; vLLM's --kv-cache-dtype; default auto)",
-        choices=KV_CACHE_DTYPES))
+        "in the same memory, half the bytes read per decode step; vLLM's --kv-cache-dtype, whose fp8 is fp8_e4m3; "
+        "default auto)", type=kv_cache_dtype_name, choices=KV_CACHE_DTYPES))
     quantization: str | None = field(default=None, metadata=_flag(
         "weight format (vLLM's --quantization): fp8 stores the attention and MLP projections in FP8 e4m3 with "
         "per-channel scales, quantized at load (half the weight bytes read per step; embeddings, norms and the LM "
@@ -305,7 +323,9 @@ class EngineConfig:
         type=memory_fraction, metavar="F"))
     max_num_seqs: int = field(default=256, metadata=_flag(
         "most sequences (trajectories) decoded in one step (engine default 256)", type=positive_int, metavar="N"))
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int = field(default=2048, metadata=_flag(
+        "most tokens one engine step computes, prompt chunks and decode rows together (vLLM's flag; default 2048)",
+        type=positive_int, metavar="N"))
     # Fairness (engine/fairness.py): one request must not hold up the others.
     long_prefill_token_threshold: int | None = field(default=None, metadata=_flag(
         "most prompt tokens one sequence prefills in a step while other prompts wait for the step (vLLM's flag); "
@@ -322,7 +342,9 @@ class EngineConfig:
         "RoPE parameters laid over the checkpoint's (vLLM's --rope-scaling), e.g. the paper's YaRN x2: "
         "'{\"rope_type\": \"yarn\", \"factor\": 2.0, \"original_max_position_embeddings\": 65536, "
         "\"attention_factor\": 1.0}' (default: the checkpoint's)", type=json_object, metavar="JSON"))
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool = field(default=True, metadata=_flag(
+        "share the KV blocks of prompt prefixes computed before (vLLM's flag; on by default: "
+        "--no-enable-prefix-caching turns it off; fork shares a request's prompt either way)"))
     enable_fork: bool = True
     cascade_attention: bool | None = None
     cascade_min_group: int = 2
@@ -373,6 +395,7 @@ class EngineConfig:
             raise ValueError(f"cascade_min_saved_fraction must be in [0, 1], got {self.cascade_min_saved_fraction}")
         if self.cascade_scope not in CASCADE_SCOPES:
             raise ValueError(f"cascade_scope must be one of {list(CASCADE_SCOPES)}, got {self.cascade_scope!r}")
+        self.kv_cache_dtype = KV_CACHE_DTYPE_ALIASES.get(self.kv_cache_dtype, self.kv_cache_dtype)
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {list(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
@@ -403,8 +426,9 @@ def add_engine_flags(group, names: tuple[str, ...] = ENGINE_FLAGS) -> None:
         spec = f.metadata["flag"]
         flags = spec["name"] or "--" + name.replace("_", "-")
         flags = (flags,) if isinstance(flags, str) else flags
-        if f.type == "bool":
-            group.add_argument(*flags, dest=name, action="store_true", help=spec["help"])
+        if f.type == "bool":  # on by default: --no-NAME turns it off (vLLM's spelling)
+            action = argparse.BooleanOptionalAction if f.default else "store_true"
+            group.add_argument(*flags, dest=name, action=action, default=f.default, help=spec["help"])
             continue
         kwargs = {k: spec[k] for k in ("type", "metavar", "choices") if spec.get(k) is not None}
         group.add_argument(*flags, dest=name, default=f.default, help=spec["help"], **kwargs)

@@ -25,15 +25,17 @@ import torch
 from tqdm.auto import tqdm
 
 from engine.attention import default_backend
-from engine.block_manager import BlockManager
+from engine.block_manager import BlockManager, salt_root
 from engine.checks import (check_fits, check_logprobs, check_max_logprobs, check_resume, check_resume_logprobs,
                            check_stop_token_ids, prompt_ids)
 from engine.config import EngineConfig, ModelConfig, resolve_dtype
+from engine.context_length import check_max_model_len
 from engine.default_model import resolve_model
 from engine.fairness import FairShare
 from engine.kv_cache import kv_dtype_name
 from engine.loader import load_tokenizer
 from engine.logprobs import TokenLogprobs, prompt_logprobs_list
+from engine.penalties import stops_held_back
 from engine.observers import StepHooks, StepObserver, StepRecord
 from engine.sampler import Sampler, record_logprobs
 from engine.sampling_params import SamplingParams
@@ -81,7 +83,7 @@ class LLM:
         # A rehearsal models a GPU, so its dtype is a GPU's default.
         self.dtype = resolve_dtype(opts.dtype, torch.device("cuda") if opts.device_model else self.device)
         self.tokenizer = None if opts.skip_tokenizer_init else load_tokenizer(opts.tokenizer or path)
-        self.max_model_len = opts.max_model_len or cfg.max_position_embeddings
+        self.max_model_len = check_max_model_len(cfg, opts.max_model_len)
         self.block_size = opts.block_size
         spec = SpeculativeConfig.from_dict(opts.speculative_config)
         cascade = CascadePolicy(False if opts.batch_invariant else opts.cascade_attention, opts.cascade_min_group,
@@ -167,9 +169,12 @@ class LLM:
     # -- requests ----------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, resume: list[Partial] | None = None,
-                    resume_logprobs: list[TokenLogprobs | None] | None = None) -> str:
+                    resume_logprobs: list[TokenLogprobs | None] | None = None, cache_salt: str | None = None) -> str:
         """Queue a prompt (text or token ids); returns its request id. Raises ValueError if it can
         never fit in max_model_len or the whole KV cache.
+
+        cache_salt: the prefix cache shares this request's blocks only with requests of the same salt
+        (vLLM's: a client cannot learn from timing which prompts others sent).
 
         resume: what ``partial_outputs`` returned for this request in an earlier session; each
         unfinished child continues after its tokens (a seeded child draws exactly what it would have).
@@ -194,7 +199,11 @@ class LLM:
         request_id = str(request_id)
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in flight")
-        req = Request(request_id, text, ids, params, metrics=RequestMetrics(self.clock()))
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise ValueError(f"cache_salt must be a non-empty string or None, got {cache_salt!r}")
+        req = Request(request_id, text, ids, params, metrics=RequestMetrics(self.clock()),
+                      min_tokens_stops=stops_held_back(params, self.config.eos_token_ids),
+                      cache_root=salt_root(cache_salt))
         req.metrics.num_prompt_tokens = len(ids)
         if resume is not None:
             check_resume(params, resume, self.config.vocab_size)
@@ -287,6 +296,9 @@ class LLM:
         if not plan:
             return self._idle()
         hooks.planned(plan)
+        now = self.clock()
+        for seq, _ in plan.prefills:  # a request's queue time ends when its first chunk is scheduled
+            seq.request.metrics.scheduled_time = seq.request.metrics.scheduled_time or now
         try:
             with hooks.phase("engine.model"):
                 # self-drafting: the draft steps run first (what verification needs of them comes back)
@@ -398,7 +410,7 @@ class LLM:
                 f"context {self.max_model_len:,} tokens, device {devices}")
 
     def stats(self) -> dict:
-        """Counters since start (tokens computed, prefix-cache hits, KV block peaks, preemptions) and
+        """Counters since start (tokens computed, tokens generated (each sequence's first too), prefix-cache hits, KV block peaks, preemptions) and
         the present (KV blocks used and shared by more than one sequence, sequences waiting and running).
 
         kv_blocks_peak_saved is the engine-wide peak of blocks that sharing saved at one time (the
@@ -411,6 +423,7 @@ class LLM:
         return dict(
             prefill_tokens=sch.prefill_tokens,
             decode_tokens=sch.decode_tokens,
+            generated_tokens=sch.generated_tokens,
             steps=self._steps,
             prefix_cache_hit_tokens=sch.prefix_hit_tokens,
             kv_blocks_total=bm.num_blocks,

@@ -1,6 +1,7 @@
 """Penalties and logit_bias: a transform of the logits before sampling (vLLM's meanings and order).
 
-logit_bias is added first; then repetition_penalty divides the positive logits of the tokens seen in
+logit_bias is added first, and a request still short of its min_tokens has its stop tokens (EOS unless
+ignore_eos, stop_token_ids) set to -inf (vLLM's min_tokens); then repetition_penalty divides the positive logits of the tokens seen in
 the prompt or the generated tokens and multiplies the others; then frequency_penalty is subtracted once
 per occurrence of a token in the generated tokens, presence_penalty once per token that occurs there.
 Greedy requests see them too (their argmax is taken after them).
@@ -19,6 +20,14 @@ import torch
 
 if TYPE_CHECKING:
     from engine.sequence import Sequence
+
+
+def stops_held_back(params, eos_token_ids: list[int]) -> tuple[int, ...]:
+    """The tokens ``params.min_tokens`` keeps from being drawn early: its stop tokens, and the model's
+    EOS unless ignore_eos (vLLM's MinTokensLogitsProcessor); none without min_tokens."""
+    if not params.min_tokens:
+        return ()
+    return tuple(dict.fromkeys([*params.stop_token_ids, *([] if params.ignore_eos else eos_token_ids)]))
 
 
 def outputs_before(seqs: list[Sequence], offsets: list[int] | None = None,
@@ -41,7 +50,9 @@ def penalize(logits: torch.Tensor, seqs: list[Sequence], outputs: list[list[int]
     index = None if every else torch.tensor(rows, device=logits.device)
     sub = apply_penalties(logits if every else logits[index], [seqs[i].params for i in rows],  # (it copies)
                           [seqs[i].token_ids[:seqs[i].num_prompt_tokens] if seqs[i].params.repetition_penalty != 1
-                           else [] for i in rows], [outputs[i] for i in rows])
+                           else [] for i in rows], [outputs[i] for i in rows],
+                          [seqs[i].request.min_tokens_stops if len(outputs[i]) < seqs[i].params.min_tokens else ()
+                           for i in rows])
     if every:
         return sub
     out = logits.clone()
@@ -50,9 +61,10 @@ def penalize(logits: torch.Tensor, seqs: list[Sequence], outputs: list[list[int]
 
 
 def apply_penalties(logits: torch.Tensor, params: list, prompts: list[list[int]],
-                    outputs: list[list[int]]) -> torch.Tensor:
+                    outputs: list[list[int]], banned: list | None = None) -> torch.Tensor:
     """fp32 [R, V]: each row's logits with its params' logit_bias and penalties applied, given the
-    row's prompt (read for a repetition penalty only) and generated tokens. ``logits`` is not changed.
+    row's prompt (read for a repetition penalty only) and generated tokens; ``banned``: per row, tokens
+    set to -inf (min_tokens' stop tokens). ``logits`` is not changed.
     Only the entries of tokens in the histories change: a few passes over the rows, and work that
     follows the histories' length."""
     dev, (R, V) = logits.device, logits.shape
@@ -73,6 +85,8 @@ def apply_penalties(logits: torch.Tensor, params: list, prompts: list[list[int]]
     biased = [p.logit_bias or {} for p in params]
     if any(biased):
         flat_logits.index_add_(0, flat([list(b) for b in biased]), per_row([v for b in biased for v in b.values()]))
+    if banned and any(banned):
+        flat_logits[flat([[t for t in b if t < V] for b in banned])] = float("-inf")
     counts = torch.bincount(flat(outputs), minlength=R * V)  # (a sort, as torch.unique does, is far slower)
     generated = counts.nonzero()[:, 0]
     if any(p.repetition_penalty != 1 for p in params):

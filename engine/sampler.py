@@ -129,12 +129,16 @@ class Sampler:
         # vLLM's and transformers' order: min-p and top-k first, then top-p over what they kept,
         # renormalised (top-p over the whole distribution would keep more tokens).
         dev = probs.device
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else probs.shape[1] for p in params], device=dev)
+        vocab = probs.shape[1]
+        top_k = torch.tensor([min(p.top_k, vocab) if p.top_k > 0 else vocab for p in params], device=dev)
         top_p = torch.tensor([p.top_p for p in params], device=dev)
         min_p = torch.tensor([p.min_p for p in params], device=dev)
         sorted_p, idx = probs.sort(dim=-1, descending=True)
         rank = torch.arange(probs.shape[1], device=dev)[None, :]
-        keep = (rank < top_k[:, None]) & (sorted_p >= min_p[:, None] * sorted_p[:, :1])
+        # Top-k keeps every token at least as likely as the k-th, so tokens tied with it all stay (vLLM's
+        # rule: logits [3, 2, 2, 2, 1, 0] with top_k 2 keep four).
+        kth = sorted_p.gather(1, top_k[:, None] - 1)
+        keep = (sorted_p >= kth) & (sorted_p >= min_p[:, None] * sorted_p[:, :1])
         kept = sorted_p * keep
         kept = kept / kept.sum(dim=-1, keepdim=True)
         # Keep a token if the kept mass strictly before it is below top_p. The top token always stays

@@ -18,7 +18,8 @@ class SamplingParams:
     """How to sample one request (vLLM's names and meanings).
 
     n: trajectories forked from the prompt (prefilled once, KV shared).
-    temperature: 0 (or below 1e-5, as vLLM) means greedy. top_p in (0, 1], top_k (-1 = off), min_p in [0, 1]:
+    temperature: 0 (or below 1e-5, as vLLM) means greedy. top_p in (0, 1], top_k (-1 or 0 = off, as vLLM;
+    a token tied with the k-th is kept too), min_p in [0, 1]:
     min-p and top-k first, then top-p over what they keep, renormalised (vLLM's and transformers' order).
     presence_penalty, frequency_penalty in [-2, 2]: subtracted from the logit of each token the
     trajectory has generated, once (presence) or once per occurrence (frequency). repetition_penalty > 0
@@ -31,6 +32,10 @@ class SamplingParams:
     stop: strings that end a trajectory (not included in the text), at most MAX_STOP_STRINGS of
     them with MAX_STOP_CHARS characters in all; stop_token_ids likewise, in addition to the model's
     EOS unless ignore_eos.
+    min_tokens: no EOS or stop token can be drawn, and no stop string ends the trajectory, before it has
+    generated this many tokens (vLLM's: their logits are -inf until then; engine/penalties.py).
+    include_stop_str_in_output: the stop string, or stop token's text, that ended a trajectory stays in
+    its text. skip_special_tokens: leave special tokens' text out of the text (default, as vLLM).
     logprobs: None (off), or N >= 0: each generated token's log-probability and rank, with the top-N
     alternatives (engine/logprobs.py; N at most the engine's max_logprobs). prompt_logprobs: the same
     for every prompt token after the first. Which distribution: the engine's logprobs_mode.
@@ -45,6 +50,9 @@ class SamplingParams:
     stop: list[str] | str | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    min_tokens: int = 0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
     logprobs: int | None = None
     prompt_logprobs: int | None = None
     presence_penalty: float = 0.0
@@ -78,8 +86,8 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
-        if not _is_int(self.top_k) or self.top_k == 0 or self.top_k < -1:
-            raise ValueError(f"SamplingParams.top_k must be an integer, -1 (off) or >= 1, got {self.top_k!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise ValueError(f"SamplingParams.top_k must be an integer, -1 or 0 (off) or >= 1, got {self.top_k!r}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"SamplingParams.min_p must be in [0, 1], got {self.min_p}")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -95,6 +103,14 @@ class SamplingParams:
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
             raise ValueError(f"SamplingParams.max_tokens must be an integer >= 1 or None (fill the context), "
                              f"got {self.max_tokens!r}")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            raise ValueError(f"SamplingParams.min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"SamplingParams.min_tokens must be at most max_tokens ({self.max_tokens}), got "
+                             f"{self.min_tokens}")
+        for name in ("include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"SamplingParams.{name} must be True or False, got {getattr(self, name)!r}")
         if self.seed is not None and not (_is_int(self.seed) and -2 ** 63 <= self.seed < 2 ** 64):
             # int64 and uint64 seeds both work; a larger one would silently alias one modulo 2**64.
             raise ValueError(f"SamplingParams.seed must be an integer in [-2**63, 2**64) or None, got {self.seed!r}")
@@ -121,9 +137,9 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        """Whether a penalty or logit_bias changes this request's logits (engine/penalties.py)."""
+        """Whether a penalty, logit_bias or min_tokens changes this request's logits (engine/penalties.py)."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
-                    or self.logit_bias)
+                    or self.logit_bias or self.min_tokens)
 
     @property
     def greedy(self) -> bool:

@@ -60,6 +60,7 @@ class Scheduler:
         self.prefix_hit_tokens = 0
         self.prefill_tokens = 0
         self.decode_tokens = 0
+        self.generated_tokens = 0  # tokens appended to sequences: each one's first (sampled at prefill) too
 
     # -- requests in and out -----------------------------------------------------------------
     def add_request(self, req: Request, resume: list[Partial] | None = None) -> None:
@@ -140,6 +141,7 @@ class Scheduler:
             if n < len(run):
                 del run[n:]
             kept[seq.seq_id] = n
+            self.generated_tokens += n
         bm, drafts = self.bm, plan.drafts
         for seq in plan.decodes:
             n = kept[seq.seq_id]

@@ -90,6 +90,7 @@ class RequestMetrics:
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
     spec_decode_num_emitted_tokens: int = 0
+    scheduled_time: float | None = None  # when its first prefill chunk was scheduled (vLLM's queue time ends)
 
 
 @dataclass(slots=True, eq=False)
@@ -103,6 +104,8 @@ class Request:
     # tokens 1.. of the prompt, when params.prompt_logprobs is set: computed once, by one sequence
     prompt_logprobs: TokenLogprobs | None = None
     draft_index: object = None  # speculative decoding's per-request corpus (engine/spec/ngram.py), when on
+    min_tokens_stops: tuple[int, ...] = ()  # what min_tokens holds back: the stop tokens, EOS unless ignored
+    cache_root: bytes | None = None  # the prefix cache's hash-chain root: a cache_salt's digest (None: shared)
 
     def __post_init__(self) -> None:
         if self.params.prompt_logprobs is not None and self.prompt_logprobs is None:

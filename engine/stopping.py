@@ -18,10 +18,13 @@ class StopChecker:
     def check(self, seq: Sequence) -> str | None:
         """Called after each new token; returns "stop", "length" or None."""
         p = seq.params
-        if self._stopped_by_token(seq):
-            return "stop"
-        if p.stop and self._stop_string_ends_here(seq, p.stop_strings):
-            return "stop"
+        # Before min_tokens nothing but the length ends it: its stop tokens cannot be drawn then
+        # (engine/penalties.py), and a stop string is not looked for, as vLLM.
+        if seq.num_generated >= p.min_tokens:
+            if self._stopped_by_token(seq):
+                return "stop"
+            if p.stop and self._stop_string_ends_here(seq, p.stop_strings):
+                return "stop"
         if seq.num_generated >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length"
         return None
@@ -32,22 +35,36 @@ class StopChecker:
         # A stop string of L characters is at most 4L UTF-8 bytes, so at most 4L tokens even for
         # byte-level tokenizers (an emoji can be 4 tokens).
         ids = seq.token_ids
+        skip = seq.params.skip_special_tokens
         tail = self.tokenizer.decode(ids[max(seq.num_prompt_tokens, len(ids) - 4 * stops.longest - 2):],
-                                     skip_special_tokens=True)
+                                     skip_special_tokens=skip)
         # One ending in the new text starts at most L - 1 characters before it; the token's text
         # alone may differ from its text here by a leading space or a partial character (+2).
-        new = len(self.tokenizer.decode(ids[-1:], skip_special_tokens=True)) + 2
+        new = len(self.tokenizer.decode(ids[-1:], skip_special_tokens=skip)) + 2
         first, _ = stops.scan(tail, max(0, len(tail) - new - stops.longest))
         return first != -1
 
     def final_text(self, seq: Sequence) -> str:
         if self.tokenizer is None:  # skip_tokenizer_init: token ids only
             return ""
-        ids = seq.generated
-        if seq.finish_reason == "stop" and ids and self._stopped_by_token(seq):
+        ids, p = seq.generated, seq.params
+        if seq.finish_reason == "stop" and ids and self._stopped_by_token(seq) and not p.include_stop_str_in_output:
             ids = ids[:-1]
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        if not seq.params.stop:
+        text = self.tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens)
+        if not p.stop:
             return text
-        first, _ = seq.params.stop_strings.scan(text)
-        return text if first == -1 else text[:first]
+        # The first stop string that ends in the text of token min_tokens or later ended it: before, none
+        # is looked for, so an earlier one stays in the text.
+        start = 0
+        if p.min_tokens > 1:
+            early = len(self.tokenizer.decode(ids[:p.min_tokens - 1], skip_special_tokens=p.skip_special_tokens))
+            start = max(0, early - p.stop_strings.longest + 1)
+        first, _ = p.stop_strings.scan(text, start)
+        if first == -1:
+            return text
+        return text[:first + _stop_at(p.stop, text, first)] if p.include_stop_str_in_output else text[:first]
+
+
+def _stop_at(stop: list[str], text: str, first: int) -> int:
+    """The length of the stop string that begins at ``text[first]`` (the shortest that matches there)."""
+    return min(len(s) for s in stop if text.startswith(s, first))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from contextlib import asynccontextmanager
 
@@ -14,7 +15,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 
 from engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
@@ -23,12 +23,14 @@ from . import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_LOGPROB_ENTRIES
 from . import protocol as api
 from .engine_loop import ChoiceEnd, EngineLoop, EngineUnavailable, Failed, Job, JobDone, TextReady
 from .front_door import FrontDoor, check_api_key
+from .info import ERROR_RESPONSES, add_info_routes
 from .logprobs import TokenTexts
-from .metrics import ServerMetrics
+from .metrics import ServerMetrics, cache_config
 from .prompts import PromptReader
 from .replies import Renderer, logprob_entries
 from .tokenize import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest, detokenize, tokenize
 
+log = logging.getLogger("pacore.serve")
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                 413: "invalid_request_error", 415: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's and vLLM's for /v1/completions; chat fills the context
@@ -57,7 +59,7 @@ class _Server:
     def __init__(self, llm, model_name: str, max_queue: int, limits: api.Limits, max_logprob_entries: int,
                  aliases: tuple[str, ...] = ()):
         self.engine = EngineLoop(llm)
-        self.metrics = ServerMetrics(self.engine, model_name)
+        self.metrics = ServerMetrics(self.engine, model_name, llm.max_model_len, cache_config(llm))
         self.model_name, self.max_queue = model_name, max_queue
         self.answers_to = {model_name, *aliases}  # the names a request's "model" may hold
         self.max_model_len = llm.max_model_len
@@ -65,6 +67,7 @@ class _Server:
         self.texts = TokenTexts(llm.tokenizer)  # each token decoded once, for every reply
         self.prompts = PromptReader(llm.tokenizer, llm.max_model_len)
         self.created = int(time.time())
+        self.sampling_defaults: dict = {}  # --generation-config's
         self.in_flight = 0  # generation requests being served; only the event loop touches it
         self.queued = 0  # sequences (prompts x n) the engine holds or will: what --max-queue bounds
 
@@ -76,8 +79,9 @@ class _Server:
             raise
         self.in_flight += 1
         self.metrics.in_flight.inc()
-        renderer = Renderer(self.model_name, self.texts, endpoint == "chat", job.params,
-                            api.new_id("chatcmpl" if endpoint == "chat" else "cmpl"), int(time.time()),
+        prefix = "chatcmpl" if endpoint == "chat" else "cmpl"
+        rid = f"{prefix}-{body.request_id}" if body.request_id is not None else api.new_id(prefix)  # vLLM's
+        renderer = Renderer(self.model_name, self.texts, endpoint == "chat", job.params, rid, int(time.time()),
                             prompt_logprobs=body.prompt_logprobs is not None and not body.stream)
         if body.stream:
             chunks = self._stream(job, body, endpoint, renderer)
@@ -115,19 +119,23 @@ class _Server:
         if not prompts:
             raise APIError(400, "prompt is empty", param="prompt")
         chat = endpoint == "chat"
+        if body.ignored_fields():  # vLLM's words
+            log.warning("The following fields were present in the request but ignored: %s", body.ignored_fields())
         try:
-            params = body.sampling_params(None if chat else DEFAULT_COMPLETION_MAX_TOKENS, self.limits)
+            params = body.sampling_params(None if chat else DEFAULT_COMPLETION_MAX_TOKENS, self.limits,
+                                          self.sampling_defaults)
         except ValueError as e:
             field = str(e).partition(" ")[0].removeprefix("SamplingParams.")
             raise APIError(400, str(e), param=field if field in type(body).model_fields else None) from None
         release = self._hold(len(prompts) * params.n, len(prompts), params.n)
         try:
             # A worker thread: a long prompt must not hold up the event loop or the engine thread.
-            ids = await asyncio.to_thread(lambda: [self.prompts.token_ids(p, chat, params) for p in prompts])
+            template = body.template() if chat else None
+            ids = await asyncio.to_thread(lambda: [self.prompts.token_ids(p, chat, params, template) for p in prompts])
             self._check_reply_size(body, params, [len(i) for i in ids], chat)
             echo = [self.prompts.text(p, i) for p, i in zip(prompts, ids)] if body.echoes() else None
             job = Job(ids, params, body.stream, asyncio.get_running_loop(), on_done=release, echo=echo,
-                      echo_only=body.echo_only())
+                      echo_only=body.echo_only(), cache_salt=body.cache_salt)
             self.engine.submit(job)
         except BaseException as e:
             release()
@@ -210,10 +218,12 @@ class _Server:
         outcome, chat = "aborted", endpoint == "chat"
 
         async def chunk(index: int, text: str | None, finish: str | None = None, role: bool = False,
-                        pieces=None) -> str:
+                        pieces=None, tokens: int = 0) -> str:
+            # continuous_usage_stats (vLLM's): each chunk says its choice's prompt and tokens so far
+            use = api.usage(len(job.prompts[index // job.params.n]), tokens) if body.continuous_usage else None
             if pieces:
-                return await asyncio.to_thread(renderer.chunk, index, text, finish, role, pieces)
-            return renderer.chunk(index, text, finish, role, pieces)
+                return await asyncio.to_thread(renderer.chunk, index, text, finish, role, pieces, use)
+            return renderer.chunk(index, text, finish, role, pieces, use)
         try:
             event = await job.events.get()
             if isinstance(event, Failed):
@@ -227,10 +237,12 @@ class _Server:
                 event = await job.events.get()
                 if isinstance(event, TextReady):
                     for index, (text, pieces) in job.take_text().items():
-                        yield await chunk(index, text, pieces=pieces if job.logprobs else None)
+                        yield await chunk(index, text, pieces=pieces if job.logprobs else None,
+                                          tokens=job.texts[index].seen)
                 elif isinstance(event, ChoiceEnd):
                     ends.append(event)
-                    yield await chunk(event.index, event.text, event.finish_reason, pieces=event.logprobs)
+                    yield await chunk(event.index, event.text, event.finish_reason, pieces=event.logprobs,
+                                      tokens=event.num_tokens)
                 elif isinstance(event, Failed):  # after the 200: report it inside the stream, as vLLM
                     outcome = "error"
                     yield f"data: {json.dumps(APIError(event.status, event.message).body())}\n\n"
@@ -281,7 +293,8 @@ async def _unless_disconnected(request: Request, work):
 def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int = 1024,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, aliases: tuple[str, ...] = (),
                max_logprob_entries: int = DEFAULT_MAX_LOGPROB_ENTRIES, max_stop_strings: int = MAX_STOP_STRINGS,
-               max_stop_chars: int = MAX_STOP_CHARS, allowed_origins: list[str] | None = None) -> FastAPI:
+               max_stop_chars: int = MAX_STOP_CHARS, allowed_origins: list[str] | None = None,
+               sampling_defaults: dict | None = None) -> FastAPI:
     """An OpenAI-compatible app serving ``llm`` as ``model_name``; the engine thread runs while the
     app does (its lifespan). ``api_key``: /v1 routes need ``Authorization: Bearer KEY`` (surrounding
     whitespace stripped; an empty key, or one no client can send in a header, is refused).
@@ -289,10 +302,13 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
     gets 413, unread. ``aliases``: other names a request's ``model`` may hold (replies and /v1/models
     carry ``model_name``). ``max_logprob_entries``: the most log-probabilities one request's replies
     may hold (replies.py), ``max_stop_strings`` / ``max_stop_chars``: its stop strings; beyond, 400.
-    ``allowed_origins``: the web origins browsers may call the API from (CORS; default none)."""
+    ``allowed_origins``: the web origins browsers may call the API from (CORS; default none).
+    ``sampling_defaults``: what a request that leaves temperature, top_p, top_k, min_p or
+    repetition_penalty out gets instead of OpenAI's defaults (--generation-config)."""
     api_key = check_api_key(api_key)
     limits = api.Limits(llm.options.max_logprobs, max_stop_strings, max_stop_chars)
     server = _Server(llm, model_name, max_queue, limits, max_logprob_entries, aliases)
+    server.sampling_defaults = dict(sampling_defaults or {})
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -330,36 +346,22 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
         # param: the request's field (a union's error locations also name the member types tried).
         return JSONResponse(APIError(status, message, locs[0][0] if locs[0] else None).body(), status_code=status)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=ERROR_RESPONSES)
     async def chat_completions(body: api.ChatCompletionRequest, request: Request):
         messages = [m.for_template() for m in body.messages]
         return await server.generate(request, body, "chat", [messages])
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=ERROR_RESPONSES)
     async def completions(body: api.CompletionRequest, request: Request):
         return await server.generate(request, body, "completions", body.prompts())
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", responses=ERROR_RESPONSES)
     async def tokenize_route(body: TokenizeCompletionRequest | TokenizeChatRequest):
         return await server.tokenizer_call(tokenize, body, server.max_model_len)
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", responses=ERROR_RESPONSES)
     async def detokenize_route(body: DetokenizeRequest):
         return await server.tokenizer_call(detokenize, body)
 
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": server.model_name, "object": "model", "created": server.created,
-                                            "owned_by": "pacore", "max_model_len": server.max_model_len}]}
-
-    @app.get("/health")
-    async def health():
-        if not server.engine.alive:
-            raise APIError(503, "the engine is not running")
-        return {"status": "ok"}
-
-    @app.get("/metrics")
-    async def metrics():
-        return Response(server.metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
+    add_info_routes(app, server, APIError)
     return app

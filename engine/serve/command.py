@@ -15,7 +15,51 @@ from engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
 from . import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_LOGPROB_ENTRIES
 
 SERVE_EXTRA_HINT = "pacore serve needs the serve extra: pip install -e '.[serve]' (fastapi, uvicorn, prometheus-client)"
-SERVE_FLAGS = ENGINE_FLAGS + ("seed",)  # the engine seed, for requests without one
+# The engine seed (for requests without one) and vLLM's engine flags a server is started with
+SERVE_FLAGS = ENGINE_FLAGS + ("seed", "tokenizer", "block_size", "max_num_batched_tokens", "enable_prefix_caching")
+
+# vLLM's serve flags that mean nothing different here: accepted, and nothing to do.
+NO_OP_FLAGS = {
+    "--disable-log-requests": "this server logs no requests",
+    "--disable-log-stats": "this server logs no periodic statistics (they are at /metrics)",
+    "--enable-chunked-prefill": "prompts are always prefilled in chunks beside decode rows",
+    "--trust-remote-code": "no model code is run: Llama, Qwen2 and Qwen3 are this engine's own",
+}
+# vLLM's serve flags this server cannot honour, and why (a refusal names it; see docs/serving.md).
+REFUSED_FLAGS = {
+    "--pipeline-parallel-size": "there is no pipeline parallelism; use --tensor-parallel-size",
+    "--swap-space": "a preempted sequence is recomputed, never swapped to CPU memory",
+    "--cpu-offload-gb": "weights are never offloaded to CPU memory",
+    "--enable-lora": "LoRA adapters are not supported",
+    "--lora-modules": "LoRA adapters are not supported",
+    "--enable-auto-tool-choice": "there is no tool calling",
+    "--tool-call-parser": "there is no tool calling",
+    "--reasoning-parser": "there is no reasoning parser: the text holds the reasoning, as plain vllm serve returns it",
+    "--guided-decoding-backend": "there is no structured output",
+    "--structured-outputs-config": "there is no structured output",
+    "--load-format": "only safetensors checkpoints load",
+    "--revision": "models are local folders: nothing is downloaded",
+    "--download-dir": "models are local folders: nothing is downloaded",
+    "--tokenizer-revision": "tokenizers are local folders: nothing is downloaded",
+    "--hf-overrides": "only --max-model-len and --rope-scaling override a checkpoint's config",
+    "--scheduling-policy": "requests are scheduled first come, first served (with the fair shares of "
+                           "--long-prefill-token-threshold and --max-num-seqs-per-request)",
+    "--distributed-executor-backend": "tensor-parallel ranks are processes the engine starts itself",
+    "--task": "this engine generates text only",
+    "--runner": "this engine generates text only",
+    "--limit-mm-per-prompt": "this engine takes text only",
+    "--max-lora-rank": "LoRA adapters are not supported",
+}
+
+
+class _Refused(argparse.Action):
+    """A vLLM flag this server does not take: the command stops, naming it and why."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs="?", default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is vLLM's flag, not taken here: {REFUSED_FLAGS[option_string]}")
 
 
 def add_serve_parser(sub) -> argparse.ArgumentParser:
@@ -64,6 +108,20 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "seconds, then abort the rest and exit (default 30)")
     engine = p.add_argument_group("engine")
     add_engine_flags(engine, SERVE_FLAGS)
+    engine.add_argument("--chat-template", default=None, metavar="FILE|TEMPLATE",
+                        help="the chat template to render chat requests with: a Jinja file, or the template itself "
+                             "(vLLM's flag; default: the tokenizer's)")
+    engine.add_argument("--generation-config", default="auto", metavar="auto|vllm|DIR",
+                        help="where a request's default sampling values come from (vLLM's flag and default): auto "
+                             "reads the model folder's generation_config.json (temperature, top_p, top_k, min_p, "
+                             "repetition_penalty), DIR another folder's, vllm none "
+                             "(OpenAI's defaults); a request's own values always win")
+    vllm = p.add_argument_group("vLLM's flags taken for its command lines (nothing to do here)")
+    for flag, why in NO_OP_FLAGS.items():
+        vllm.add_argument(flag, action="store_true", help=f"accepted: {why}")
+    refused = p.add_argument_group("vLLM's flags refused, each naming why")
+    for flag, why in REFUSED_FLAGS.items():
+        refused.add_argument(flag, action=_Refused, help=why)
     engine.add_argument("--data-parallel-size", type=positive_int, default=1, metavar="D",
                         help="vLLM's flag, taken for its command lines: only 1, since a server runs one engine "
                              "(run one server per replica behind a load balancer, or use `pacore run "
@@ -101,6 +159,43 @@ def _origins(text: str) -> list[str]:
     return origins
 
 
+def generation_defaults(choice: str, model: str | None) -> dict:
+    """The sampling defaults ``--generation-config`` names (vLLM's keys): from the model folder's
+    generation_config.json (auto), another folder's, or none (vllm). ValueError for a folder without one."""
+    from engine.default_model import resolve_model
+    from engine.jsonfile import read_json
+
+    if choice == "vllm":
+        return {}
+    folder = choice
+    if choice == "auto":
+        try:
+            folder = resolve_model(None if model in (None, "default") else model)
+        except (FileNotFoundError, ValueError):
+            return {}  # the engine says what is wrong with the model as it loads it
+    path = os.path.join(folder, "generation_config.json")
+    if not os.path.isfile(path):
+        if choice == "auto":
+            return {}
+        raise ValueError(f"--generation-config {choice}: no generation_config.json there; give a folder that has "
+                         "one, 'auto' (the model's) or 'vllm' (none)")
+    config = read_json(path)
+    defaults = {k: config[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+                if config.get(k) is not None}
+    return defaults
+
+
+def chat_template(value: str) -> str:
+    """``--chat-template``: a file's text, or the value itself when no such file exists (vLLM's rule)."""
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if "{" not in value:
+        raise ValueError(f"--chat-template {value}: no such file, and no Jinja template either (it has no '{{'); "
+                         "give a template file or the template itself")
+    return value
+
+
 def served_name(model: str | None) -> str:
     if model is None or model == "default":
         return "smollm2-135m"
@@ -125,16 +220,26 @@ def main(args) -> int:
     try:
         check_api_key(args.api_key)  # before the model loads
         args.model = model_of(args)
+        defaults = generation_defaults(args.generation_config, args.model)
+        template = chat_template(args.chat_template) if args.chat_template is not None else None
     except ValueError as e:
         print(f"pacore: {e}", file=sys.stderr)
         return 2
 
     model = None if args.model in (None, "default") else args.model
     try:
-        llm = LLM(model, seed=args.seed, **engine_kwargs(args, ENGINE_FLAGS))
+        llm = LLM(model, seed=args.seed, **engine_kwargs(args, tuple(f for f in SERVE_FLAGS if f != "seed")))
     except (FileNotFoundError, ValueError) as e:  # a bad path or option, said before anything listens
         print(f"pacore: {e}", file=sys.stderr)
         return 2
+    if template is not None:
+        if llm.tokenizer is None:
+            print("pacore: --chat-template needs a tokenizer", file=sys.stderr)
+            return 2
+        llm.tokenizer.chat_template = template
+    if defaults:  # vLLM says this too
+        print(f"pacore: default sampling values from --generation-config {args.generation_config}: {defaults} "
+              "(a request's own values win; --generation-config vllm for none)", file=sys.stderr)
     name = args.served_model_name or served_name(args.model)
     alias = args.model or "default"  # what it was started with: `--model default` answers "default" too
     print(f"{llm.describe()}; served as {name}" + (f" (or {alias})" if alias != name else ""), file=sys.stderr,
@@ -142,7 +247,8 @@ def main(args) -> int:
     with llm:  # stops tensor-parallel workers when the server exits
         app = create_app(llm, name, args.api_key, args.max_queue, args.max_body_bytes, aliases=(alias,),
                          max_logprob_entries=args.max_logprob_entries, max_stop_strings=args.max_stop_strings,
-                         max_stop_chars=args.max_stop_chars, allowed_origins=args.allowed_origins)
+                         max_stop_chars=args.max_stop_chars, allowed_origins=args.allowed_origins,
+                         sampling_defaults=defaults)
         # uvicorn drains on SIGTERM (timeout_graceful_shutdown: then it cancels what still runs, and
         # the engine aborts those requests), then raises the signal again for the handler it found:
         # with a no-op one the process leaves through `with llm` and exits 0.

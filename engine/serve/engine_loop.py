@@ -78,6 +78,7 @@ class Job:
     request_ids: list[str] = field(default_factory=list)
     echo: list[str] | None = None  # completions' echo: each prompt's text, which its choices begin with
     echo_only: bool = False  # echo with max_tokens 0: a choice is its prompt alone (its one token is dropped)
+    cache_salt: str | None = None  # vLLM's: the prefix cache shares blocks within one salt only
     texts: dict[int, IncrementalText] = field(default_factory=dict)  # streams: per choice
     ended: set[int] = field(default_factory=set)  # streams: choices whose last chunk has gone
     echoed: set[int] = field(default_factory=set)  # streams: prompts whose echo has gone
@@ -136,6 +137,7 @@ class EngineLoop:
         self._rates_lock = threading.Lock()
         self._recent: deque[tuple[float, int, int]] = deque()  # (time, prefill, decode tokens) per step
         self.latest_stats: dict = self._stats()  # replaced whole after every change; read by /metrics
+        self.request_metrics = None  # vllm_metrics.VllmRequestMetrics: told of each step and finished request
         self._thread = threading.Thread(target=self._run, name="pacore-engine", daemon=True)
 
     # -- any thread ------------------------------------------------------------------------
@@ -214,7 +216,7 @@ class EngineLoop:
         try:
             for i, prompt_ids in enumerate(ids):
                 rid = f"{job.id}-{i}"
-                self.llm.add_request(prompt_ids, job.params, request_id=rid)
+                self.llm.add_request(prompt_ids, job.params, request_id=rid, cache_salt=job.cache_salt)
                 job.request_ids.append(rid)
                 self._owner[rid] = (job, i)
         except ValueError as e:
@@ -226,13 +228,16 @@ class EngineLoop:
         self._jobs[job.id] = job
         if job.stream:
             tok = self.llm.tokenizer
-            job.texts = {c: IncrementalText(tok, job.params.stop_strings) for c in range(len(ids) * job.params.n)}
+            job.texts = {c: IncrementalText(tok, job.params.stop_strings, job.params.skip_special_tokens)
+                         for c in range(len(ids) * job.params.n)}
         job.emit(Accepted())
 
     def _drop(self, job: Job) -> None:
         for rid in job.request_ids:
             self.llm.abort_request(rid)
             self._owner.pop(rid, None)
+            if self.request_metrics is not None:
+                self.request_metrics.forget(rid)
         self._jobs.pop(job.id, None)
 
     def _step(self) -> None:
@@ -256,11 +261,25 @@ class EngineLoop:
             self._forget_before(now - RATE_WINDOW_S)
             self._recent.append((now, stats["prefill_tokens"] - before["prefill_tokens"],
                                  stats["decode_tokens"] - before["decode_tokens"]))
+        if self.request_metrics is not None:
+            self._observe(before, stats, outputs)
         for out in outputs:
             self._finish(out)
         for job in self._jobs.values():
             if job.stream:
                 self._stream(job)
+
+    def _observe(self, before: dict, stats: dict, outputs) -> None:
+        """vLLM's step and request metrics (vllm_metrics.py), in the engine's clock."""
+        m, llm = self.request_metrics, self.llm
+        tokens = stats["prefill_tokens"] - before["prefill_tokens"] + stats["generated_tokens"] - before["generated_tokens"]
+        running = {rid: llm.requests[rid] for rid in self._owner if rid in llm.requests}
+        m.step(tokens, {rid: sum(s.num_generated for s in req.seqs) for rid, req in running.items()}, llm.clock())
+        for out in outputs:
+            owner = self._owner.get(out.request_id)
+            if owner is not None:
+                params = owner[0].params
+                m.finished(out, params.n, params.max_tokens or llm.max_model_len - len(out.prompt_token_ids))
 
     def _finish(self, out) -> None:
         owner = self._owner.pop(out.request_id, None)

@@ -2,13 +2,13 @@
 routes, a JSON content type, and the body's size. A route reads and parses the whole body before
 it runs, so these refusals must come first: a 1 GB body without a key costs nothing here.
 
-Every POST must say ``Content-Type: application/json``: a web page may send a POST with no type
+Every POST to a route that reads a body must say ``Content-Type: application/json``: a web page may send a POST with no type
 (or a form's) to any origin without asking first, but a JSON one only after a CORS preflight,
 which this server grants to the ``--allowed-origins`` alone (none by default). So a page cannot
 start generations on a server without a key that listens on the browser's machine.
 
-The key guards the /v1 routes and the tokenizer's (/tokenize, /detokenize: a client that knows the
-key sends it there too): /health, /metrics, /docs and /openapi.json stay open (probes and scrapers
+The key guards the /v1 routes and the tokenizer's (/tokenize, /detokenize, /tokenizer_info: a client that knows the
+key sends it there too): /health, /ping, /version, /metrics, /docs and /openapi.json stay open (probes and scrapers
 carry no key).
 """
 from __future__ import annotations
@@ -21,7 +21,10 @@ from starlette.responses import JSONResponse
 
 from .protocol import error_body
 
-GUARDED_PREFIXES = ("/v1", "/tokenize", "/detokenize")
+GUARDED_PREFIXES = ("/v1", "/tokenize", "/detokenize", "/tokenizer_info")
+# The routes that read a JSON body: a POST to one must say so. A POST elsewhere reads no body, and is
+# left to the router (405 on a GET route, 404 on none).
+JSON_ROUTES = ("/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize")
 
 
 def check_api_key(api_key: str | None) -> str | None:
@@ -70,7 +73,8 @@ class FrontDoor:
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
             return 413, "invalid_request_error", self._too_large()
         media = headers.get("content-type", "").partition(";")[0].strip().lower()
-        if scope["method"] == "POST" and media != "application/json" and not media.endswith("+json"):
+        if (scope["method"] == "POST" and scope["path"].rstrip("/") in JSON_ROUTES and media != "application/json"
+                and not media.endswith("+json")):
             got = f"got {media!r}" if media else "it has none"
             return 415, "invalid_request_error", (f"the body must be JSON sent with 'Content-Type: application/json' "
                                                   f"({got})")

@@ -7,6 +7,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
+from .vllm_metrics import VllmRequestMetrics
+
 # stats() key -> (metric name, help); the engine keeps these counters, the collector only reads them.
 _ENGINE_COUNTERS = {
     "prefill_tokens": ("pacore_prefill_tokens", "Prompt tokens computed by prefill (prefix-cache hits excluded)"),
@@ -79,8 +81,8 @@ _VLLM_GAUGES = {
 _VLLM_COUNTERS = {
     "vllm:prompt_tokens": ("Prompt tokens processed: computed by prefill or taken from the prefix cache",
                            lambda s: s["prefill_tokens"] + s["prefix_cache_hit_tokens"]),
-    "vllm:generation_tokens": ("Tokens decode steps generated (a sequence's first token, sampled from its "
-                               "prefill, not counted)", lambda s: s["decode_tokens"]),
+    "vllm:generation_tokens": ("Tokens generated, each sequence's first (sampled from its prefill) too",
+                               lambda s: s["generated_tokens"]),
     "vllm:num_preemptions": ("Sequences preempted for KV blocks", lambda s: s["preemptions"]),
     "vllm:prefix_cache_queries": ("Prompt tokens looked up in the prefix cache",
                                   lambda s: s["prefill_tokens"] + s["prefix_cache_hit_tokens"]),
@@ -121,10 +123,17 @@ class _VllmCollector:
         yield per_pos
 
 
+def cache_config(llm) -> dict:
+    """vLLM's cache_config_info labels, as this engine's KV cache has them."""
+    o = llm.options
+    return {"block_size": llm.block_size, "cache_dtype": o.kv_cache_dtype, "enable_prefix_caching": o.enable_prefix_caching,
+            "gpu_memory_utilization": o.gpu_memory_utilization, "num_gpu_blocks": llm.block_manager.num_blocks}
+
+
 class ServerMetrics:
     """A registry of its own per server, so several servers (tests) never share counters."""
 
-    def __init__(self, engine, model_name: str = "default"):
+    def __init__(self, engine, model_name: str = "default", max_model_len: int = 2048, cache: dict | None = None):
         self.registry = CollectorRegistry()
         self.requests = Counter("pacore_requests", "Generation requests by endpoint and outcome "
                                 "(ok, error, aborted: the client went away)", ["endpoint", "outcome"],
@@ -139,6 +148,8 @@ class ServerMetrics:
                             "bounded by --max-queue", registry=self.registry)
         self.registry.register(_EngineCollector(engine))
         self.registry.register(_VllmCollector(engine, model_name))
+        # vLLM's request and step histograms, observed on the engine thread (vllm_metrics.py)
+        engine.request_metrics = VllmRequestMetrics(self.registry, model_name, max_model_len, cache or {})
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -22,12 +22,13 @@ class PromptReader:
         longest = max(map(len, tokenizer.get_vocab()), default=1) if tokenizer is not None else 1
         self.max_chars = max_model_len * longest * NORMALIZER_MARGIN
 
-    def token_ids(self, prompt, chat: bool, params: SamplingParams) -> list[int]:
-        """``prompt``: chat messages, a text or token ids. ValueError (a 400) names what is wrong."""
+    def token_ids(self, prompt, chat: bool, params: SamplingParams, template: dict | None = None) -> list[int]:
+        """``prompt``: chat messages, a text or token ids; ``template``: render_chat's keyword arguments
+        (the chat request's template fields). ValueError (a 400) names what is wrong."""
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             ids = prompt
         else:
-            ids = self._tokenize(prompt, chat, params)
+            ids = self._tokenize(prompt, chat, params, template or {})
         self._check_context(len(ids), params)
         return ids
 
@@ -37,13 +38,13 @@ class PromptReader:
             return prompt
         return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
 
-    def _tokenize(self, prompt, chat: bool, params: SamplingParams) -> list[int]:
+    def _tokenize(self, prompt, chat: bool, params: SamplingParams, template: dict) -> list[int]:
         tok = self.tokenizer
         if tok is None:
             raise ValueError("this server has no tokenizer: send token ids to /v1/completions")
         try:
             # Chat: as vLLM, and as `pacore run` builds its prompts (engine/chat.py).
-            text = render_chat(tok, prompt) if chat else prompt
+            text = render_chat(tok, prompt, **template) if chat else prompt
         except Exception as e:  # e.g. a template that rejects these messages (roles, order)
             raise ValueError(f"the prompt could not be rendered by the chat template: {e}") from None
         check_text(text)  # a lone surrogate breaks tokenizers (the request models refuse it first)

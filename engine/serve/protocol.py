@@ -19,6 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from engine.chat import RESERVED_TEMPLATE_KWARGS
 from engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS, SamplingParams, check_stop
 
 from .logprobs import ChatLogprobs, CompletionLogprobs, PromptLogprobs
@@ -68,7 +69,13 @@ def _check_strings(value) -> None:
 
 
 class StreamOptions(_Body):
-    include_usage: bool = False
+    include_usage: bool = True  # vLLM's default: stream_options sent at all asks for usage
+    continuous_usage_stats: bool = False  # vLLM's: usage (so far) in every chunk too
+
+
+# vLLM's request fields that change nothing here: accepted, and a warning logged that they were ignored
+# (vLLM's words: "The following fields were present in the request but ignored").
+IGNORED_FIELDS = ("store", "metadata", "service_tier", "reasoning_effort", "parallel_tool_calls")
 
 
 class _Generate(_Body):
@@ -96,6 +103,20 @@ class _Generate(_Body):
     tool_choice: str | dict | None = None
     user: str | None = None  # an end-user id for abuse tracking; nothing to do with generation
     prompt_logprobs: int | None = None  # vLLM's: each prompt token's logprob (the first's None) and top N
+    # vLLM's sampling fields (engine/sampling_params.py)
+    min_tokens: int = 0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    best_of: int | None = None  # vLLM V1's: only 1 (it refuses more)
+    # vLLM's request fields: request_id names the reply (cmpl-ID, chatcmpl-ID); priority only 0 (no priority
+    # scheduling, as vLLM without --scheduling-policy priority); cache_salt: the prefix cache's salt
+    request_id: str | None = None
+    priority: int = 0
+    cache_salt: str | None = Field(default=None, min_length=1)
+    # Accepted and ignored with a warning (IGNORED_FIELDS)
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
 
     @field_validator("logit_bias")
     @classmethod
@@ -106,6 +127,26 @@ class _Generate(_Body):
             if not -100 <= bias <= 100:
                 raise ValueError(f"biases must be in [-100, 100] (OpenAI's range), got {bias} for token {token}")
         return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, value):
+        if value is not None and value > 1:
+            raise ValueError(f"best_of {value} is not supported (as in vLLM's V1 engine, which refuses it too): this "
+                             "server returns every sequence it samples; use n, or remove best_of")
+        return value
+
+    @field_validator("priority")
+    @classmethod
+    def _priority(cls, value):
+        if value != 0:
+            raise ValueError(f"priority {value}: this server schedules first come, first served (no priority "
+                             "scheduling, as vLLM without --scheduling-policy priority); send 0 or remove it")
+        return value
+
+    def ignored_fields(self) -> list[str]:
+        """The fields of IGNORED_FIELDS this request set (the server logs them)."""
+        return [f for f in IGNORED_FIELDS if f in self.model_fields_set]
 
     @field_validator("response_format")
     @classmethod
@@ -137,12 +178,15 @@ class _Generate(_Body):
         """Top alternatives per generated token (0: the chosen token only), None for no logprobs."""
         return None
 
-    def sampling_params(self, default_max_tokens: int | None, limits: Limits) -> SamplingParams:
+    def sampling_params(self, default_max_tokens: int | None, limits: Limits,
+                        defaults: dict | None = None) -> SamplingParams:
         """The engine's SamplingParams; ValueError (a 400) names a value out of range or beyond
-        ``limits`` (the server's flags)."""
+        ``limits`` (the server's flags). ``defaults``: the values a field left out takes (the server's
+        --generation-config, vLLM's keys), else OpenAI's."""
+        d = defaults or {}
         max_tokens = self.budget()
         if self.top_k is not None and self.top_k >= 2 ** 63:  # the sampler holds it in an int64
-            raise ValueError(f"top_k must be -1 (off) or an integer in [1, 2**63), got {self.top_k}")
+            raise ValueError(f"top_k must be -1 or 0 (off) or an integer in [1, 2**63), got {self.top_k}")
         logprobs = self.logprobs_asked()
         prompt_logprobs = self.prompt_logprobs
         _check_count(self.logprobs_field(), logprobs, limits.max_logprobs)
@@ -162,15 +206,18 @@ class _Generate(_Body):
             max_tokens = 1
         return SamplingParams(
             n=1 if self.n is None else self.n,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=-1 if self.top_k is None else self.top_k,
-            min_p=0.0 if self.min_p is None else self.min_p,
+            temperature=d.get("temperature", 1.0) if self.temperature is None else self.temperature,
+            top_p=d.get("top_p", 1.0) if self.top_p is None else self.top_p,
+            top_k=d.get("top_k", -1) if self.top_k is None else self.top_k,
+            min_p=d.get("min_p", 0.0) if self.min_p is None else self.min_p,
             max_tokens=default_max_tokens if max_tokens is None else max_tokens,
             seed=self.seed, stop=self.stop, stop_token_ids=self.stop_token_ids or [],
-            ignore_eos=self.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+            ignore_eos=self.ignore_eos, min_tokens=self.min_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output, skip_special_tokens=self.skip_special_tokens,
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs,
             presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            repetition_penalty=d.get("repetition_penalty", 1.0) if self.repetition_penalty is None
+            else self.repetition_penalty,
             logit_bias={int(t): b for t, b in self.logit_bias.items()} if self.logit_bias else None)
 
     def logprobs_field(self) -> str:
@@ -187,6 +234,11 @@ class _Generate(_Body):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage in every chunk (vLLM's continuous_usage_stats; only with include_usage, as vLLM)."""
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
 
 class TextPart(_Body):
@@ -215,6 +267,35 @@ class ChatCompletionRequest(_Generate):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    # vLLM's chat template fields (engine/chat.py); chat_template_kwargs reach the template as variables
+    # (Qwen3's enable_thinking)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict | None = None
+    reasoning_effort: str | None = None  # ignored (IGNORED_FIELDS): vLLM reads it for gpt-oss only
+    parallel_tool_calls: bool | None = None  # ignored, as vLLM ignores it
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _continue_alone(cls, value, info):
+        if value and info.data.get("add_generation_prompt", True):
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true: set "
+                             "add_generation_prompt to false to continue the last message")
+        return value
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, value):
+        reserved = [k for k in value or {} if k in RESERVED_TEMPLATE_KWARGS]
+        if reserved:
+            raise ValueError(f"{reserved[0]!r} is an argument of the template renderer, not a variable of the "
+                             "template; remove it from chat_template_kwargs")
+        return value
+
+    def template(self) -> dict:
+        """How the chat template renders this request's messages (engine/chat.py's render_chat)."""
+        return {"add_generation_prompt": self.add_generation_prompt,
+                "continue_final_message": self.continue_final_message, **(self.chat_template_kwargs or {})}
 
     def budget(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

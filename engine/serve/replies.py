@@ -83,17 +83,19 @@ class Renderer:
 
     # -- a stream ------------------------------------------------------------------------------------
     def chunk(self, index: int, text: str | None, finish: str | None = None, role: bool = False,
-              pieces: list[lp.Piece] | None = None) -> str:
-        """One server-sent event of choice ``index``: its new text and those tokens' logprobs."""
+              pieces: list[lp.Piece] | None = None, usage: api.Usage | None = None) -> str:
+        """One server-sent event of choice ``index``: its new text and those tokens' logprobs (and with
+        continuous_usage_stats, ``usage``: its prompt and its tokens so far, as vLLM counts them)."""
         logprobs = self.logprobs(index, pieces)
         if self.chat:
             delta = api.Delta(role="assistant" if role else None, content=text)
             c = api.ChatCompletionChunk(id=self.rid, created=self.created, model=self.model_name, choices=[
-                api.ChatChunkChoice.model_construct(index=index, delta=delta, logprobs=logprobs, finish_reason=finish)])
+                api.ChatChunkChoice.model_construct(index=index, delta=delta, logprobs=logprobs, finish_reason=finish)],
+                usage=usage)
         else:
             c = api.Completion(id=self.rid, created=self.created, model=self.model_name, choices=[
                 api.CompletionChoice.model_construct(index=index, text=text, logprobs=logprobs, finish_reason=finish,
-                                                     prompt_logprobs=None)])
+                                                     prompt_logprobs=None)], usage=usage)
         return f"data: {c.model_dump_json()}\n\n"
 
     def usage_chunk(self, usage: api.Usage) -> str:

@@ -17,9 +17,10 @@ class IncrementalText:
     stop strings (``stop``: the request's, indexed: SamplingParams.stop_strings).
     """
 
-    def __init__(self, tokenizer, stop: StopStrings):
+    def __init__(self, tokenizer, stop: StopStrings, skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
         self.stop = stop
+        self.skip_special_tokens = skip_special_tokens  # the request's, as the engine's final text
         self.seen = 0        # tokens fed so far
         self.sent = 0        # characters released so far
         self._pending = ""   # decoded, not released yet
@@ -34,8 +35,9 @@ class IncrementalText:
         self._ids.extend(new_ids)
         if len(self._ids) > self._read:
             decode = self.tokenizer.decode
-            before = decode(self._ids[:self._read], skip_special_tokens=True)
-            after = decode(self._ids, skip_special_tokens=True)
+            skip = self.skip_special_tokens
+            before = decode(self._ids[:self._read], skip_special_tokens=skip)
+            after = decode(self._ids, skip_special_tokens=skip)
             if len(after) > len(before) and not after.endswith("\ufffd"):
                 self._pending += after[len(before):]
                 # The tokens just decoded are the next window's context.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from engine.chat import RESERVED_TEMPLATE_KWARGS, render_chat
 from engine.checks import check_text
 
 from .protocol import ChatMessage, _Body
@@ -32,6 +33,7 @@ class TokenizeChatRequest(_Body):
     continue_final_message: bool = False
     add_special_tokens: bool = False  # the template writes its own
     return_token_strs: bool | None = False
+    chat_template_kwargs: dict | None = None  # variables of the template, as the chat route takes them
 
 
 class DetokenizeRequest(_Body):
@@ -48,7 +50,7 @@ def tokenize(tokenizer, body: TokenizeCompletionRequest | TokenizeChatRequest, m
             raise ValueError("continue_final_message and add_generation_prompt cannot both be true: set "
                              "add_generation_prompt to false to continue the last message")
         text = _render(tokenizer, [m.for_template() for m in body.messages], body.add_generation_prompt,
-                       body.continue_final_message)
+                       body.continue_final_message, body.chat_template_kwargs or {})
     else:
         text = body.prompt
     check_text(text)
@@ -71,16 +73,14 @@ def detokenize(tokenizer, body: DetokenizeRequest) -> dict:
     return {"prompt": tokenizer.decode(body.tokens)}
 
 
-def _render(tokenizer, messages: list[dict], add_generation_prompt: bool, continue_final: bool) -> str:
-    """The chat template's text, as engine/chat.py renders it for generation when the flags are left at
-    their defaults (and the same transcript for a model without a template)."""
+def _render(tokenizer, messages: list[dict], add_generation_prompt: bool, continue_final: bool,
+            variables: dict) -> str:
+    """The chat template's text, as the chat route renders it (engine/chat.py)."""
+    reserved = [k for k in variables if k in RESERVED_TEMPLATE_KWARGS]
+    if reserved:
+        raise ValueError(f"{reserved[0]!r} is an argument of the template renderer, not a variable of the template; "
+                         "remove it from chat_template_kwargs")
     try:
-        if getattr(tokenizer, "chat_template", None):
-            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                                 continue_final_message=continue_final)
+        return render_chat(tokenizer, messages, add_generation_prompt, continue_final, **variables)
     except Exception as e:  # a template that rejects these messages (roles, order)
         raise ValueError(f"the messages could not be rendered by the chat template: {e}") from None
-    text = "".join(f"{m['role']}: {m['content']}\n" for m in messages)
-    if continue_final:
-        return text.removesuffix("\n")
-    return text + ("assistant: " if add_generation_prompt else "")

@@ -2,56 +2,30 @@
 (the engine's OpenAI-compatible server, engine/serve/). Importing this loads neither torch nor the
 engine: ``pacore --help`` answers at once.
 
-flags.py (the flags of run and demo; the engine's come from engine/config.py), run.py (the RunConfig,
+flags.py (the parser, without abbreviations and naming an unknown flag first, and the flags of run and
+demo; the engine's come from engine/config.py), run.py (the RunConfig,
 the preflight, one engine or its replicas), demo.py (the built-in problems).
 """
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import sys
 import tempfile
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, except that an unknown flag is named by the subcommand it was given to, with the
-    closest flags it has ("did you mean --x?"), instead of the top-level usage."""
-
-    def parse_args(self, args=None, namespace=None):
-        ns, extras = self.parse_known_args(args, namespace)
-        if extras:
-            command = self._commands.get(getattr(ns, "command", None), self)
-            command.error(unknown_flags(command, extras))
-        return ns
-
-
-def unknown_flags(parser: argparse.ArgumentParser, extras: list[str]) -> str:
-    """The error for arguments ``parser`` does not take: each unknown flag with the nearest ones it has."""
-    known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
-    flags = [arg.partition("=")[0] for arg in extras if arg.startswith("-")]
-    if not flags:  # only values: say which (a value after an unknown flag is that flag's, not news)
-        return f"unexpected argument(s): {' '.join(extras)}"
-    parts = []
-    for flag in flags:
-        near = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
-        hint = f"did you mean {near[0]}?" if near else f"see {parser.prog} --help"
-        parts.append(f"unrecognized flag {flag}: {hint}")
-    return "; ".join(parts)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``pacore`` argument parser."""
     from engine.serve.command import add_serve_parser
 
-    from .flags import add_engine_options, add_method_options
+    from .flags import Parser, add_engine_options, add_method_options
 
-    parser = _Parser(
+    parser = Parser(
         prog="pacore",
         description="PaCoRe (Parallel Coordinated Reasoning) inference on the PaCoRe Engine.",
         epilog="`pacore COMMAND --help` lists a command's flags, each with its default.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
 
     run = sub.add_parser(
         "run",

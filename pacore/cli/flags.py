@@ -3,11 +3,61 @@ beside EngineConfig: engine/config.py) with how the engines are run (replicas, R
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
+import sys
 
 from engine.config import add_engine_flags, positive_int, seed_int
 
 from ..config import PRESETS, parse_rounds
+
+# "did you mean": only names this close (difflib's ratio): --max-model-length finds --max-model-len (0.91),
+# --generation-confg --generation-config, but --generation-config no longer --speculative-config (0.68).
+NEAR_CUTOFF = 0.8
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse without abbreviations (``--max-model`` is no ``--max-model-len``), and an unknown flag is
+    named first, by the subcommand it was given to, with the closest flags it has ("did you mean --x?"),
+    before anything else is said of the command line (a required flag missing, a bad value)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_args(self, args=None, namespace=None):
+        argv = list(sys.argv[1:] if args is None else args)
+        commands = getattr(self, "_commands", {})
+        command = commands.get(argv[0]) if argv else None
+        if command is not None:
+            known = option_strings(command)
+            unknown = [a for a in argv[1:] if a.startswith("--") and a != "--" and a.partition("=")[0] not in known]
+            if unknown:
+                command.error(unknown_flags(command, unknown))
+        ns, extras = self.parse_known_args(argv, namespace)
+        if extras:
+            command = commands.get(getattr(ns, "command", None), self)
+            command.error(unknown_flags(command, extras))
+        return ns
+
+
+def option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    return {o for a in parser._actions for o in a.option_strings}
+
+
+def unknown_flags(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """The error for arguments ``parser`` does not take: each unknown flag with the nearest ones it has."""
+    known = sorted(o for o in option_strings(parser) if o.startswith("--"))
+    flags = [arg.partition("=")[0] for arg in extras if arg.startswith("-")]
+    if not flags:  # only values: say which (a value after an unknown flag is that flag's, not news)
+        return f"unexpected argument(s): {' '.join(extras)}"
+    parts = []
+    for flag in flags:
+        near = difflib.get_close_matches(flag, known, n=1, cutoff=NEAR_CUTOFF)
+        hint = f"did you mean {near[0]}?" if near else f"see {parser.prog} --help"
+        parts.append(f"unrecognized flag {flag}: {hint}")
+    return "; ".join(parts)
+
 
 # Without --model the embedded 135M model runs on a CPU: a budget that fills its 8k context would take long.
 EMBEDDED_MODEL_MAX_TOKENS = 512

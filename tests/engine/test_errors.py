@@ -56,7 +56,7 @@ def test_prompt_plus_max_tokens_beyond_cache(llm):
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(n=0), "n must be"), (dict(temperature=-0.5), "temperature"), (dict(top_p=0.0), "top_p"),
-    (dict(top_p=1.5), "top_p"), (dict(top_k=0), "top_k"), (dict(max_tokens=0), "max_tokens"),
+    (dict(top_p=1.5), "top_p"), (dict(top_k=-2), "top_k"), (dict(max_tokens=0), "max_tokens"),
 ])
 def test_bad_sampling_params(kwargs, match):
     with pytest.raises(ValueError, match=match):

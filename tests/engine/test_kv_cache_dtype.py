@@ -11,7 +11,8 @@ from engine.kv_cache import resolve_kv_dtype
 
 def test_kv_cache_dtype_is_checked_with_the_choices():
     with pytest.raises(ValueError, match=r"kv_cache_dtype must be one of \['auto', 'fp8_e4m3', 'fp8_e5m2'\]"):
-        EngineConfig(kv_cache_dtype="fp8")
+        EngineConfig(kv_cache_dtype="int8")
+    assert EngineConfig(kv_cache_dtype="fp8").kv_cache_dtype == "fp8_e4m3"  # vLLM's spelling (issue 47)
     assert resolve_kv_dtype("auto", torch.bfloat16) == torch.bfloat16
     assert resolve_kv_dtype("fp8_e4m3", torch.bfloat16) == torch.float8_e4m3fn
     assert resolve_kv_dtype("fp8_e5m2", torch.float32) == torch.float8_e5m2

@@ -29,6 +29,21 @@ def test_top_k_and_top_p_keep_only_allowed_tokens():
     assert set(s(logits, _seqs(SamplingParams(top_p=tp), 400))) == {0, 1, 2}
 
 
+def test_top_k_keeps_every_token_tied_with_the_kth_as_vllm():
+    # vLLM keeps every logit >= the k-th largest (issue 47): [3, 2, 2, 2, 1, 0] with top_k 2 keeps four.
+    logits = torch.tensor([[3.0, 2.0, 2.0, 2.0, 1.0, 0.0]])
+    kept = Sampler.probs(logits, [SamplingParams(top_k=2)]) > 0
+    assert kept.tolist() == [[True, True, True, True, False, False]]
+    drawn = Sampler(torch.device("cpu"), seed=2)(logits.repeat(400, 1), _seqs(SamplingParams(top_k=2), 400))
+    assert set(drawn) == {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("top_k", [0, -1, 10 ** 6])  # 0 is off, as vLLM documents; beyond the vocabulary: all
+def test_top_k_off_or_past_the_vocabulary_keeps_every_token(top_k):
+    logits = torch.randn(3, 50)
+    assert bool((Sampler.probs(logits, [SamplingParams(top_k=top_k)] * 3) > 0).all())
+
+
 def test_sampling_follows_the_distribution():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]])).repeat(6000, 1)
     got = torch.tensor(Sampler(torch.device("cpu"), seed=3)(logits, _seqs(SamplingParams(), 6000)))

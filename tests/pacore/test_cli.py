@@ -1,5 +1,6 @@
 """The `pacore` command line: vLLM's flag names beside ours, `pacore serve MODEL`, a "did you mean"
 for a mistyped flag, a short top-level --help, --threads and every flag's default in --help."""
+import json
 import os
 import re
 
@@ -29,6 +30,8 @@ def test_every_flag_says_its_default(name):
     names its default."""
     switches = {"--help", "--resume", "--skip-failed", "--override-settings", "--record-confidence", "--no-grade",
                 "--no-progress", "--batch-invariant", "--enforce-eager", "--data", "--out"}
+    from engine.serve.command import NO_OP_FLAGS, REFUSED_FLAGS
+    switches |= set(NO_OP_FLAGS) | set(REFUSED_FLAGS)  # vLLM's flags taken as switches, or refused
     missing = []
     for action in _command(name)._actions:
         flags = [o for o in action.option_strings if o.startswith("--")]
@@ -158,3 +161,67 @@ def test_serve_refuses_before_the_model_loads(argv, said, monkeypatch, capsys):
     monkeypatch.setattr(engine, "LLM", lambda *a, **kw: pytest.fail("the model loaded"))
     assert main(["serve", *argv]) == 2
     assert said in capsys.readouterr().err
+
+
+def test_vllms_serve_flags_are_taken_with_vllms_meaning():
+    # issue 47: each of these was refused as unknown
+    from engine.serve.command import SERVE_FLAGS
+
+    args = build_parser().parse_args([
+        "serve", "--kv-cache-dtype", "fp8", "--dtype", "half", "--no-enable-prefix-caching",
+        "--max-num-batched-tokens", "4096", "--block-size", "32", "--tokenizer", "/t", "--chat-template", "t.jinja",
+        "--generation-config", "vllm", "--disable-log-requests", "--enable-chunked-prefill", "--trust-remote-code"])
+    assert engine_kwargs(args, SERVE_FLAGS) == {
+        "kv_cache_dtype": "fp8_e4m3", "dtype": "float16", "enable_prefix_caching": False,
+        "max_num_batched_tokens": 4096, "block_size": 32, "tokenizer": "/t"}
+    assert (args.chat_template, args.generation_config) == ("t.jinja", "vllm")
+    on = build_parser().parse_args(["serve", "--enable-prefix-caching", "--dtype", "float"])
+    assert engine_kwargs(on, SERVE_FLAGS) == {"dtype": "float32"}  # prefix caching is on by default
+    assert build_parser().parse_args(["serve"]).generation_config == "auto"  # vLLM's default
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["serve", "--swap-space", "4"], "--swap-space is vLLM's flag, not taken here: a preempted sequence is recomputed"),
+    (["serve", "--enable-lora"], "LoRA adapters are not supported"),
+    (["serve", "--reasoning-parser", "qwen3"], "no reasoning parser"),
+    (["serve", "--block-size", "24"], "invalid choice: 24"),
+    (["serve", "--kv-cache-dtype", "fp4"], "invalid choice: 'fp4'"),
+])
+def test_vllm_flags_without_a_meaning_here_are_refused_naming_why(argv, said, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv)
+    assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["serve", "--max-model", "abc"], "unrecognized flag --max-model: did you mean --max-model-len?"),  # no abbreviations
+    (["run", "--max-model", "12", "--data", "d", "--out", "o"], "unrecognized flag --max-model: did you mean"),
+    (["run", "--max-model-length", "100"], "unrecognized flag --max-model-length: did you mean --max-model-len?"),
+    (["run", "--data", "d", "--out", "o", "--generation-config", "x"], "--generation-config: see pacore run --help"),
+])
+def test_an_unknown_flag_is_named_first_with_close_names_only(argv, said, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv)
+    err = capsys.readouterr().err
+    assert said in err and "required" not in err, err  # not "the following arguments are required: --data"
+
+
+def test_generation_config_and_chat_template_read_as_vllm_reads_them(tmp_path):
+    from engine.serve import protocol as api
+    from engine.serve.command import chat_template, generation_defaults
+
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"temperature": 0.6, "top_p": 0.95, "top_k": 20, "eos_token_id": 1, "max_new_tokens": 99}))
+    defaults = generation_defaults(str(tmp_path), None)
+    assert defaults == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    assert generation_defaults("auto", str(tmp_path)) == defaults and generation_defaults("vllm", str(tmp_path)) == {}
+    with pytest.raises(ValueError, match="no generation_config.json"):
+        generation_defaults(str(tmp_path / "none"), None)
+    body = api.CompletionRequest(model="m", prompt="x", top_p=0.5)
+    params = body.sampling_params(16, api.Limits(20), defaults)
+    assert (params.temperature, params.top_p, params.top_k, params.min_p) == (0.6, 0.5, 20, 0.0)  # the request's top_p
+    assert body.sampling_params(16, api.Limits(20)).temperature == 1.0  # OpenAI's without defaults
+    (tmp_path / "t.jinja").write_text("{{ messages[0]['content'] }}")
+    assert chat_template(str(tmp_path / "t.jinja")) == chat_template("{{ messages[0]['content'] }}")
+    with pytest.raises(ValueError, match="no such file"):
+        chat_template(str(tmp_path / "missing.jinja"))

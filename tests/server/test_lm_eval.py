@@ -107,11 +107,13 @@ def pacore_serve(tmp_path):
         proc.wait(timeout=60)
 
 
-def _start_lm_eval(base: str, tasks_dir, out_dir, tasks: list[str]) -> subprocess.Popen:
-    """lm-eval's command line on ``tasks``, its stdout and stderr going to files in ``out_dir``."""
+def _start_lm_eval(base: str, tasks_dir, out_dir, tasks: list[str], remote: bool = False) -> subprocess.Popen:
+    """lm-eval's command line on ``tasks``, its stdout and stderr going to files in ``out_dir``; ``remote``:
+    the tokenizer taken from the server (tokenizer_backend=remote: /tokenizer_info, /tokenize, /detokenize)
+    instead of the model's folder."""
     from engine.default_model import resolve_model
-    model_args = (f"base_url={base}/v1/completions,model={MODEL},tokenizer={resolve_model(None)},"
-                  "tokenizer_backend=huggingface,num_concurrent=1,max_retries=1")
+    tokenizer = "tokenizer_backend=remote" if remote else f"tokenizer={resolve_model(None)},tokenizer_backend=huggingface"
+    model_args = f"base_url={base}/v1/completions,model={MODEL},{tokenizer},num_concurrent=1,max_retries=1"
     env = dict(os.environ, HF_DATASETS_CACHE=str(out_dir / "hf"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     out_dir.mkdir()
     with open(out_dir / "stdout.txt", "w") as out, open(out_dir / "stderr.txt", "w") as err:  # the child keeps its own
@@ -142,6 +144,34 @@ def _engine_scores(contexts_and_continuations: list[tuple[str, str]]) -> list[tu
         chosen = [out.prompt_logprobs[i][ids[i]] for i in range(start, len(ids))]
         scores.append((sum(lp.logprob for lp in chosen), all(lp.rank == 1 for lp in chosen)))
     return scores
+
+
+@pytest.mark.slow
+def test_lm_eval_takes_the_tokenizer_from_pacore_serve(pacore_serve, tmp_path):
+    # issue 47: tokenizer_backend=remote (and auto) read GET /tokenizer_info, got 404, and then tried to
+    # download a tokenizer named after the served model. HF_HUB_OFFLINE=1: no tokenizer comes from elsewhere.
+    tasks_dir, out_dir = tmp_path / "tasks", tmp_path / "out"
+    tasks_dir.mkdir()
+    _write_tasks(tasks_dir)
+    run = _start_lm_eval(pacore_serve, tasks_dir, out_dir, ["pacore_tiny_mc", "pacore_tiny_gen"], remote=True)
+    try:
+        returncode = run.wait(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    stdout, stderr = (out_dir / "stdout.txt").read_text(), (out_dir / "stderr.txt").read_text()
+    assert returncode == 0, stdout[-3000:] + stderr[-6000:]
+    assert "Using remote tokenizer" in stderr and "API request failed" not in stderr, stderr[-6000:]
+    (results_path,) = glob.glob(str(out_dir / "**" / "results_*.json"), recursive=True)
+    with open(results_path) as f:
+        results = json.load(f)["results"]
+    assert results["pacore_tiny_mc"]["acc,none"] == 1.0, [s["resps"] for s in _samples(out_dir, "pacore_tiny_mc")]
+    assert results["pacore_tiny_gen"]["exact_match,none"] == 1.0, [s["resps"] for s in _samples(out_dir, "pacore_tiny_gen")]
+    # The loglikelihoods are the engine's own, the prompt split as the model's tokenizer splits it.
+    pairs = [(item["question"], " " + choice) for item in MC_ITEMS for choice in item["choices"]]
+    served = [float(r[0][0]) for sample in _samples(out_dir, "pacore_tiny_mc") for r in sample["resps"]]
+    assert served == pytest.approx([x for x, _ in _engine_scores(pairs)], abs=1e-4)
 
 
 @pytest.mark.slow

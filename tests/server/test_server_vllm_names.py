@@ -2,6 +2,7 @@
 (the ids the completion routes generate from, behind the API key, errors that name the problem), and
 the engine's metrics under vLLM's names (docs/serving.md's table)."""
 import json
+import re
 from types import SimpleNamespace
 
 import httpx
@@ -11,6 +12,8 @@ from server_helpers import metrics, serving
 
 from engine import LLM
 from engine.serve.app import create_app
+from engine.serve.info import package_version
+from prometheus_client import CONTENT_TYPE_LATEST
 
 KEY, MODEL = "k", "tiny"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 7 * 6?"}]
@@ -69,6 +72,7 @@ def test_tokenizer_route_errors_name_the_problem(server, path, body, key, status
 
 def test_vllm_metric_names_carry_the_engines_figures(server):
     client = openai.OpenAI(base_url=f"{server.base}/v1", api_key=KEY, max_retries=0)
+    generated = metrics(server.base)["vllm:generation_tokens_total{model_name=tiny}"]  # by the tests before
     client.completions.create(model=MODEL, prompt="abcabc", max_tokens=3, n=2, extra_body={"ignore_eos": True})
     m = metrics(server.base)
     label = '{model_name=tiny}'
@@ -78,7 +82,8 @@ def test_vllm_metric_names_carry_the_engines_figures(server):
     prompt = ours["pacore_prefill_tokens_total"] + ours["pacore_prefix_cache_hit_tokens_total"]
     assert m[f"vllm:prompt_tokens_total{label}"] == m[f"vllm:prefix_cache_queries_total{label}"] == prompt > 0
     assert m[f"vllm:prefix_cache_hits_total{label}"] == ours["pacore_prefix_cache_hit_tokens_total"]
-    assert m[f"vllm:generation_tokens_total{label}"] == ours["pacore_decode_tokens_total"] == 2 * 2  # after the first
+    # Every token generated, each choice's first too (it left those out: issue 47); decode computed the rest.
+    assert m[f"vllm:generation_tokens_total{label}"] - generated == 2 * 3
     assert m[f"vllm:num_preemptions_total{label}"] == ours["pacore_preemptions_total"]
     usage = ours["pacore_kv_blocks_used"] / ours["pacore_kv_blocks_total"]
     assert m[f"vllm:kv_cache_usage_perc{label}"] == m[f"vllm:gpu_cache_usage_perc{label}"] == usage
@@ -91,8 +96,83 @@ def test_the_docs_map_every_vllm_name_exposed(server):
     from pathlib import Path
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "serving.md").read_text()
-    exposed = {k.partition("{")[0].removesuffix("_total") for k in metrics(server.base) if k.startswith("vllm:")}
+    exposed = {re.sub(r"_(total|created|bucket|sum|count)$", "", k.partition("{")[0])
+               for k in metrics(server.base) if k.startswith("vllm:")}
     spec = {"vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens",
             "vllm:spec_decode_num_accepted_tokens_per_pos"}  # with --speculative-config (tests/server/test_server_spec.py)
     for name in exposed | spec:
         assert f"`{name}" in page, name
+
+
+def test_vllms_routes_version_ping_model_and_tokenizer_info(server):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    assert httpx.get(f"{server.base}/version").json() == {"version": package_version()}
+    assert httpx.get(f"{server.base}/ping").status_code == httpx.post(f"{server.base}/ping").status_code == 200
+    card = httpx.get(f"{server.base}/v1/models/{MODEL}", headers=auth).json()
+    assert card["id"] == MODEL and card["max_model_len"] == 256 and card["object"] == "model"
+    missing = httpx.get(f"{server.base}/v1/models/other", headers=auth)
+    assert missing.status_code == 404 and "serves `tiny`" in missing.json()["error"]["message"]
+    # What lm-eval's tokenizer_backend=remote reads (its RemoteTokenizer): the special tokens as text,
+    # which it encodes through /tokenize, and the chat template it renders itself.
+    assert httpx.get(f"{server.base}/tokenizer_info").status_code == 401  # behind the key, as /tokenize
+    info = httpx.get(f"{server.base}/tokenizer_info", headers=auth).json()
+    tok = server.llm.tokenizer
+    assert (info["eos_token"], info["pad_token"], info["unk_token"]) == ("<1>", "<0>", "<0>")
+    assert info["chat_template"] == tok.chat_template and info["tokenizer_class"] == type(tok).__name__
+    eos = _post(server, "/tokenize", {"prompt": info["eos_token"], "add_special_tokens": False}).json()["tokens"]
+    assert eos == [tok.eos_token_id]
+
+
+def test_a_post_to_a_get_route_is_405_and_openapi_lists_the_errors(server):
+    for path in ("/health", "/metrics", "/version", "/v1/models"):
+        reply = httpx.post(f"{server.base}{path}", headers={"Authorization": f"Bearer {KEY}"})
+        assert reply.status_code == 405 and "GET" in reply.headers["allow"], (path, reply.text)
+    spec = httpx.get(f"{server.base}/openapi.json").json()["paths"]
+    for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):
+        assert {"200", "400", "404", "415", "422"} <= set(spec[path]["post"]["responses"]), path
+    assert list(spec["/metrics"]["get"]["responses"]["200"]["content"]) == [CONTENT_TYPE_LATEST]
+    assert httpx.get(f"{server.base}/metrics").headers["content-type"] == CONTENT_TYPE_LATEST
+
+
+# Every metric name the queries of vLLM's sample Grafana dashboard read, from
+# examples/online_serving/prometheus_grafana/grafana.json in vllm-project/vllm (commit 004f771f3a6b: its 14
+# panels), and the ones issue 47 names from the dashboard's later revision (inter_token_latency_seconds,
+# request_params_n, request_params_max_tokens, iteration_tokens_total, cache_config_info). A histogram is read
+# as its _bucket, _sum and _count series.
+DASHBOARD_HISTOGRAMS = ("vllm:e2e_request_latency_seconds", "vllm:time_per_output_token_seconds",
+                        "vllm:time_to_first_token_seconds", "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
+                        "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
+                        "vllm:request_decode_time_seconds", "vllm:request_max_num_generation_tokens",
+                        "vllm:inter_token_latency_seconds", "vllm:request_params_n", "vllm:request_params_max_tokens",
+                        "vllm:iteration_tokens_total")
+DASHBOARD_SERIES = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_requests_running",
+                    "vllm:num_requests_waiting", "vllm:gpu_cache_usage_perc", "vllm:request_success_total",
+                    "vllm:cache_config_info")
+
+
+def test_every_metric_of_vllms_grafana_dashboard_is_exported_after_a_request(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir("llama")), num_kv_blocks=64, max_model_len=256)  # counters of its own
+    with serving(create_app(llm, MODEL, api_key=KEY)) as base:
+        srv = SimpleNamespace(base=base, llm=llm)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0)
+        client.completions.create(model=MODEL, prompt="abcabc", max_tokens=4, n=2, extra_body={"ignore_eos": True})
+        client.completions.create(model=MODEL, prompt="x", max_tokens=8, extra_body={"logit_bias": {"1": 100}})
+        m = metrics(srv.base)
+    label = f"model_name={MODEL}"
+    for name in DASHBOARD_HISTOGRAMS:
+        assert m[f"{name}_count{{{label}}}"] >= 1, name
+        assert f"{name}_sum{{{label}}}" in m and f"{name}_bucket{{le=+Inf,{label}}}" in m, name
+    for name in DASHBOARD_SERIES:
+        assert any(k.partition("{")[0] == name for k in m), name
+    # The figures: two prompts; three choices, two of 4 tokens (length), one stopped by EOS at once.
+    assert m[f"vllm:request_prompt_tokens_count{{{label}}}"] == m[f"vllm:e2e_request_latency_seconds_count{{{label}}}"] == 2
+    assert m[f"vllm:request_generation_tokens_count{{{label}}}"] == 3
+    assert m[f"vllm:request_generation_tokens_sum{{{label}}}"] == m[f"vllm:generation_tokens_total{{{label}}}"] == 9
+    assert m[f"vllm:request_success_total{{finished_reason=length,{label}}}"] == 2
+    assert m[f"vllm:request_success_total{{finished_reason=stop,{label}}}"] == 1
+    assert m[f"vllm:request_params_n_sum{{{label}}}"] == 3 and m[f"vllm:request_params_max_tokens_sum{{{label}}}"] == 12
+    assert m[f"vllm:request_max_num_generation_tokens_sum{{{label}}}"] == 4 + 1
+    assert m[f"vllm:iteration_tokens_total_sum{{{label}}}"] == (m["pacore_prefill_tokens_total"]
+                                                                 + m[f"vllm:generation_tokens_total{{{label}}}"])
+    (info,) = [k for k in m if k.startswith("vllm:cache_config_info")]
+    assert "block_size=16" in info and "cache_dtype=auto" in info and "num_gpu_blocks=64" in info

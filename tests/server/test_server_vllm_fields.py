@@ -1,0 +1,137 @@
+"""vLLM's request fields on pacore serve (issue 47): stream_options.continuous_usage_stats, the sampling
+fields vLLM adds (min_tokens, include_stop_str_in_output, skip_special_tokens, ignore_eos, best_of, top_k 0),
+the chat template's (chat_template_kwargs, add_generation_prompt, continue_final_message), and the ones
+taken as vLLM takes them (request_id names the reply, priority 0 only, cache_salt, the rest ignored with a
+warning); what would silently change a result (json_schema, tools) is still refused."""
+import json
+import logging
+from types import SimpleNamespace
+
+import httpx
+import pytest
+from server_helpers import serving
+
+from engine import LLM
+from engine.serve.app import create_app
+
+KEY, MODEL = "k", "tiny"
+EOS, PAD, A = 1, 0, ord("A")
+# A Qwen3-like template: enable_thinking false (a chat_template_kwargs variable) writes a marker.
+TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+            "{% if enable_thinking is defined and not enable_thinking %}<nothink>{% endif %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+USER = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir("llama")), num_kv_blocks=64, max_model_len=256)
+    llm.tokenizer.chat_template = TEMPLATE
+    with serving(create_app(llm, MODEL, api_key=KEY)) as base:
+        yield SimpleNamespace(base=base, llm=llm)
+
+
+def _post(server, path: str, body: dict, **kw) -> httpx.Response:
+    return httpx.post(f"{server.base}{path}", json={"model": MODEL, **body}, headers={"Authorization": f"Bearer {KEY}"},
+                      **kw)
+
+
+def _events(reply: httpx.Response) -> list[dict]:
+    assert reply.status_code == 200, reply.text
+    lines = [line.removeprefix("data: ") for line in reply.text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+@pytest.mark.parametrize("path, prompt", [("/v1/completions", {"prompt": "hi"}), ("/v1/chat/completions",
+                                                                                 {"messages": USER})])
+def test_continuous_usage_stats_puts_usage_in_every_chunk(server, path, prompt):
+    # guidellm's default benchmark sends this on every streamed request (it got 422).
+    body = {**prompt, "max_tokens": 4, "n": 2, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    chunks = _events(_post(server, path, body))
+    *choices, last = chunks
+    prompt_tokens = last["usage"]["prompt_tokens"]
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 2 * 4
+    for c in choices:
+        (choice,) = c["choices"]
+        usage = c["usage"]
+        assert usage["prompt_tokens"] == prompt_tokens and 0 <= usage["completion_tokens"] <= 4
+        assert usage["total_tokens"] == prompt_tokens + usage["completion_tokens"]
+        if choice["finish_reason"] is not None:
+            assert usage["completion_tokens"] == 4
+    plain = _events(_post(server, path, {**body, "stream_options": {"include_usage": True}}))
+    assert all(c.get("usage") is None for c in plain[:-1]) and plain[-1]["usage"] == last["usage"]
+
+
+def _text(server, **body) -> dict:
+    reply = _post(server, "/v1/completions", {"prompt": "hello", "temperature": 0, **body})
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def test_vllms_sampling_fields_are_honoured(server):
+    assert _text(server, max_tokens=8, logit_bias={str(EOS): 100})["usage"]["completion_tokens"] == 1
+    held = _text(server, max_tokens=8, logit_bias={str(EOS): 100}, min_tokens=3)
+    assert held["usage"]["completion_tokens"] == 4 and held["choices"][0]["finish_reason"] == "stop"
+    assert _text(server, max_tokens=3, logit_bias={str(EOS): 100}, ignore_eos=True)["usage"]["completion_tokens"] == 3
+    stop = {"max_tokens": 4, "logit_bias": {str(A): 100}, "stop": ["A"]}
+    assert _text(server, **stop)["choices"][0]["text"] == ""
+    assert _text(server, **stop, include_stop_str_in_output=True)["choices"][0]["text"] == "A"
+    special = {"max_tokens": 2, "logit_bias": {str(PAD): 100}}
+    assert _text(server, **special)["choices"][0]["text"] == ""
+    assert _text(server, **special, skip_special_tokens=False)["choices"][0]["text"] == "<0><0>"
+    assert _text(server, max_tokens=2, top_k=0, best_of=1)["usage"]["completion_tokens"] == 2
+
+
+def test_a_stream_keeps_the_stop_string_when_asked(server):
+    body = {"prompt": "hello", "temperature": 0, "max_tokens": 4, "logit_bias": {str(A): 100}, "stop": ["A"],
+            "include_stop_str_in_output": True, "stream": True}
+    chunks = _events(_post(server, "/v1/completions", body))
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "A"
+
+
+def _prompt_tokens(server, **body) -> int:
+    reply = _post(server, "/v1/chat/completions", {"max_tokens": 1, **body})
+    assert reply.status_code == 200, reply.text
+    return reply.json()["usage"]["prompt_tokens"]
+
+
+def test_the_chat_templates_fields_reach_the_template(server):
+    # The tiny tokenizer is one token a character, so the prompt's length shows what the template wrote.
+    plain = _prompt_tokens(server, messages=USER)
+    assert plain == len("<user>Hi\n<assistant>")
+    assert _prompt_tokens(server, messages=USER, chat_template_kwargs={"enable_thinking": False}) == plain + 9
+    assert _prompt_tokens(server, messages=USER, add_generation_prompt=False) == plain - len("<assistant>")
+    prefill = USER + [{"role": "assistant", "content": "The answer is"}]
+    cont = _prompt_tokens(server, messages=prefill, add_generation_prompt=False, continue_final_message=True)
+    assert cont == len("<user>Hi\n<assistant>The answer is")  # left open: no newline after it
+    tokenized = _post(server, "/tokenize", {"messages": USER, "chat_template_kwargs": {"enable_thinking": False}})
+    assert tokenized.json()["count"] == plain + 9
+
+
+@pytest.mark.parametrize("body, said", [
+    ({"continue_final_message": True}, "add_generation_prompt to false"),
+    ({"chat_template_kwargs": {"tokenize": True}}, "not a variable of the template"),
+    ({"priority": 1}, "first come, first served"),
+    ({"best_of": 2}, "best_of 2 is not supported"),
+    ({"cache_salt": ""}, "cache_salt"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "no structured output"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "no tool calling"),
+    ({"min_tokens": 5, "max_tokens": 2}, "min_tokens must be at most max_tokens"),
+])
+def test_what_vllm_refuses_or_would_change_the_result_is_refused_by_name(server, body, said):
+    reply = _post(server, "/v1/chat/completions", {"messages": USER, "max_tokens": 1, **body})
+    assert reply.status_code in (400, 422) and said in reply.json()["error"]["message"], reply.text
+    assert reply.json()["error"]["param"] == next(iter(body))
+
+
+def test_request_id_names_the_reply_and_the_ignored_fields_are_logged(server, caplog):
+    assert _text(server, max_tokens=1, request_id="abc-1", cache_salt="s", priority=0)["id"] == "cmpl-abc-1"
+    ignored = {"store": True, "metadata": {"k": "v"}, "service_tier": "auto", "reasoning_effort": "low",
+               "parallel_tool_calls": False}
+    with caplog.at_level(logging.WARNING, logger="pacore.serve"):
+        reply = _post(server, "/v1/chat/completions", {"messages": USER, "max_tokens": 1, "request_id": "r2", **ignored})
+    assert reply.status_code == 200 and reply.json()["id"] == "chatcmpl-r2"
+    (record,) = [r for r in caplog.records if "ignored" in r.getMessage()]
+    assert all(name in record.getMessage() for name in ignored)
