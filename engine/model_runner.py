@@ -334,15 +334,18 @@ class ModelRunner:
         return logits, scored
 
     @torch.inference_mode()
-    def run_draft(self, seqs: list[Sequence], tokens: list[int], offset: int, window: int, sink: int) -> torch.Tensor:
+    def run_draft(self, seqs: list[Sequence], tokens: list[int], offset: int, window: int, sink: int,
+                  window_fraction: float = 0.0) -> torch.Tensor:
         """One self-drafting step (engine/spec/self_window.py): row i's query ``tokens[i]`` at position
         ``num_computed + offset`` attends to its first ``sink`` tokens and its last ``window`` (itself
-        included); its K/V go into the row's own slot, which the verify pass overwrites. fp32 logits
+        included; with ``window_fraction``, its last max(window, fraction x its length)); its K/V go into the
+        row's own slot, which the verify pass overwrites. fp32 logits
         [rows, V]. Batch-invariant engines draft with the plain ops: a draft only decides which
         positions are verified, never which token is emitted."""
-        return self._execute_all(self.prepare_draft(seqs, tokens, offset, window, sink))[0]
+        return self._execute_all(self.prepare_draft(seqs, tokens, offset, window, sink, window_fraction))[0]
 
-    def prepare_draft(self, seqs: list[Sequence], tokens: list[int], offset: int, window: int, sink: int) -> StepInputs:
+    def prepare_draft(self, seqs: list[Sequence], tokens: list[int], offset: int, window: int, sink: int,
+                      window_fraction: float = 0.0) -> StepInputs:
         """run_draft's inputs (the rehearsal's runner prepares them and models the step)."""
         bs = self.block_size
         pos = [s.num_computed + offset for s in seqs]
@@ -351,7 +354,7 @@ class ModelRunner:
         meta = AttentionMetadata(
             slot_mapping=torch.tensor([s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, pos)]),
             num_prefill_tokens=0, decode_seq_lens=torch.tensor(lens, dtype=i32),
-            decode_start_lens=torch.tensor([max(0, n - window) for n in lens], dtype=i32),
+            decode_start_lens=torch.tensor([max(0, n - max(window, int(window_fraction * n))) for n in lens], dtype=i32),
             decode_sink_lens=torch.full((len(seqs),), sink, dtype=i32))
         tables = {"decode": self._table_rows(seqs, lens)}
         writes, self.writes = self.writes, []

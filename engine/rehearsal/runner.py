@@ -185,18 +185,20 @@ class RehearsalRunner(ModelRunner):
         self.clock.now_s += cost.total
 
     @torch.inference_mode()
-    def run_draft(self, seqs: list[Sequence], tokens: list[int], offset: int, window: int, sink: int) -> torch.Tensor:
+    def run_draft(self, seqs: list[Sequence], tokens: list[int], offset: int, window: int, sink: int,
+                  window_fraction: float = 0.0) -> torch.Tensor:
         """A self-drafting step: its inputs prepared for real (ModelRunner.prepare_draft), its cost
         modelled (the weights once; per row the KV of its sink and window, what the kernel reads, and
         its store; its logits sampled) and folded into the step's sample. The drafts' tokens are the
         draft sampler's (engine/rehearsal/drafter.py), so the logits are placeholders."""
         t0 = time.perf_counter()
-        self.prepare_draft(seqs, tokens, offset, window, sink)
+        self.prepare_draft(seqs, tokens, offset, window, sink, window_fraction)
         prepare_s = time.perf_counter() - t0
         work = StepWork(sampled=len(seqs))
         for i, j in request_runs(seqs):
             work.decodes.append(DecodeGroup(seqs[i].request.request_id,
-                                            [min(s.num_computed + offset + 1, window + sink) for s in seqs[i:j]]))
+                                            [_seen(s.num_computed + offset + 1, window, sink, window_fraction)
+                                             for s in seqs[i:j]]))
         cost, per = step_cost(work, self.shape, self.device_params, self.account_by)
         self._charge(cost, per)
         if self.trace is not None:
@@ -308,3 +310,8 @@ def _single_token(tokenizer, candidates: tuple[str, ...]) -> int:
             return ids[0]
     raise ValueError(f"none of the rehearsal's fillers {candidates} is a token that repeats as itself in this "
                      "tokenizer; give the rehearsal another tokenizer (tokenizer=FOLDER)")
+
+
+def _seen(length: int, window: int, sink: int, fraction: float) -> int:
+    """KV tokens a draft step of a row of ``length`` tokens reads: its sink and its window."""
+    return min(length, sink + max(window, int(fraction * length)))

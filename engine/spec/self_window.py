@@ -46,7 +46,8 @@ def self_draft(plan: StepPlan, config: SpeculativeConfig, runner: ModelRunner, s
     tokens = {s.seq_id: s.token_ids[-1] for s in rows}
     for j in range(max(len(plan.drafts[s.seq_id]) for s in rows)):
         active = [s for s in rows if len(plan.drafts[s.seq_id]) > j]
-        logits = runner.run_draft(active, [tokens[s.seq_id] for s in active], j, config.window, config.sink)
+        logits = runner.run_draft(active, [tokens[s.seq_id] for s in active], j, config.window, config.sink,
+                                  config.window_fraction)
         # the penalties at the draft's position: the verify pass applies the same ones there
         logits = penalize(logits, active, outputs_before(active, [j] * len(active), plan.drafts))
         if coupled:

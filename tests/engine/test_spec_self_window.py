@@ -43,16 +43,18 @@ def test_seeded_sampling_is_identical_bit_for_bit(tiny_model_dir, options):
     _exercised(llm)
 
 
-def test_a_window_over_the_whole_context_drafts_the_model_itself(tiny_model_dir):
+@pytest.mark.parametrize("window", [dict(window=4096), dict(window=1, window_fraction=1.0)])
+def test_a_window_over_the_whole_context_drafts_the_model_itself(tiny_model_dir, window):
     """Draft logits equal the verify pass's at the same positions (float noise only), so every greedy draft
-    is accepted."""
+    is accepted: a window of 4,096 tokens, or one of a single token that grows to the whole context
+    (window_fraction 1)."""
     llm = LLM(str(tiny_model_dir("qwen3")), skip_tokenizer_init=True,
-              speculative_config=dict(SW, window=4096, sink=0))
+              speculative_config=dict(SW, sink=0) | window)
     drafts, verified = [], []
     run_draft, run = llm.runner.run_draft, llm.runner.run
 
-    def spy_draft(seqs, tokens, offset, window, sink):
-        logits = run_draft(seqs, tokens, offset, window, sink)
+    def spy_draft(seqs, tokens, offset, *window_args):
+        logits = run_draft(seqs, tokens, offset, *window_args)
         drafts.extend(((s.seq_id, s.num_computed + offset), row) for s, row in zip(seqs, logits))
         return logits
 
