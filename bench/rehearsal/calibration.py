@@ -110,7 +110,9 @@ def rehearse_points(points: list[Point], quick: bool, out: Path) -> list[tuple[P
     for pt in points:
         print(f"rehearsing {pt.name} ...", file=sys.stderr)
         args = flags_of(pt, quick, out)
-        f = plain.run(args, model_folder(pt.shape, out / "model"), DeviceParams.named(pt.device))
+        from bench.rehearsal.__main__ import CONFIGS
+        f = plain.run(args, model_folder(pt.shape, out / "model"), DeviceParams.named(pt.device), CONFIGS[pt.config]
+                      if pt.config else None)
         done.append((pt, f["trace"], f["shape"]))
     return done
 

@@ -93,10 +93,14 @@ def rehearse_plain(llm, input_len: int, output_len: int, num_prompts: int, n: in
             break
         done = llm.step()
         trace.bounds.append(len(trace.works))
-        for rid, rec in live.items():
-            req = llm.requests.get(rid)
-            seen = sum(s.num_generated for s in req.seqs) if req is not None else None
-            if req is not None and seen > rec[3]:
+        # only a request with a running sequence emitted (one that finished is counted below): with hundreds
+        # waiting, looking at each of them every step would cost more than the step itself
+        for rid in {s.request.request_id for s in llm.scheduler.running}:
+            rec, req = live.get(rid), llm.requests.get(rid)
+            if rec is None or req is None:
+                continue
+            seen = sum(s.num_generated for s in req.seqs)
+            if seen > rec[3]:
                 rec[1] = steps if rec[1] < 0 else rec[1]
                 rec[2] += 1
                 rec[3] = seen
