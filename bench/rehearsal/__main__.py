@@ -198,8 +198,9 @@ def spec_profiles(args, options: dict, temperature: float):
         return dict.fromkeys(KINDS, DraftProfile.flat(args.spec_acceptance, nst))
     try:
         if self_window:
-            return load_self_window(args.spec_profile, spec["window"], spec["sink"], args.spec_self_rule,
-                                    temperature).capped()
+            measured = load_self_window(args.spec_profile, spec["window"], spec["sink"], args.spec_self_rule,
+                                        temperature)
+            return measured if getattr(args, "spec_self_uncapped", False) else measured.capped()
         return load_profiles(args.spec_profile, nst, temperature)
     except (OSError, ValueError, KeyError) as e:
         raise Refused(f"--spec-profile {args.spec_profile}: {e}") from None
@@ -271,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spec-self-rule", choices=("coupled", "rejection", "inverse_cdf"), default="coupled",
                    help="the acceptance rule whose measured self-drafting profile the spec-self configs take (the "
                         "rehearsal verifies as 'coupled' does: only the acceptance differs; 'inverse_cdf' is a what-if: the coupling before Gumbel-max sampling)")
+    p.add_argument("--spec-self-uncapped", action="store_true",
+                   help="read the measured self-drafting profile as it is, its last bin (4-8k) at every longer context "
+                        "(the default before issue 44; optimistic past 8k): by default it is capped by MagicDec's "
+                        "published long-context acceptance and follows it past the measured contexts")
     # the protocol (bench/rehearsal/protocol.py): pacore run's --runs / --pool / --data-parallel, and its sample
     p.add_argument("--runs", type=positive_int, default=1, help="independent runs of each problem (pacore run --runs)")
     p.add_argument("--pool", type=positive_int, help="round-1 trajectories sampled once per problem, each run drawing "
