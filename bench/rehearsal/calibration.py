@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.config import positive_int
 from engine.device_model import HOPPER_FITTED, PRESETS, DeviceParams
 
 from bench.rehearsal import plain
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                    "meaningful figure")
     p.add_argument("--only", action="append", metavar="TEXT", help="only the points whose name holds TEXT "
                    "(repeatable); the fitted column then takes the committed fit (the -fitted presets) instead of a new one")
-    p.add_argument("--num-prompts", type=int, metavar="N", help="each point's prompts at most N: a sample of its "
+    p.add_argument("--num-prompts", type=positive_int, metavar="N", help="each point's prompts at most N: a sample of its "
                    "workload, where the whole is too long for the CPU at hand")
     p.add_argument("--out", default="runs/calibration")
     args = p.parse_args(argv)

@@ -101,7 +101,7 @@ _POSTER_PLAIN = ("940 output tokens/s without speculation (the Vegas poster, on 
 _POSTER_SELF = "1,576 output tokens/s with the StreamingLLM drafter, 4 drafts (the Vegas poster, the H100 NVL)"
 _RFC_WORKLOAD = ("960 prompts of 200 tokens (ASSUMED: an AIME problem in Qwen3's chat template; the prompts barely "
                  "count beside the outputs), 15,000 tokens out, uniform within 90% (ASSUMED: the output lengths are not "
-                 "published; a 10k mean puts the plain figure 1.7x higher), max_num_seqs 128, max_num_batched_tokens "
+                 "published; a 10k mean puts the modelled plain figure ~1.5x higher: docs/rehearsal.md, the RFC check), max_num_seqs 128, max_num_batched_tokens "
                  "16384 (the offline LLM class's default on a >= 70 GiB GPU), max_model_len 40,960, vLLM's scheduler "
                  "(the rehearsal's vllm config)")
 _RFC_DRAFTS = ("the fork's StreamingLLM drafter: a sink of one block, a window of 5% of the context (at least 256 "
