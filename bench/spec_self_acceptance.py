@@ -179,7 +179,7 @@ def draft_pass(llm, chunks: Chunks, window: int, sink: int, depth: int, temperat
         cols: dict[str, list] = {}
         for d in range(depth):
             q_logits = runner.run_draft(rows, [r.token_ids[r.num_computed + d] for r in rows], d, window, sink,
-                                       selected)
+                                       selected=selected)
             p = _probs(torch.stack([f.logits[r.num_computed + d - f.first] for r, f in zip(rows, forced)]), temperature)
             q = _probs(q_logits, temperature)
             y = torch.tensor([r.token_ids[r.num_computed + d + 1] for r in rows])

@@ -111,7 +111,7 @@ class DeviceParams:
 
     @classmethod
     def named(cls, name: str) -> "DeviceParams":
-        """A preset ('h100', 'h200', 'b200': PRESETS) or a path to a JSON file of parameters."""
+        """A preset ('h100', 'h100-nvl', 'h200', 'b200': PRESETS) or a path to a JSON file of parameters."""
         if name in PRESETS:
             return PRESETS[name]
         if Path(name).is_file():
@@ -131,7 +131,7 @@ _RANGES |= {"step_overhead_s": (0.0, math.inf, True), "activation_reserve_bytes"
 # fraction of). Bandwidth: the spec sheet's HBM figure times 4.0 / 4.8, the ratio of a measured device-to-device
 # copy to the spec on an H200 (this model's bandwidth is the copy's). Peak: the spec sheet's dense BF16
 # tensor-core figure. Sources (docs/rehearsal.md, "Device presets"): NVIDIA H100 datasheet (SXM5 80 GB: 3.35
-# TB/s, 989 TFLOPS dense BF16), H200 datasheet (141 GB, 4.8 TB/s, 989 TFLOPS), HGX B200 datasheet (180 GB,
+# TB/s, 989 TFLOPS dense BF16; H100 NVL 94 GB: 3.9 TB/s, 1,671 TFLOPS BF16 with sparsity, 835 dense), H200 datasheet (141 GB, 4.8 TB/s, 989 TFLOPS), HGX B200 datasheet (180 GB,
 # 8 TB/s, 2.25 PFLOPS dense BF16 per GPU). The efficiencies and the step overhead: HOPPER, assumed, the
 # B200 carrying them over; HOPPER_FITTED, bench/rehearsal/calibration.py's fit to published Hopper measurements.
 COPY_OF_SPEC = 4.0 / 4.8
@@ -148,6 +148,9 @@ FITTED_SOURCE = "fitted to 15 published H100/H200 measurements (residual 21%: do
 PRESETS = {
     "h100": DeviceParams("h100", memory_bytes=81_559 * 2**20, hbm_bytes_per_s=3.35e12 * COPY_OF_SPEC,
                          peak_flops=989e12, **HOPPER, source=HOPPER_SOURCE),
+    # the H100 NVL (PCIe, 94 GB HBM3; nvidia-smi lists 95,830 MiB): a "single H100 GPU (94GB)" of vLLM RFC #47351
+    "h100-nvl": DeviceParams("h100-nvl", memory_bytes=95_830 * 2**20, hbm_bytes_per_s=3.9e12 * COPY_OF_SPEC,
+                             peak_flops=835e12, **HOPPER, source=HOPPER_SOURCE),
     "h200": DeviceParams("h200", memory_bytes=143_771 * 2**20, hbm_bytes_per_s=4.8e12 * COPY_OF_SPEC,
                          peak_flops=989e12, **HOPPER, source=HOPPER_SOURCE),
     "b200": DeviceParams("b200", memory_bytes=183_359 * 2**20, hbm_bytes_per_s=8.0e12 * COPY_OF_SPEC,
@@ -159,10 +162,10 @@ PRESETS |= {f"{k}-fitted": dataclasses.replace(p, name=f"{k}-fitted", **HOPPER_F
 
 
 def preset_of(device_name: str) -> DeviceParams:
-    """The preset whose name a GPU's name holds ('NVIDIA H100 80GB HBM3' -> h100), else the H200's: what a
-    measured file's missing figures (peak, memory) default to."""
-    name = device_name.lower()
-    return next((p for key, p in PRESETS.items() if key in name), PRESETS["h200"])
+    """The preset whose name a GPU's name holds ('NVIDIA H100 80GB HBM3' -> h100, 'NVIDIA H100 NVL' -> h100-nvl),
+    else the H200's: what a measured file's missing figures (peak, memory) default to."""
+    name = device_name.lower().replace(" ", "-")
+    return next((PRESETS[key] for key in sorted(PRESETS, key=len, reverse=True) if key in name), PRESETS["h200"])
 
 
 def _figure(run: dict, key: str) -> float:
@@ -322,15 +325,16 @@ def step_cost(work: StepWork, shape: ModelShape, dev: DeviceParams,
     return cost, per
 
 
-def speculation_seconds(shape: ModelShape, dev: DeviceParams, window: int, sink: int):
+def speculation_seconds(shape: ModelShape, dev: DeviceParams, window: int, sink: int, window_fraction: float = 0.0):
     """The self-drafting depth policy's costs (engine/spec/policy.py) from this model: for a batch's
     context lengths and a depth n, (a draft step: the weights, and per row the sink and window of KV;
-    the verify pass: every row's KV once for its n + 1 queries); n = 0: (0, a plain decode step)."""
+    the verify pass: every row's KV once for its n + 1 queries); n = 0: (0, a plain decode step). A window
+    of max(window, window_fraction x context) with ``window_fraction``."""
     def seconds(ctx: list[int], n: int) -> tuple[float, float]:
         rows = len(ctx)
         if n == 0:
             return 0.0, step_cost(StepWork(decodes=[DecodeGroup("", ctx)], sampled=rows), shape, dev)[0].total
-        seen = [min(c, window + sink) for c in ctx]
+        seen = [min(c, sink + max(window, int(window_fraction * c))) for c in ctx]
         draft = step_cost(StepWork(decodes=[DecodeGroup("", seen)], sampled=rows), shape, dev)[0].total
         verify = step_cost(StepWork(decodes=[DecodeGroup("", [c + n for c in ctx], queries=[n + 1] * rows)],
                                     sampled=rows * (n + 1)), shape, dev)[0].total

@@ -350,17 +350,18 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run_draft(self, seqs: list[Sequence], tokens: list[int], offset: int, window: int, sink: int,
-                  selected: int = 0) -> torch.Tensor:
+                  window_fraction: float = 0.0, selected: int = 0) -> torch.Tensor:
         """One self-drafting step (engine/spec/self_window.py): row i's query ``tokens[i]`` at position
         ``num_computed + offset`` attends to its first ``sink`` tokens and its last ``window`` (itself
-        included), and with ``selected`` to that many tokens of the top-scoring blocks between (each
-        span then in whole blocks); its K/V go into the row's own slot, which the verify pass
-        overwrites. fp32 logits [rows, V]. Batch-invariant engines draft with the plain ops: a draft
-        only decides which positions are verified, never which token is emitted."""
-        return self._execute_all(self.prepare_draft(seqs, tokens, offset, window, sink, selected))[0]
+        included; with ``window_fraction``, its last max(window, fraction x its length)), and with
+        ``selected`` to that many tokens of the top-scoring blocks between (each span then in whole
+        blocks); its K/V go into the row's own slot, which the verify pass overwrites. fp32 logits
+        [rows, V]. Batch-invariant engines draft with the plain ops: a draft only decides which
+        positions are verified, never which token is emitted."""
+        return self._execute_all(self.prepare_draft(seqs, tokens, offset, window, sink, window_fraction, selected))[0]
 
     def prepare_draft(self, seqs: list[Sequence], tokens: list[int], offset: int, window: int, sink: int,
-                      selected: int = 0) -> StepInputs:
+                      window_fraction: float = 0.0, selected: int = 0) -> StepInputs:
         """run_draft's inputs (the rehearsal's runner prepares them and models the step)."""
         bs = self.block_size
         pos = [s.num_computed + offset for s in seqs]
@@ -369,7 +370,7 @@ class ModelRunner:
         meta = AttentionMetadata(
             slot_mapping=torch.tensor([s.block_table[p // bs] * bs + p % bs for s, p in zip(seqs, pos)]),
             num_prefill_tokens=0, decode_seq_lens=torch.tensor(lens, dtype=i32),
-            decode_start_lens=torch.tensor([max(0, n - window) for n in lens], dtype=i32),
+            decode_start_lens=torch.tensor([max(0, n - max(window, int(window_fraction * n))) for n in lens], dtype=i32),
             decode_sink_lens=torch.full((len(seqs),), sink, dtype=i32))
         if selected:
             meta.decode_select = self.select_spans(sink, selected, window)

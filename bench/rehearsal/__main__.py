@@ -45,6 +45,11 @@ VLLM = {"enable_fork": False, "enable_prefix_caching": True, "max_num_batched_to
 # vLLM's n-gram proposer: the request's own tokens (prompt and output), prompt_lookup_min = max = 5
 VLLM_NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 5, "prompt_lookup_max": 5,
               "lookup_siblings": False}
+# The StreamingLLM drafter of vLLM RFC #47351's public fork (platformxlab/vegas, not upstream vLLM): the model
+# drafts over a sink of one block and a window of sparse_attn_ratio (default 0.05) of the context, at least 256
+# tokens, 4 drafts a step at a fixed depth.
+VLLM_SELF = {"method": "self_window", "num_speculative_tokens": 4, "window": 256, "window_fraction": 0.05,
+             "sink": 16, "policy": "fixed"}
 # name -> engine options; "engine" is this engine's default, "vllm*" vLLM's defaults (the baselines),
 # "no-sharing" an ablation: no fork, no prefix cache, no cascade (K requests each prefilling the prompt).
 CONFIGS = {
@@ -52,6 +57,10 @@ CONFIGS = {
     "vllm": VLLM,
     "vllm-fp8": VLLM | {"kv_cache_dtype": "fp8_e4m3"},
     "vllm-fp8+ngram": VLLM | {"kv_cache_dtype": "fp8_e4m3", "speculative_config": VLLM_NGRAM},
+    # vLLM's defaults with the RFC #47351 fork's self-drafting: the same algorithm as spec-self (a public fork)
+    "vllm+self": VLLM | {"speculative_config": VLLM_SELF},
+    "vllm-fp8+self": VLLM | {"kv_cache_dtype": "fp8_e4m3", "speculative_config": VLLM_SELF},
+    "vllm-fp8+fp8w+self": VLLM | {"kv_cache_dtype": "fp8_e4m3", "quantization": "fp8", "speculative_config": VLLM_SELF},
     "no-sharing": {"enable_fork": False, "enable_prefix_caching": False, "cascade_attention": False},
     "no-cascade": {"cascade_attention": False},
     "no-fork": {"enable_fork": False},
@@ -175,8 +184,9 @@ def rehearse(args, name: str, options: dict, out: Path, device: DeviceParams) ->
 def spec_profiles(args, options: dict, temperature: float):
     """The acceptance profiles of a speculative configuration (None for the others): the measured
     ones (--spec-profile: n-gram drafts, round 1's for round 1, round 2's for the rounds whose prompt
-    holds references; self-drafting, by context at its window and sink, for --spec-self-rule), or flat
-    with --spec-acceptance. Refused when the profile cannot be read."""
+    holds references; self-drafting, by context at its window and sink, for --spec-self-rule, capped by
+    the published long-context figures and read from them past the measured contexts:
+    WindowProfile.capped), or flat with --spec-acceptance. Refused when the profile cannot be read."""
     from engine.rehearsal.drafter import KINDS, DraftProfile, WindowProfile, load_profiles, load_self_window
     spec = options.get("speculative_config")
     if spec is None:
@@ -188,7 +198,9 @@ def spec_profiles(args, options: dict, temperature: float):
         return dict.fromkeys(KINDS, DraftProfile.flat(args.spec_acceptance, nst))
     try:
         if self_window:
-            return load_self_window(args.spec_profile, spec["window"], spec["sink"], args.spec_self_rule, temperature)
+            measured = load_self_window(args.spec_profile, spec["window"], spec["sink"], args.spec_self_rule,
+                                        temperature)
+            return measured if getattr(args, "spec_self_uncapped", False) else measured.capped()
         return load_profiles(args.spec_profile, nst, temperature)
     except (OSError, ValueError, KeyError) as e:
         raise Refused(f"--spec-profile {args.spec_profile}: {e}") from None
@@ -230,7 +242,7 @@ def _spec_line(res: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.rehearsal", description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b")
-    p.add_argument("--device", default="h200", help="a preset (h100, h200, b200) or a parameters JSON a GPU run of "
+    p.add_argument("--device", default="h200", help="a preset (h100, h100-nvl, h200, b200) or a parameters JSON a GPU run of "
                    "bench/ wrote")
     p.add_argument("--preset", choices=sorted(PRESETS), default="high")
     p.add_argument("--problems", type=positive_int, default=None,
@@ -260,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spec-self-rule", choices=("coupled", "rejection", "inverse_cdf"), default="coupled",
                    help="the acceptance rule whose measured self-drafting profile the spec-self configs take (the "
                         "rehearsal verifies as 'coupled' does: only the acceptance differs; 'inverse_cdf' is a what-if: the coupling before Gumbel-max sampling)")
+    p.add_argument("--spec-self-uncapped", action="store_true",
+                   help="read the measured self-drafting profile as it is, its last bin (4-8k) at every longer context "
+                        "(the default before issue 44; optimistic past 8k): by default it is capped by MagicDec's "
+                        "published long-context acceptance and follows it past the measured contexts")
     # the protocol (bench/rehearsal/protocol.py): pacore run's --runs / --pool / --data-parallel, and its sample
     p.add_argument("--runs", type=positive_int, default=1, help="independent runs of each problem (pacore run --runs)")
     p.add_argument("--pool", type=positive_int, help="round-1 trajectories sampled once per problem, each run drawing "
@@ -306,18 +322,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def main_plain(p: argparse.ArgumentParser, args) -> int:
-    """A plain workload (--dataset-name): vllm bench's figures on the rehearsed device."""
+    """A plain workload (--dataset-name): vllm bench's figures on the rehearsed device, for each --config
+    (its engine options under the benchmark's flags; without one, this engine's defaults)."""
     try:
         device = DeviceParams.named(args.device)
     except ValueError as e:
         print(f"{p.prog}: --device: {e}", file=sys.stderr)
         return 2
+    names = list(CONFIGS) if args.compare else (args.config or [""])
     try:
-        figures = plain.run(args, model_folder(args.shape, Path(args.out) / "model"), device)
+        for name in names:
+            options = CONFIGS.get(name, {})
+            if args.self_draft and "speculative_config" in options:
+                raise Refused(f"--self-draft and --config {name} both name a drafter; give one of them")
+            profiles = spec_profiles(args, options, 1.0)  # PaCoRe's temperature, as the PaCoRe rehearsal reads
+            figures = plain.run(args, model_folder(args.shape, Path(args.out) / "model"), device, options, profiles)
+            plain.print_figures(figures, device, name)
     except Refused as e:
         print(f"{p.prog}: {e}", file=sys.stderr)
         return 2
-    plain.print_figures(figures, device)
     return 0
 
 

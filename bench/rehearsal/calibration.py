@@ -2,6 +2,7 @@
 
     python -m bench.rehearsal.calibration            # every point at its published size (minutes of CPU)
     python -m bench.rehearsal.calibration --quick    # each point scaled down (seconds): the machinery only
+    python -m bench.rehearsal.calibration --only AIME25 --num-prompts 192   # some points, under the committed fit
 
 Each POINT (bench/rehearsal/published.py) is a public measurement of vLLM on a GPU, restated as a plain workload
 with what its source says (model, GPU, lengths, prompts, engine limits) and, where the source does not say,
@@ -26,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.device_model import PRESETS, DeviceParams
+from engine.config import positive_int
+from engine.device_model import HOPPER_FITTED, PRESETS, DeviceParams
 
 from bench.rehearsal import plain
 from bench.rehearsal.checks import MAX_KV_TOKENS
@@ -110,7 +112,9 @@ def rehearse_points(points: list[Point], quick: bool, out: Path) -> list[tuple[P
     for pt in points:
         print(f"rehearsing {pt.name} ...", file=sys.stderr)
         args = flags_of(pt, quick, out)
-        f = plain.run(args, model_folder(pt.shape, out / "model"), DeviceParams.named(pt.device))
+        from bench.rehearsal.__main__ import CONFIGS
+        f = plain.run(args, model_folder(pt.shape, out / "model"), DeviceParams.named(pt.device), CONFIGS[pt.config]
+                      if pt.config else None)
         done.append((pt, f["trace"], f["shape"]))
     return done
 
@@ -183,11 +187,27 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.rehearsal.calibration", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="each point scaled down: the machinery in seconds, no "
                    "meaningful figure")
+    p.add_argument("--only", action="append", metavar="TEXT", help="only the points whose name holds TEXT "
+                   "(repeatable); the fitted column then takes the committed fit (the -fitted presets) instead of a new one")
+    p.add_argument("--num-prompts", type=positive_int, metavar="N", help="each point's prompts at most N: a sample of its "
+                   "workload, where the whole is too long for the CPU at hand")
     p.add_argument("--out", default="runs/calibration")
     args = p.parse_args(argv)
     out = Path(args.out)
-    runs = [(pt, trace, shape, Features.of(trace, shape)) for pt, trace, shape in rehearse_points(POINTS, args.quick, out)]
+    points = [pt for pt in POINTS if not args.only or any(t in pt.name for t in args.only)]
+    if not points:
+        p.error(f"no point's name holds {args.only}; the points: {[pt.name for pt in POINTS]}")
+    if args.num_prompts:
+        points = [dataclasses.replace(pt, flags=pt.flags | {"num_prompts": min(args.num_prompts, pt.flags["num_prompts"])})
+                  for pt in points]
+    runs = [(pt, trace, shape, Features.of(trace, shape)) for pt, trace, shape in rehearse_points(points, args.quick, out)]
     before = evaluate(runs, dict(PRESETS))
+    if args.only:
+        committed = {k: dataclasses.replace(v, **{n: HOPPER_FITTED[n] for n in FIT}) for k, v in PRESETS.items()}
+        print(table(runs, before, evaluate(runs, committed)))
+        print("fitted: the committed fit (engine/device_model.py HOPPER_FITTED): "
+              + ", ".join(f"{n}={HOPPER_FITTED[n]:.4g}" for n in FIT))
+        return 0
     h100, res = fit(runs, PRESETS["h100"])
     after = evaluate(runs, {k: dataclasses.replace(v, **{n: getattr(h100, n) for n in FIT}) for k, v in PRESETS.items()})
     print(table(runs, before, after))

@@ -93,10 +93,14 @@ def rehearse_plain(llm, input_len: int, output_len: int, num_prompts: int, n: in
             break
         done = llm.step()
         trace.bounds.append(len(trace.works))
-        for rid, rec in live.items():
-            req = llm.requests.get(rid)
-            seen = sum(s.num_generated for s in req.seqs) if req is not None else None
-            if req is not None and seen > rec[3]:
+        # only a request with a running sequence emitted (one that finished is counted below): with hundreds
+        # waiting, looking at each of them every step would cost more than the step itself
+        for rid in {s.request.request_id for s in llm.scheduler.running}:
+            rec, req = live.get(rid), llm.requests.get(rid)
+            if rec is None or req is None:
+                continue
+            seen = sum(s.num_generated for s in req.seqs)
+            if seen > rec[3]:
                 rec[1] = steps if rec[1] < 0 else rec[1]
                 rec[2] += 1
                 rec[3] = seen
@@ -160,10 +164,13 @@ def engine_options(args) -> dict:
     return opts
 
 
-def run(args, folder, device: DeviceParams, options: dict | None = None) -> dict:
-    """Rehearse the plain workload the flags describe; its figures (Refused: what cannot be rehearsed)."""
+def run(args, folder, device: DeviceParams, options: dict | None = None, profiles=None) -> dict:
+    """Rehearse the plain workload the flags describe; its figures (Refused: what cannot be rehearsed).
+    ``options``: a configuration's engine options (bench/rehearsal's CONFIGS), under the benchmark's own limits
+    (the flags' max_num_seqs, max_num_batched_tokens, gpu_memory_utilization, max_model_len win); ``profiles``:
+    its drafts' acceptance (bench/rehearsal's spec_profiles; None: --self-draft's, flat at --spec-acceptance)."""
     from engine import LLM
-    opts = engine_options(args) | (options or {})
+    opts = (options or {}) | engine_options(args)
     longest = int((args.random_input_len + args.random_output_len) * (1 + args.random_range_ratio)) + 2
     if opts["max_model_len"] < longest:
         raise Refused(f"--max-model-len {opts['max_model_len']} is shorter than the longest request ({longest:,} tokens: "
@@ -178,9 +185,14 @@ def run(args, folder, device: DeviceParams, options: dict | None = None) -> dict
     except ValueError as e:
         raise Refused(f"the rehearsed engine refused the plain workload: {e}") from None
     if llm.speculator is not None:
-        from engine.rehearsal.drafter import WindowProfile, use_scripted_self_drafts
-        p = 0.8 if args.spec_acceptance is None else args.spec_acceptance
-        use_scripted_self_drafts(llm, WindowProfile.flat(p, args.self_draft), seed=args.seed)
+        from engine.rehearsal.drafter import WindowProfile, use_scripted_drafter, use_scripted_self_drafts
+        if profiles is None:
+            p = 0.8 if args.spec_acceptance is None else args.spec_acceptance
+            profiles = WindowProfile.flat(p, llm.speculator.config.num_speculative_tokens)
+        if llm.speculator.self_drafting:
+            use_scripted_self_drafts(llm, profiles, seed=args.seed)
+        else:
+            use_scripted_drafter(llm, profiles, seed=args.seed)
     trace = rehearse_plain(llm, args.random_input_len, args.random_output_len, args.num_prompts, args.n,
                            args.max_concurrency, args.seed, args.random_range_ratio)
     return figures(trace, llm.runner.shape, llm.runner.device_params) | {"trace": trace, "shape": llm.runner.shape}
@@ -198,9 +210,10 @@ def _kv_tokens(folder, device: DeviceParams, opts: dict) -> int:
     return kv_tokens(shape, device, opts["gpu_memory_utilization"])
 
 
-def print_figures(f: dict, device: DeviceParams) -> None:
+def print_figures(f: dict, device: DeviceParams, config: str = "") -> None:
     """The figures as vllm bench prints its own (modelled: virtual seconds on ``device``)."""
-    print(f"============ Rehearsed benchmark result (modelled {device.name}: {device.source}) ============")
+    what = f"{config}, " if config else ""
+    print(f"============ Rehearsed benchmark result ({what}modelled {device.name}: {device.source}) ============")
     rows = [("Successful requests", f"{f['requests']}"), ("Benchmark duration (virtual s)", f"{f['duration_s']:.2f}"),
             ("Total input tokens", f"{f['input_tokens']}"), ("Total generated tokens", f"{f['output_tokens']}"),
             ("Output token throughput (tok/s)", f"{f['output_tokens_per_s']:.2f}"),

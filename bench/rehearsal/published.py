@@ -31,6 +31,7 @@ class Point:
     # throughput, output lengths under a per-token latency); "assumed": the figure rests on an assumption
     stated: str = "full"
     vllm: str = "current"  # the vLLM the source ran: "current" (V1), else its version (V0's host work per step)
+    config: str = ""  # a bench/rehearsal configuration (CONFIGS) whose engine options it runs with ("": the defaults)
 
 
 # Figures where less is faster: the table's ratio is always the modelled speed over the published one.
@@ -90,6 +91,30 @@ _SINGLE = ("one prompt of {prompt} tokens at a time, 256 out (ASSUMED: the outpu
            "prefill in chunks of 8192 (0.4.2 prefilled whole, which TPOT does not see)")
 
 
+_RFC = ("vLLM RFC #47351 (sparse-attention self-speculation, open; its code in the public fork platformxlab/vegas, "
+        "benchmarks/benchmark_vegas.py): Qwen3-8B, the 30 AIME 2025 problems x 32 = 960 requests, max_num_seqs 128, "
+        "max_tokens = max_model_len 40,960, temperature 0.6, top_p 0.95, top_k 20, vLLM's LLM class, one GPU: {figure}")
+_RFC_PLAIN = "~1,000 output tokens/s without speculation (the RFC's text, 'one H100')"
+_RFC_SELF = "~1,600 output tokens/s with the StreamingLLM drafter, 4 drafts (the RFC's text)"
+_POSTER_PLAIN = ("940 output tokens/s without speculation (the Vegas poster, on a 'single H100 GPU (94GB)': an H100 "
+                 "NVL; Vegas's own drafter, 6 drafts: 1,893)")
+_POSTER_SELF = "1,576 output tokens/s with the StreamingLLM drafter, 4 drafts (the Vegas poster, the H100 NVL)"
+_RFC_WORKLOAD = ("960 prompts of 200 tokens (ASSUMED: an AIME problem in Qwen3's chat template; the prompts barely "
+                 "count beside the outputs), 15,000 tokens out, uniform within 90% (ASSUMED: the output lengths are not "
+                 "published; a 10k mean puts the modelled plain figure ~1.5x higher: docs/rehearsal.md, the RFC check), max_num_seqs 128, max_num_batched_tokens "
+                 "16384 (the offline LLM class's default on a >= 70 GiB GPU), max_model_len 40,960, vLLM's scheduler "
+                 "(the rehearsal's vllm config)")
+_RFC_DRAFTS = ("the fork's StreamingLLM drafter: a sink of one block, a window of 5% of the context (at least 256 "
+               "tokens), 4 drafts at a fixed depth (vllm+self), each accepted with probability 0.8 (ASSUMED: MagicDec's "
+               "0.79-0.84 per token at 4k-100k; the poster's 4.92 tokens per step at 6 drafts is ~0.88)")
+_RFC_QUICK = dict(random_input_len=64, random_output_len=128, num_prompts=8, max_num_seqs=8, max_model_len=1024)
+
+
+def _rfc(**more) -> dict:
+    return dict(random_input_len=200, random_output_len=15_000, random_range_ratio=0.9, num_prompts=960,
+                max_num_seqs=128, max_num_batched_tokens=16384, max_model_len=40_960) | more
+
+
 def _latency() -> dict:
     return dict(random_input_len=32, random_output_len=128, num_prompts=8, max_num_seqs=256,
                 max_num_batched_tokens=8192)
@@ -133,22 +158,18 @@ POINTS = [
           20.72, "requests_per_s", "llama3-8b", "h100",
           dict(random_input_len=1000, random_output_len=100, num_prompts=1000, max_num_seqs=256,
                max_num_batched_tokens=8192), dict(num_prompts=16, max_num_seqs=16, random_output_len=16), vllm="0.4.1"),
-    Point("qwen3-8b AIME x32", "KV-bound long decode (cache full)",
-          "vLLM RFC #47351 (sparse-attention self-speculation): Qwen3-8B on AIME 2025 prompts, 32 samples each, "
-          "~1,000 tokens/s without speculation", "1x H100",
-          "8 prompts of 200 tokens x n=32, 8,192 tokens out each (ASSUMED: the RFC's output lengths are not "
-          "restated here; 8 of the 30 prompts already fill the cache), vLLM V1 defaults for a >= 70 GiB GPU "
-          "(ASSUMED: max_num_seqs 1024, max_num_batched_tokens 16384)", 1000.0, "output_tokens_per_s", "qwen3-8b",
-          "h100", dict(random_input_len=200, random_output_len=8192, num_prompts=8, n=32, max_num_seqs=1024,
-                       max_num_batched_tokens=16384),
-          dict(random_output_len=128, num_prompts=2, n=4, max_model_len=512), fit=False, stated="assumed"),
-    Point("qwen3-8b AIME x32 + self-draft 4", "self-speculation",
-          "vLLM RFC #47351: the same with a sink + window drafter of 4 tokens, ~1,600 tokens/s", "1x H100",
-          "as above, self-drafting up to 4 tokens over a sink of 16 and a window of 512 (ASSUMED), each draft "
-          "token accepted with probability 0.8 (ASSUMED)", 1600.0, "output_tokens_per_s", "qwen3-8b", "h100",
-          dict(random_input_len=200, random_output_len=8192, num_prompts=8, n=32, max_num_seqs=1024,
-               max_num_batched_tokens=16384, self_draft=4, spec_acceptance=0.8),
-          dict(random_output_len=128, num_prompts=2, n=4, max_model_len=512), fit=False, stated="assumed"),
+    Point("qwen3-8b AIME25 x32 (H100)", "KV-bound long decode (cache full)", _RFC.format(figure=_RFC_PLAIN),
+          "1x H100", _RFC_WORKLOAD, 1000.0, "output_tokens_per_s", "qwen3-8b", "h100", _rfc(), _RFC_QUICK,
+          fit=False, stated="assumed", config="vllm"),
+    Point("qwen3-8b AIME25 x32 + StreamingLLM 4 (H100)", "self-speculation", _RFC.format(figure=_RFC_SELF), "1x H100",
+          _RFC_WORKLOAD + "; " + _RFC_DRAFTS, 1600.0, "output_tokens_per_s", "qwen3-8b", "h100",
+          _rfc(spec_acceptance=0.8), _RFC_QUICK, fit=False, stated="assumed", config="vllm+self"),
+    Point("qwen3-8b AIME25 x32 (H100 NVL)", "KV-bound long decode (cache full)", _RFC.format(figure=_POSTER_PLAIN),
+          "1x H100 NVL", _RFC_WORKLOAD, 940.0, "output_tokens_per_s", "qwen3-8b", "h100-nvl", _rfc(), _RFC_QUICK,
+          fit=False, stated="assumed", config="vllm"),
+    Point("qwen3-8b AIME25 x32 + StreamingLLM 4 (H100 NVL)", "self-speculation", _RFC.format(figure=_POSTER_SELF),
+          "1x H100 NVL", _RFC_WORKLOAD + "; " + _RFC_DRAFTS, 1576.0, "output_tokens_per_s", "qwen3-8b", "h100-nvl",
+          _rfc(spec_acceptance=0.8), _RFC_QUICK, fit=False, stated="assumed", config="vllm+self"),
     Point("llama3.1-8b chat x16", "small-batch decode (weight-bound)",
           _ML_ENERGY_LLAMA.format(seqs=16, tps="1,953.6", itl="7.91"), "1x H100", _CHAT_LLAMA.format(seqs=16),
           1953.6, "output_tokens_per_s", "llama3-8b", "h100", _chat(16, 400),

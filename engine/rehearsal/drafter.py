@@ -15,8 +15,9 @@ an 8B reasoning model) or are flat (``DraftProfile.flat``: the textbook i.i.d. a
 Self-drafting (method "self_window") drafts with the model itself: the engine's own self_draft runs
 its draft steps (RehearsalRunner.run_draft charges each) and ``ScriptedSelfDrafts`` is their sampler:
 how many of a row's drafts the target accepts is drawn from the acceptance by position at the row's
-context (``WindowProfile``, from ``bench/spec_self_acceptance.py``), and the draft steps propose the
-script's tokens that far and a wrong one after. Every row drafts the depth the policy chose.
+context (``WindowProfile``, from ``bench/spec_self_acceptance.py``, by default capped by the published
+long-context figures: ``WindowProfile.capped``), and the draft steps propose the script's tokens that far and a
+wrong one after. Every row drafts the depth the policy chose.
 """
 from __future__ import annotations
 
@@ -121,10 +122,18 @@ def _other(token: int, vocab: int) -> int:
     return token + 1 if token + 1 < vocab else token - 1
 
 
+# The published acceptance of a sink + window draft over a long context: MagicDec (Sadhukhan et al., arXiv
+# 2408.11049, its StreamingLLM draft with a 512-token KV budget), Llama-3.1-8B on PG-19, greedy, the mean
+# per-token acceptance at 4k / 8k / 16k / 32k / 64k / 100k of context. (context, acceptance), ascending.
+MAGICDEC_STREAMINGLLM_512 = ((4096, 0.84), (8192, 0.83), (16384, 0.82), (32768, 0.81), (65536, 0.79),
+                             (100_000, 0.79))
+
+
 @dataclass(slots=True, frozen=True)
 class WindowProfile:
     """Self-drafting's acceptance by position, per context bin: ``accept[i]`` holds for contexts up to
-    ``bounds[i]`` tokens (the last bin for any longer one)."""
+    ``bounds[i]`` tokens (the last bin for any longer one; ``capped`` bounds a measured profile by the published
+    long-context figures and reads those past the measured contexts)."""
 
     bounds: tuple[int, ...]
     accept: tuple[tuple[float, ...], ...]
@@ -137,6 +146,23 @@ class WindowProfile:
 
     def at(self, context: int) -> tuple[float, ...]:
         return self.accept[min(bisect.bisect_left(self.bounds, context), len(self.bounds) - 1)]
+
+    def capped(self, curve: tuple[tuple[int, float], ...] = MAGICDEC_STREAMINGLLM_512) -> "WindowProfile":
+        """This profile where it was measured, each position at most the published per-token acceptance
+        ``curve`` gives at that context; past the last measured context the published curve alone (a
+        measured bin is not read flat beyond the contexts it saw). A context between two published ones
+        takes the figure of the next one up (the lower: acceptance falls with context), one below the
+        first published context the first figure, one past the last the last."""
+        measured_end = self.bounds[-1]
+        bounds = sorted({b for b in self.bounds} | {c for c, _ in curve if c > measured_end})
+        out = []
+        for b in bounds:
+            cap = next((p for c, p in curve if c >= b), curve[-1][1])
+            if b <= measured_end:
+                out.append(tuple(min(a, cap) for a in self.at(b)))
+            else:
+                out.append((cap,) * len(self.accept[-1]))
+        return WindowProfile(tuple(bounds[:-1]) + (1 << 62,), tuple(out))
 
 
 def load_self_window(path: str | Path, window: int, sink: int, rule: str, temperature: float) -> WindowProfile:

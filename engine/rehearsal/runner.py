@@ -195,7 +195,7 @@ class RehearsalRunner(ModelRunner):
 
     @torch.inference_mode()
     def run_draft(self, seqs: list[Sequence], tokens: list[int], offset: int, window: int, sink: int,
-                  selected: int = 0) -> torch.Tensor:
+                  window_fraction: float = 0.0, selected: int = 0) -> torch.Tensor:
         """A self-drafting step: its inputs prepared for real (ModelRunner.prepare_draft), its cost
         modelled (the weights once; per row the KV of its sink and window, what the kernel reads, and
         its store; its logits sampled) and folded into the step's sample. The drafts' tokens are the
@@ -203,14 +203,14 @@ class RehearsalRunner(ModelRunner):
         > 0): the sink, window and selected blocks in whole blocks, plus the key bounds of every block
         between, which the scoring reads (counted as the KV tokens of the same bytes)."""
         t0 = time.perf_counter()
-        self.prepare_draft(seqs, tokens, offset, window, sink, selected)
+        self.prepare_draft(seqs, tokens, offset, window, sink, window_fraction, selected)
         prepare_s = time.perf_counter() - t0
         work = StepWork(sampled=len(seqs))
         bs = self.block_size
 
         def read(n: int) -> int:  # KV tokens a row of n tokens reads
             if not selected:
-                return min(n, window + sink)
+                return _seen(n, window, sink, window_fraction)
             sink_b, top_k, recent_b = self.draft_select
             nb = -(-n // bs)
             scored = max(0, nb - sink_b - recent_b)
@@ -329,3 +329,8 @@ def _single_token(tokenizer, candidates: tuple[str, ...]) -> int:
             return ids[0]
     raise ValueError(f"none of the rehearsal's fillers {candidates} is a token that repeats as itself in this "
                      "tokenizer; give the rehearsal another tokenizer (tokenizer=FOLDER)")
+
+
+def _seen(length: int, window: int, sink: int, fraction: float) -> int:
+    """KV tokens a draft step of a row of ``length`` tokens reads: its sink and its window."""
+    return min(length, sink + max(window, int(fraction * length)))

@@ -3,8 +3,9 @@
 vLLM's keys where vLLM has them: ``method``, ``num_speculative_tokens``, ``prompt_lookup_min``,
 ``prompt_lookup_max``. Ours: ``lookup_siblings`` (the n-gram corpus includes the other trajectories of
 the same request, PaCoRe's K siblings), and for method ``self_window`` (the model drafts for itself
-over a sink and a recent window of its own KV, MagicDec-style): ``window``, ``sink``, ``selected``
-(tokens of the rest's most relevant blocks a draft step reads besides, chosen by Quest-style key bounds),
+over a sink and a recent window of its own KV, MagicDec-style): ``window``, ``window_fraction``, ``sink``,
+``selected`` (tokens of the rest's most relevant blocks a draft step reads besides, chosen by Quest-style
+key bounds),
 ``acceptance``;
 and ``policy`` / ``cost_model`` (each step's draft depth chosen from the measured acceptance and the
 modelled device, engine/spec/policy.py).
@@ -18,7 +19,7 @@ ACCEPTANCE = ("coupled", "rejection")
 POLICIES = ("adaptive", "fixed")
 MAX_SPAN = 1 << 20  # the most tokens a sink or window may name (a context of 1,048,576 tokens)
 _ONLY = {"ngram": {"prompt_lookup_min", "prompt_lookup_max", "lookup_siblings"},
-         "self_window": {"window", "sink", "selected", "acceptance", "policy", "cost_model"}}
+         "self_window": {"window", "window_fraction", "sink", "selected", "acceptance", "policy", "cost_model"}}
 
 
 @dataclass(slots=True, frozen=True)
@@ -30,10 +31,12 @@ class SpeculativeConfig:
     tokens (``prompt_lookup_min`` to ``prompt_lookup_max`` tokens long) where it occurred before in
     the request's prompt, its own tokens, and (``lookup_siblings``) its siblings' tokens.
     method "self_window": the model drafts for itself, one step per draft token, attending only to its
-    first ``sink`` tokens and its last ``window`` (engine/spec/self_window.py), and with ``selected`` > 0
-    also to that many tokens of the blocks in between whose keys bound q.k highest (Quest-style bounds per
-    block, engine/spec/self_window.py; sink, window and selected are then rounded up to whole blocks).
-    ``acceptance``:
+    first ``sink`` tokens and its last ``window`` (engine/spec/self_window.py), or with
+    ``window_fraction`` f > 0 its last max(``window``, f x its context) tokens: a window that grows with the
+    context, as the StreamingLLM drafter of vLLM RFC #47351's fork (its ``sparse_attn_ratio``); with
+    ``selected`` > 0 (not with ``window_fraction``) also that many tokens of the blocks in between whose keys
+    bound q.k highest (Quest-style bounds per block; sink, window and selected are then rounded up to whole
+    blocks). ``acceptance``:
     "coupled" (the draft is drawn by Gumbel-max with the noise of the target's own draw at that
     position and kept while they agree: the output is token for token the trajectory without
     speculation) or "rejection" (textbook speculative sampling: kept with probability min(1, p/q), else
@@ -49,6 +52,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int = 5
     lookup_siblings: bool = True
     window: int = 512
+    window_fraction: float = 0.0
     sink: int = 16
     selected: int = 0
     acceptance: str = "coupled"
@@ -83,6 +87,13 @@ class SpeculativeConfig:
             if getattr(cfg, name) > MAX_SPAN:
                 raise ValueError(f"speculative_config: {name}={getattr(cfg, name)} is above {MAX_SPAN} tokens (MAX_SPAN, "
                                  f"longer than any context this engine runs); give at most the model's context")
+        f = cfg.window_fraction
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f <= 1.0:
+            raise ValueError(f"speculative_config: window_fraction must be a number in [0, 1] (the share of a row's "
+                             f"context its draft window spans; 0: a fixed window), got {f!r}")
+        if f and cfg.selected:  # the sparse tables have a fixed width (CUDA graphs); a growing window has none
+            raise ValueError("speculative_config: window_fraction and selected are two draft-KV policies (a window "
+                             "that grows with the context, or a fixed window plus selected blocks); give one of them")
         if cfg.num_speculative_tokens > 15:
             raise ValueError(f"speculative_config: num_speculative_tokens={cfg.num_speculative_tokens} is above 15 "
                              "(a verify row's queries share one pass over its KV up to 16 queries)")
@@ -106,3 +117,8 @@ class SpeculativeConfig:
         if cfg.acceptance not in ACCEPTANCE:
             raise ValueError(f"speculative_config: acceptance must be one of {list(ACCEPTANCE)}, got {cfg.acceptance!r}")
         return cfg
+
+    def window_at(self, context: int) -> int:
+        """The draft window of a row of ``context`` tokens: ``window``, or ``window_fraction`` of the context
+        when that is longer."""
+        return max(self.window, int(self.window_fraction * context))

@@ -108,5 +108,5 @@ def adaptive_policy(spec, model_config, dtype, kv_dtype, device=None) -> DepthPo
     from engine.step_shape import ModelShape
     shape = ModelShape.from_config(model_config, dtype.itemsize, kv_dtype.itemsize)
     device = device or DeviceParams.named(spec.cost_model)
-    seconds = speculation_seconds(shape, device, spec.window, spec.sink)
+    seconds = speculation_seconds(shape, device, spec.window, spec.sink, spec.window_fraction)
     return DepthPolicy(spec.num_speculative_tokens, seconds)

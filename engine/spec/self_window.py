@@ -48,7 +48,7 @@ def self_draft(plan: StepPlan, config: SpeculativeConfig, runner: ModelRunner, s
     for j in range(max(len(plan.drafts[s.seq_id]) for s in rows)):
         active = [s for s in rows if len(plan.drafts[s.seq_id]) > j]
         logits = runner.run_draft(active, [tokens[s.seq_id] for s in active], j, config.window, config.sink,
-                                  config.selected)
+                                  window_fraction=config.window_fraction, selected=config.selected)
         # the penalties at the draft's position: the verify pass applies the same ones there
         logits = penalize(logits, active, outputs_before(active, [j] * len(active), plan.drafts))
         if coupled:

@@ -79,16 +79,18 @@ def test_seeded_sampling_is_identical_bit_for_bit(tiny_model_dir, options, polic
     _exercised(llm)
 
 
-def test_a_window_over_the_whole_context_drafts_the_model_itself(tiny_model_dir):
+@pytest.mark.parametrize("window", [dict(window=4096), dict(window=1, window_fraction=1.0)])
+def test_a_window_over_the_whole_context_drafts_the_model_itself(tiny_model_dir, window):
     """Draft logits equal the verify pass's at the same positions (float noise only), so every greedy draft
-    is accepted."""
+    is accepted: a window of 4,096 tokens, or one of a single token that grows to the whole context
+    (window_fraction 1)."""
     llm = LLM(str(tiny_model_dir("qwen3")), skip_tokenizer_init=True,
-              speculative_config=dict(SW, window=4096, sink=0))
+              speculative_config=dict(SW, sink=0) | window)
     drafts, verified = [], []
     run_draft, run = llm.runner.run_draft, llm.runner.run
 
-    def spy_draft(seqs, tokens, offset, window, sink, selected):
-        logits = run_draft(seqs, tokens, offset, window, sink, selected)
+    def spy_draft(seqs, tokens, offset, *window_args, **window_kwargs):
+        logits = run_draft(seqs, tokens, offset, *window_args, **window_kwargs)
         drafts.extend(((s.seq_id, s.num_computed + offset), row) for s, row in zip(seqs, logits))
         return logits
 
@@ -147,6 +149,7 @@ def test_rejection_gives_a_seeded_request_the_same_tokens_alone_and_beside_other
     ({"method": "self_window", "selected": -16}, "selected"),
     ({"method": "self_window", "selected": 1.5}, "selected"),
     ({"method": "ngram", "selected": 64}, "apply to method 'self_window'"),
+    ({"method": "self_window", "selected": 64, "window_fraction": 0.05}, "window_fraction and selected"),
 ])
 def test_bad_config_is_refused_naming_the_key(tiny_model_dir, bad, match):
     with pytest.raises(ValueError, match=match):
@@ -204,14 +207,14 @@ def test_sparse_drafting_keeps_every_blocks_key_bounds(tiny_model_dir, options):
     runner, bs, checked = llm.runner, llm.block_size, []
     run_draft = runner.run_draft
 
-    def spy_draft(seqs, tokens, offset, window, sink, selected):
+    def spy_draft(seqs, tokens, offset, *window_args, **window_kwargs):
         kv, bounds = runner.kv_cache, runner.key_bounds
         for s in seqs:
             blocks = torch.tensor(s.block_table[:s.num_computed // bs])
             keys = kv[:, 0, blocks]                                  # [L, n, bs, Hkv, D]
             assert (bounds[:, 0, blocks] <= keys.amin(2)).all() and (bounds[:, 1, blocks] >= keys.amax(2)).all()
             checked.append(len(blocks))
-        return run_draft(seqs, tokens, offset, window, sink, selected)
+        return run_draft(seqs, tokens, offset, *window_args, **window_kwargs)
     runner.run_draft = spy_draft
     llm.generate(PROMPTS, SamplingParams(n=4, temperature=1.0, max_tokens=32, seed=0, ignore_eos=True),
                  use_tqdm=False)
