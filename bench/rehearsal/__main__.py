@@ -33,6 +33,10 @@ from bench.rehearsal.workload import PaperLengths, ReplayLengths, mean_trajector
 
 PRESETS = {"low": (4,), "medium": (16,), "high": (32, 4)}
 SELF_WINDOW = {"method": "self_window", "num_speculative_tokens": 6, "window": 512, "sink": 16}
+# Sparse self-drafting at SELF_WINDOW's read per draft step (16 + 512 tokens of KV, besides the key bounds it
+# scores): a 256-token recent window and 256 tokens of the blocks in between whose key bounds score highest.
+# The even split is the one bench.spec_sparse_acceptance measured best at 4-8k with this budget (docs/speculative.md).
+SELF_SPARSE = SELF_WINDOW | {"window": 256, "selected": 256}
 # vLLM V1 as `vllm serve` runs it on an H100/H200 (docs/rehearsal.md cites the source of each):
 # n=K as K requests sharing the prompt's full blocks through the automatic prefix cache, chunked
 # prefill with a budget of 8,192 tokens, 1,024 sequences, cascade attention only over a prefix every
@@ -77,6 +81,9 @@ CONFIGS = {
     "fp8w": {"quantization": "fp8"},
     "fp8+fp8w": {"kv_cache_dtype": "fp8_e4m3", "quantization": "fp8"},
     "fp8+fp8w+spec-self": {"kv_cache_dtype": "fp8_e4m3", "quantization": "fp8", "speculative_config": SELF_WINDOW},
+    # sparse self-drafting (issue 46) beside the window ones: acceptance WindowProfile-based, see spec_profiles
+    "fp8+spec-sparse": {"kv_cache_dtype": "fp8_e4m3", "speculative_config": SELF_SPARSE},
+    "fp8+fp8w+spec-sparse": {"kv_cache_dtype": "fp8_e4m3", "quantization": "fp8", "speculative_config": SELF_SPARSE},
     # vLLM with the same FP8 weights (--quantization fp8), FP8 KV and its n-gram proposer: fp8+fp8w+spec-self's peer
     "vllm-fp8+fp8w+ngram": VLLM | {"kv_cache_dtype": "fp8_e4m3", "quantization": "fp8", "speculative_config": VLLM_NGRAM},
 }
@@ -186,8 +193,11 @@ def spec_profiles(args, options: dict, temperature: float):
     ones (--spec-profile: n-gram drafts, round 1's for round 1, round 2's for the rounds whose prompt
     holds references; self-drafting, by context at its window and sink, for --spec-self-rule, capped by
     the published long-context figures and read from them past the measured contexts:
-    WindowProfile.capped), or flat with --spec-acceptance. Refused when the profile cannot be read."""
-    from engine.rehearsal.drafter import KINDS, DraftProfile, WindowProfile, load_profiles, load_self_window
+    WindowProfile.capped; sparse self-drafting, that of the window reading as much KV raised by the measured
+    sparse / window gain and past the measured contexts by at most the published one: sparse_profile), or
+    flat with --spec-acceptance. Refused when the profile cannot be read."""
+    from engine.rehearsal.drafter import (KINDS, DraftProfile, WindowProfile, load_profiles, load_self_sparse,
+                                          load_self_window, sparse_profile)
     spec = options.get("speculative_config")
     if spec is None:
         return None
@@ -198,9 +208,16 @@ def spec_profiles(args, options: dict, temperature: float):
         return dict.fromkeys(KINDS, DraftProfile.flat(args.spec_acceptance, nst))
     try:
         if self_window:
-            measured = load_self_window(args.spec_profile, spec["window"], spec["sink"], args.spec_self_rule,
-                                        temperature)
-            return measured if getattr(args, "spec_self_uncapped", False) else measured.capped()
+            selected = spec.get("selected", 0)
+            # sparse: the window that reads as much KV per draft step, raised by the measured gain (sparse_profile)
+            measured = load_self_window(args.spec_profile, spec["window"] + selected, spec["sink"],
+                                        args.spec_self_rule, temperature)
+            window = measured if getattr(args, "spec_self_uncapped", False) else measured.capped()
+            if not selected:
+                return window
+            ratios = load_self_sparse(args.spec_profile, spec["window"], selected, spec["sink"], args.spec_self_rule,
+                                      temperature, depth=nst)
+            return sparse_profile(window, ratios)
         return load_profiles(args.spec_profile, nst, temperature)
     except (OSError, ValueError, KeyError) as e:
         raise Refused(f"--spec-profile {args.spec_profile}: {e}") from None

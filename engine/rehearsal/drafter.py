@@ -16,8 +16,8 @@ Self-drafting (method "self_window") drafts with the model itself: the engine's 
 its draft steps (RehearsalRunner.run_draft charges each) and ``ScriptedSelfDrafts`` is their sampler:
 how many of a row's drafts the target accepts is drawn from the acceptance by position at the row's
 context (``WindowProfile``, from ``bench/spec_self_acceptance.py``, by default capped by the published
-long-context figures: ``WindowProfile.capped``), and the draft steps propose the script's tokens that far and a
-wrong one after. Every row drafts the depth the policy chose.
+long-context figures: ``WindowProfile.capped``; with ``selected`` blocks, ``sparse_profile``), and the draft
+steps propose the script's tokens that far and a wrong one after. Every row drafts the depth the policy chose.
 """
 from __future__ import annotations
 
@@ -163,6 +163,84 @@ class WindowProfile:
             else:
                 out.append((cap,) * len(self.accept[-1]))
         return WindowProfile(tuple(bounds[:-1]) + (1 << 62,), tuple(out))
+
+
+# The published gain of query-aware selection over a sink + window at the same KV budget: the Vegas poster
+# (platformxlab/vegas, arXiv 2602.07223), Qwen3-8B on AIME25 at ~10k of context, 6 drafts: 5.43 tokens per
+# iteration for Quest-style selection against 4.92 for StreamingLLM.
+VEGAS_QUEST_OVER_STREAMING = 5.43 / 4.92
+
+
+def _tokens_per_verify(accept) -> float:
+    """Expected tokens a verify step emits when every row drafts len(accept) tokens."""
+    return 1 + sum(itertools.accumulate(accept, lambda x, y: x * y))
+
+
+def _raised(accept: tuple[float, ...], ratio: float) -> tuple[float, ...]:
+    """``accept`` times one factor, each position at most 1, the factor chosen (by bisection) so that the
+    tokens per verify step at this depth are ``ratio`` times ``accept``'s (all 1 when that is more than the
+    depth allows). The ratios are measured and published on tokens per step, not per token."""
+    target = ratio * _tokens_per_verify(accept)
+    if target >= len(accept) + 1:
+        return (1.0,) * len(accept)
+    lo, hi = 0.0, 1.0 / max(min(accept), 1e-9)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if _tokens_per_verify(tuple(min(1.0, a * mid) for a in accept)) < target:
+            lo = mid
+        else:
+            hi = mid
+    return tuple(min(1.0, a * lo) for a in accept)
+
+
+def sparse_profile(window: WindowProfile, ratios: tuple[tuple[int, float], ...],
+                   curve: tuple[tuple[int, float], ...] = MAGICDEC_STREAMINGLLM_512,
+                   published_ratio: float = VEGAS_QUEST_OVER_STREAMING) -> WindowProfile:
+    """Sparse self-drafting's acceptance (speculative_config ``selected`` > 0), from ``window``: the profile
+    of a sink + window that reads the same KV per draft step (window + selected tokens; by default capped:
+    ``WindowProfile.capped``). ``ratios`` are the measured (context upper bound, sparse / window tokens per
+    verify step) of the embedded model, ascending (``load_self_sparse``): in a measured bin the window's
+    acceptance is raised by that bin's ratio (``_raised``). Past the last measured context, no measurement
+    says more than the published one: the window raised by at most ``published_ratio`` (Vegas: Quest-style
+    over StreamingLLM) and never above ``curve``'s figure (MagicDec's window) raised by it, so the profile is
+    never flatter than the published curve. Every figure at most 1."""
+    measured_end = ratios[-1][0]
+    out = []
+    for b in window.bounds:
+        if b <= measured_end:
+            ratio = next(r for c, r in ratios if c >= b)
+            out.append(_raised(window.at(b), ratio))
+        else:
+            p = next((q for c, q in curve if c >= b), curve[-1][1])
+            cap = _raised((p,) * len(window.at(b)), published_ratio)
+            out.append(tuple(min(a, c) for a, c in zip(_raised(window.at(b), published_ratio), cap)))
+    return WindowProfile(window.bounds, tuple(out))
+
+
+def load_self_sparse(path: str | Path, window: int, selected: int, sink: int, rule: str, temperature: float,
+                     depth: int = 6) -> tuple[tuple[int, float], ...]:
+    """The measured (context upper bound, sparse / window tokens per verify step at ``depth`` drafts) of a
+    profile JSON's self_sparse section (the table ``python -m bench.spec_sparse_acceptance`` prints), for this
+    window, selected and sink against the window alone at the same read, at the temperature nearest
+    ``temperature``; ascending by context."""
+    raw = read_json(path).get("self_sparse")
+    if not raw or not raw.get("profiles"):
+        raise ValueError(f"{path}: no self_sparse section in it; copy one from python -m bench.spec_sparse_acceptance")
+    by_temp = raw["profiles"]
+    t = min(by_temp, key=lambda key: abs(float(key) - temperature))
+    if rule not in by_temp[t]:
+        raise ValueError(f"{path}: no self_sparse figures for the rule {rule!r} (it has {sorted(by_temp[t])})")
+    key = f"{window}/{selected}/{sink}"
+    if key not in by_temp[t][rule]:
+        raise ValueError(f"{path}: no self_sparse figures for window {window}, selected {selected} and sink {sink} (it "
+                         f"has window/selected/sink {sorted(by_temp[t][rule])}); measure it with python -m "
+                         f"bench.spec_sparse_acceptance")
+    bins = sorted(by_temp[t][rule][key], key=lambda b: b["context"][1])
+    ratios = []
+    for b in bins:
+        plain, sparse = b["tokens_per_verify"][str(depth)]
+        ratios.append((int(b["context"][1]), float(sparse) / float(plain)))
+    return tuple(ratios)
 
 
 def load_self_window(path: str | Path, window: int, sink: int, rule: str, temperature: float) -> WindowProfile:
