@@ -135,7 +135,9 @@ class RehearsalRunner(ModelRunner):
         """The blocks the engine's sizing would give on the modelled device (or in kv_cache_memory)."""
         if kv_cache_memory is not None:
             return max(1, kv_cache_memory // self.kv_bytes_per_block)
-        return max(1, kv_tokens(self.shape, self.device_params, gpu_memory_utilization) // self.block_size)
+        # kv_tokens prices a token's K and V only: the key bounds of sparse self-drafting take their share too
+        tokens = kv_tokens(self.shape, self.device_params, gpu_memory_utilization)
+        return max(1, int(tokens * self.shape.kv_bytes_per_token // self.kv_bytes_per_block))
 
     def mark_ranges(self, on: bool) -> None:
         """No kernels run, so there are no op ranges to mark."""

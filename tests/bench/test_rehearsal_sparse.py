@@ -84,3 +84,16 @@ def test_help_lists_the_sparse_configs():
                          text=True, check=True).stdout
     for name in SPARSE:
         assert name in out
+
+
+def test_a_rehearsed_sparse_cache_holds_fewer_tokens_for_its_key_bounds(tiny_model_dir):
+    """(A utilization just above what the modelled weights and activations take: some 50k blocks.) The key bounds share the cache's memory (2 x Hkv x D per block and layer in the model's dtype: with an
+    FP8 cache, 2 tokens' worth beside a 16-token block's KV), so the modelled device holds 16 / 18 the blocks."""
+    from engine import LLM
+    spec = {"method": "self_window", "num_speculative_tokens": 4, "window": 16, "sink": 16}
+    blocks = {}
+    for selected in (0, 16):
+        llm = LLM(str(tiny_model_dir("llama")), device_model="h200", kv_cache_dtype="fp8_e4m3",
+                  gpu_memory_utilization=0.014, speculative_config=spec | {"selected": selected})
+        blocks[selected] = llm.block_manager.num_blocks
+    assert blocks[16] == pytest.approx(blocks[0] * 16 / 18, rel=1e-3)
