@@ -145,12 +145,25 @@ def _signals_as_ctrl_c() -> Iterator[list[int]]:
         else:
             raise KeyboardInterrupt
 
+    hook = sys.unraisablehook
+
+    def redeliver(unraisable):
+        # A signal landing while a finalizer (__del__, a weakref callback) runs raises there, and Python
+        # prints what a finalizer raises and drops it: the stop would be lost. Send it again instead, from
+        # another thread a moment later, so that it is handled outside the finalizer and this hook.
+        if unraisable.exc_type is KeyboardInterrupt and caught:
+            threading.Timer(0.05, os.kill, (os.getpid(), caught.pop())).start()
+        else:
+            hook(unraisable)
+
     # one ignored stays ignored (SIGHUP under nohup)
     old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)
            if signal.getsignal(sig) is not signal.SIG_IGN}
+    sys.unraisablehook = redeliver
     try:
         yield caught
     finally:
+        sys.unraisablehook = hook
         for sig, handler in old.items():
             signal.signal(sig, handler)
 
