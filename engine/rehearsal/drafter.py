@@ -217,25 +217,32 @@ def sparse_profile(window: WindowProfile, ratios: tuple[tuple[int, float], ...],
     return WindowProfile(window.bounds, tuple(out))
 
 
+def _section_bins(path: str | Path, section: str, rule: str, temperature: float, key: str, what: str,
+                  measure: str) -> list[dict]:
+    """The context bins of one entry of a profile JSON's ``section`` (self_window or self_sparse): the rule's
+    figures for ``key`` at the measured temperature nearest ``temperature``, ascending by context."""
+    raw = read_json(path).get(section)
+    if not raw or not raw.get("profiles"):
+        raise ValueError(f"{path}: no {section} profile in it; write one with {measure}")
+    by_temp = raw["profiles"]
+    t = min(by_temp, key=lambda k: abs(float(k) - temperature))
+    if rule not in by_temp[t]:
+        raise ValueError(f"{path}: no {section} profile for the rule {rule!r} (it has {sorted(by_temp[t])})")
+    if key not in by_temp[t][rule]:
+        raise ValueError(f"{path}: no {section} profile for {what} (it has "
+                         f"{sorted(by_temp[t][rule], key=lambda k: tuple(map(int, k.split('/'))))}); measure it "
+                         f"with {measure}")
+    return sorted(by_temp[t][rule][key], key=lambda b: b["context"][1])
+
+
 def load_self_sparse(path: str | Path, window: int, selected: int, sink: int, rule: str, temperature: float,
                      depth: int = 6) -> tuple[tuple[int, float], ...]:
     """The measured (context upper bound, sparse / window tokens per verify step at ``depth`` drafts) of a
     profile JSON's self_sparse section (the table ``python -m bench.spec_sparse_acceptance`` prints), for this
     window, selected and sink against the window alone at the same read, at the temperature nearest
     ``temperature``; ascending by context."""
-    raw = read_json(path).get("self_sparse")
-    if not raw or not raw.get("profiles"):
-        raise ValueError(f"{path}: no self_sparse section in it; copy one from python -m bench.spec_sparse_acceptance")
-    by_temp = raw["profiles"]
-    t = min(by_temp, key=lambda key: abs(float(key) - temperature))
-    if rule not in by_temp[t]:
-        raise ValueError(f"{path}: no self_sparse figures for the rule {rule!r} (it has {sorted(by_temp[t])})")
-    key = f"{window}/{selected}/{sink}"
-    if key not in by_temp[t][rule]:
-        raise ValueError(f"{path}: no self_sparse figures for window {window}, selected {selected} and sink {sink} (it "
-                         f"has window/selected/sink {sorted(by_temp[t][rule])}); measure it with python -m "
-                         f"bench.spec_sparse_acceptance")
-    bins = sorted(by_temp[t][rule][key], key=lambda b: b["context"][1])
+    bins = _section_bins(path, "self_sparse", rule, temperature, f"{window}/{selected}/{sink}",
+                         f"window {window}, selected {selected} and sink {sink}", "python -m bench.spec_sparse_acceptance")
     ratios = []
     for b in bins:
         plain, sparse = b["tokens_per_verify"][str(depth)]
@@ -246,19 +253,8 @@ def load_self_sparse(path: str | Path, window: int, selected: int, sink: int, ru
 def load_self_window(path: str | Path, window: int, sink: int, rule: str, temperature: float) -> WindowProfile:
     """The self_window section of a profile JSON (``python -m bench.spec_self_acceptance`` writes it) for
     this window, sink and acceptance rule, at the measured temperature nearest ``temperature``."""
-    raw = read_json(path).get("self_window")
-    if not raw or not raw.get("profiles"):
-        raise ValueError(f"{path}: no self_window profile in it; write one with python -m bench.spec_self_acceptance")
-    by_temp = raw["profiles"]
-    t = min(by_temp, key=lambda key: abs(float(key) - temperature))
-    if rule not in by_temp[t]:
-        raise ValueError(f"{path}: no self_window profile for the rule {rule!r} (it has {sorted(by_temp[t])})")
-    key = f"{window}/{sink}"
-    if key not in by_temp[t][rule]:
-        raise ValueError(f"{path}: no self_window profile for window {window} and sink {sink} (it has window/sink "
-                         f"{sorted(by_temp[t][rule], key=lambda k: tuple(map(int, k.split('/'))))}); measure it with "
-                         f"python -m bench.spec_self_acceptance --windows ... --sinks ...")
-    bins = sorted(by_temp[t][rule][key], key=lambda b: b["context"][1])
+    bins = _section_bins(path, "self_window", rule, temperature, f"{window}/{sink}", f"window {window} and sink {sink}",
+                         "python -m bench.spec_self_acceptance --windows ... --sinks ...")
     return WindowProfile(tuple(b["context"][1] for b in bins), tuple(tuple(map(float, b["accept"])) for b in bins))
 
 
