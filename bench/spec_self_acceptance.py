@@ -252,6 +252,16 @@ def engine_check(model, prompt: list[int], params, spec: dict, plain: list[list[
             "same_as_plain": sum(a == b for a, b in zip(got, plain)), "trajectories": len(plain)}
 
 
+def sampled_chunks(llm, args, prompt: list[int], params, depth: int):
+    """The trajectories of ``prompt`` that ``params`` samples, teacher-forced through the cache (their
+    target logits) and cut into draft starts of ``depth``: (trajectories, blocks, forced, chunks)."""
+    gens = [o.token_ids for o in sorted(llm.generate([prompt], params, use_tqdm=False)[0].outputs,
+                                        key=lambda o: o.index)]
+    blocks = Blocks(llm)
+    forced = teacher_force(llm, blocks, prompt, gens, args.prefill_chunk)
+    return gens, blocks, forced, chunks_of(llm, blocks, forced, depth, args.stride)
+
+
 def measure(args) -> dict:
     from engine import LLM, SamplingParams
     from pacore.cli.demo import DEMO_PROBLEMS
@@ -268,11 +278,7 @@ def measure(args) -> dict:
         entry = {"context": [lo, hi], "prompt_tokens": len(prompt), "by_temperature": {}}
         for temp in args.temperatures:
             params = SamplingParams(n=args.k, temperature=temp, max_tokens=args.max_tokens, seed=args.seed)
-            gens = [o.token_ids for o in sorted(llm.generate([prompt], params, use_tqdm=False)[0].outputs,
-                                                key=lambda o: o.index)]
-            blocks = Blocks(llm)
-            forced = teacher_force(llm, blocks, prompt, gens, args.prefill_chunk)
-            chunks = chunks_of(llm, blocks, forced, depth, args.stride)
+            gens, blocks, forced, chunks = sampled_chunks(llm, args, prompt, params, depth)
             positions = [r.num_computed for r in chunks.rows]
             t = {"generated": sum(map(len, gens)), "chunks": len(chunks.rows),
                  "positions": [min(positions, default=0), max(positions, default=0)], "windows": {}}

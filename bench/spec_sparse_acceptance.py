@@ -26,8 +26,7 @@ import time
 from pathlib import Path
 
 from bench.spec_acceptance import SUFFIX, _commit
-from bench.spec_self_acceptance import (Blocks, _ints, _pairs, chunks_of, draft_pass, reference_prompts, summarise,
-                                        teacher_force)
+from bench.spec_self_acceptance import _ints, _pairs, draft_pass, reference_prompts, sampled_chunks, summarise
 
 CAVEAT = ("SmolLM2-135M at 1-8k tokens is a weak proxy for PaCoRe-8B at ~50k: read the gap between the policies, "
           "not the levels. Published (Vegas poster, Qwen3-8B, AIME25 ~10k context, 6 drafts): 4.92 tokens per "
@@ -73,11 +72,7 @@ def measure(args, save=lambda res: None) -> dict:
         entry = {"context": [lo, hi], "prompt_tokens": len(prompt), "by_temperature": {}}
         for temp in args.temperatures:
             params = SamplingParams(n=args.k, temperature=temp, max_tokens=args.max_tokens, seed=args.seed)
-            gens = [o.token_ids for o in sorted(llm.generate([prompt], params, use_tqdm=False)[0].outputs,
-                                                key=lambda o: o.index)]
-            blocks = Blocks(llm)
-            forced = teacher_force(llm, blocks, prompt, gens, args.prefill_chunk)
-            chunks = chunks_of(llm, blocks, forced, args.depth, args.stride)
+            _, blocks, _, chunks = sampled_chunks(llm, args, prompt, params, args.depth)
             t = {"chunks": len(chunks.rows), "policies": {}}
             for label, window, selected in cfgs:
                 if selected:
