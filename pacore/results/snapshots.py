@@ -181,11 +181,15 @@ class SnapshotStore:
         """The snapshot of this round, if one was taken with the same K, seed and prompt tokens."""
         return usable_snapshot(self.read(key, round_no), key, k, seed, prompt)
 
-    def drop(self, key: str, round_no: int) -> None:
+    def _existing_dir(self) -> int | None:
+        """The folder's fd for removing in it, or None: none there, or a link (nothing of ours behind it)."""
         try:
-            dir_fd = self._open_dir(create=False)
-        except WriteFailed:  # a link at the folder: nothing of ours is behind it
-            return
+            return self._open_dir(create=False)
+        except WriteFailed:
+            return None
+
+    def drop(self, key: str, round_no: int) -> None:
+        dir_fd = self._existing_dir()
         if dir_fd is None:
             return
         try:
@@ -201,10 +205,7 @@ class SnapshotStore:
         the folder once empty. Called with the results lock held: no run writes here meanwhile."""
         stale = {self._name(key, r) for key, r in rounds}
         hashes = {self._name(key, 0).split(".")[0] for key in units}
-        try:
-            dir_fd = self._open_dir(create=False)
-        except WriteFailed:  # a link at the folder: nothing of ours is behind it
-            return
+        dir_fd = self._existing_dir()
         if dir_fd is None:
             return
         try:
