@@ -5,7 +5,9 @@ import statistics
 
 from ..config import RunConfig
 from ..results.files import read_results, summary_path, write_json
+from ..results import problem_set
 from ..results.resume import latest_records
+from ..results.settings import read_problem_set
 from ..results.shapes import trajectory, usable_result
 from .confidence import MEASURES, confidence_vs_correctness
 from .grading import ungradable
@@ -53,14 +55,19 @@ def _round_confidence(records: list[dict], i: int) -> dict:
     return {**confidence_vs_correctness(pairs), "measured": measured, "trajectories": total}
 
 
-def summarize(records: list[dict], schedule: list[int]) -> dict:
+def summarize(records: list[dict], schedule: list[int], problems: dict[str, str] | None = None) -> dict:
     """Aggregate the results file: accuracy per round vs self-consistency (mean and std over runs),
     tokens/s, compute, KV saved, and with --record-confidence how confidence relates to correctness.
 
     Each run of a problem counts once (``latest_records``), however many sessions wrote records for it;
-    a record not of the shape of a result (shapes.py; resume warns of them) is left out.
+    a record not of the shape of a result (shapes.py; resume warns of them) is left out, and so is, given
+    the problem set the results answer (``problems``, from the settings file), a record of a problem not in
+    it: those problems are named under "left_out".
     """
     records = latest_records([r for r in records if usable_result(r)])
+    left_out = problem_set.outside(records, problems) if problems is not None else []
+    if left_out:
+        records = [r for r in records if r.get("input_error") or str(r.get("request_id")) in problems]
     ok = [r for r in records if "error" not in r]
     errors = [r for r in records if "error" in r]
     graded = [r for r in ok if r.get("correct") is not None]
@@ -127,6 +134,7 @@ def summarize(records: list[dict], schedule: list[int]) -> dict:
         "error_samples": [{"request_id": r.get("request_id"), "run": r.get("run"), "error": r["error"]}
                           for r in errors[:10]],
         "ungraded": _ungraded(ok),
+        "left_out": {"problems": len(left_out), "ids": left_out[:10]},
     }
 
 
@@ -249,6 +257,11 @@ def format_summary(summary: dict) -> str:
         lines.append(f"  replicas: {len(dispatch['lost'])} of {dispatch['replicas']} lost ({lost}), "
                      f"{dispatch['problems_reassigned']} problems they held reassigned")
     lines += _ungraded_line(summary)
+    left_out = summary.get("left_out") or {}
+    if left_out.get("problems"):
+        more = f" and {left_out['problems'] - len(left_out['ids'])} more" if left_out["problems"] > len(left_out["ids"]) else ""
+        lines.append(f"  left out: the records of {left_out['problems']} problems not in --data "
+                     f"({', '.join(map(str, left_out['ids']))}{more})")
     for e in summary["error_samples"]:
         run_no = f" run {e['run']}" if runs > 1 and e.get("run") is not None else ""
         lines.append(f"  error [{e['request_id']}{run_no}]: {e['error']}")
@@ -300,7 +313,7 @@ def write_summary(cfg: RunConfig, wall: float, sessions: list[dict], dispatch: d
 
     ``dispatch``: a data-parallel run's replicas, those lost and the problems reassigned (replicas/driver.py).
     """
-    summary = summarize(read_results(cfg.out_path), list(cfg.schedule))
+    summary = summarize(read_results(cfg.out_path), list(cfg.schedule), read_problem_set(cfg.out_path))
     tokens = sum(s["generated_tokens"] for s in sessions)
     first = sessions[0] if sessions else {"max_tokens": cfg.max_tokens, "max_model_len": None, "engine_stats": {}}
     summary["run"] = {

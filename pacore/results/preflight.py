@@ -7,7 +7,8 @@
 3. what is there: the results of earlier sessions (a non-empty output needs --resume) and the settings
    they were computed with;
 4. the settings compared: any that changes a record and differs is refused, naming each, unless
-   --override-settings (settings.py);
+   --override-settings (settings.py); so are problems of --data that differ from those the results
+   answer (problem_set.py: changed or dropped; added ones are new work);
 5. the decision: what is left to run and what it continues from (resume.py), said in a line or two;
    with something to run, --max-tokens against the model's context (read from its config.json: a
    resume with nothing left reads no model at all); then the settings are recorded and the run goes
@@ -29,13 +30,14 @@ from dataclasses import dataclass, field
 from ..budget import check_max_tokens
 from ..config import RunConfig
 from ..evaluate.runs import validate_runs
+from . import problem_set
 from .files import check_side_files, rounds_path, same_file, snapshot_dir, write_json
 from .lock import OutputUnusable, ResultsLocked, results_lock
 from .problems import BadLine, Problem, read_problems
-from .resume import (OutputExistsError, PriorWork, confidence_note, prepare_output, read_prior_work, select_pending,
-                     stale_snapshots)
-from .settings import (SettingsChanged, SettingsUnreadable, differences, listed, missing_settings, read_settings,
-                       run_settings, settings_path, with_change)
+from .resume import (OutputExistsError, PriorResults, PriorWork, confidence_note, prepare_output, read_prior_work,
+                     select_pending, stale_snapshots)
+from .settings import (SettingsChanged, SettingsUnreadable, differences, listed, log_change, missing_settings,
+                       read_settings, run_settings, settings_path, with_change)
 
 INTERRUPTED = ("pacore: interrupted; finished problems are saved in {out}. "
                "Run again with --resume to complete the rest.")
@@ -118,11 +120,14 @@ def _checked(cfg: RunConfig, max_model_len: int | Callable[[], int] | None) -> I
             what = "cannot be read" if os.path.lexists(path) else "is missing"
             print(f"pacore: {path} {what}; recording this run's settings in its place, as --override-settings asks",
                   file=sys.stderr)
-    # 4. the settings compared
+    # 4. the settings compared, and the problems
     now = run_settings(cfg)
     doc = {"settings": now, "changes": []} if recorded is None else _compared(cfg, recorded, now, path)
+    items = list(read_problems(cfg.data_path))  # once: --data may be a pipe
+    doc = _problems_compared(cfg, doc, problem_set.identity(items), path)
+    _warn_outside(cfg, prior, doc["problems"])
     # 5. the decision
-    todo, note = select_pending(read_problems(cfg.data_path), prior, cfg.skip_failed, cfg.runs)
+    todo, note = select_pending(items, prior, cfg.skip_failed, cfg.runs)
     if note:
         print(f"pacore: {note} ({cfg.out_path})", file=sys.stderr)
     if todo:  # the budget against the model's context (read only when there is something to run)
@@ -180,7 +185,7 @@ def _compared(cfg: RunConfig, recorded: dict, now: dict, path: str) -> dict:
     --override-settings the change logged; SettingsChanged naming each difference otherwise."""
     differ = differences(recorded["settings"], now)
     if not differ:
-        return {"settings": {**now, **recorded["settings"]}, "changes": recorded["changes"]}
+        return {**recorded, "settings": {**now, **recorded["settings"]}}
     both = listed(differ, recorded["settings"], now)
     if not cfg.override_settings:
         raise SettingsChanged(
@@ -190,6 +195,36 @@ def _compared(cfg: RunConfig, recorded: dict, now: dict, path: str) -> dict:
     print(f"pacore: continuing with other settings than the results so far ({both}), as --override-settings "
           f"asks; recorded in {path}", file=sys.stderr)
     return with_change(recorded, differ, now)
+
+
+def _problems_compared(cfg: RunConfig, doc: dict, now: dict[str, str], path: str) -> dict:
+    """The settings document with this --data's problem set (problem_set.py): a recorded set whose problems
+    changed or are missing refuses the resume (SettingsChanged naming the ids) unless --override-settings,
+    which logs the change; problems added to the file are new work. A set recorded before sets were is
+    filled in."""
+    recorded = doc.get("problems")
+    changed, missing = problem_set.differences(recorded, now) if recorded is not None else ([], [])
+    if changed or missing:
+        what = problem_set.listed(changed, missing)
+        if not cfg.override_settings:
+            raise SettingsChanged(
+                f"{cfg.out_path} answers other problems than --data {cfg.data_path} ({what}); resuming would "
+                f"keep their records and grade them as these. Pass the --data they were computed from, choose "
+                f"another --out, or pass --override-settings to go on with this --data (records of problems not "
+                f"in it are then left out of the summary; the change is recorded in {path})")
+        print(f"pacore: continuing with other problems than the results so far ({what}), as --override-settings "
+              f"asks; recorded in {path}", file=sys.stderr)
+        doc = log_change(doc, {"problems": {"changed": changed, "missing": missing}})
+    return {**doc, "problems": now}
+
+
+def _warn_outside(cfg: RunConfig, prior: PriorResults, problems: dict[str, str]) -> None:
+    """Say which recorded problems are not in --data: the summary leaves them out (problem_set.outside)."""
+    keys = {k if isinstance(k, str) else k[0] for k in prior.done | prior.failed}
+    stray = sorted(keys - problems.keys())
+    if stray:
+        print(f"pacore: {cfg.out_path} holds records of {problem_set.listed([], stray)}; they are not counted in "
+              f"the summary", file=sys.stderr)
 
 
 def _snapshots(out_path: str) -> int:

@@ -3,7 +3,9 @@ so that ``--resume`` never mixes results of two settings silently.
 
 A new output records them; a resume compares every one with the recorded ones (preflight.py) and refuses
 a difference, naming each setting, unless ``--override-settings`` is given: then the change is recorded
-too. ``--runs`` may grow (each run has its own record). A settings file that cannot be read (garbage,
+too. ``--runs`` may grow (each run has its own record). The problems of ``--data`` are compared the same
+way (problem_set.py: ids and a hash of each problem's content; problems may be added, not changed or
+dropped). A settings file that cannot be read (garbage,
 too deep, not the shape of one, settings missing) refuses a resume: a weakened check would pass anything;
 ``--override-settings`` replaces it. So does results without a settings file (removed, or the results
 copied without it): an empty output (a kill before the settings were written, which is before the first
@@ -23,6 +25,7 @@ import os
 import time
 
 from ..config import RunConfig
+from . import problem_set
 from .files import loads_json, side_path
 
 # The setting -> the flag that sets it, in the order differences are named.
@@ -108,7 +111,9 @@ def read_settings(path: str) -> dict | None:
     missing = [name for name in FIRST if name not in settings]
     if missing:
         raise SettingsUnreadable(_unreadable(path, f"settings missing: {', '.join(missing)}"))
-    return {"settings": settings, "changes": changes}
+    if "problems" in doc and not problem_set.valid(doc["problems"]):
+        raise SettingsUnreadable(_unreadable(path, "its problems are not the shape of a problem set"))
+    return {"settings": settings, "changes": changes, **({"problems": doc["problems"]} if "problems" in doc else {})}
 
 
 def missing_settings(out_path: str, path: str) -> str:
@@ -136,9 +141,23 @@ def listed(names: list[str], recorded: dict, now: dict) -> str:
 
 def with_change(doc: dict, names: list[str], now: dict) -> dict:
     """The settings document after an --override-settings resume: this run's settings, the change logged."""
-    change = {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-              "from": {n: doc["settings"][n] for n in names}, "to": {n: now[n] for n in names}}
-    return {"settings": now, "changes": [*doc["changes"], change]}
+    return log_change({**doc, "settings": now},
+                      {"from": {n: doc["settings"][n] for n in names}, "to": {n: now[n] for n in names}})
+
+
+def log_change(doc: dict, change: dict) -> dict:
+    """The settings document with ``change`` appended to its log, timed."""
+    return {**doc, "changes": [*doc["changes"], {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **change}]}
+
+
+def read_problem_set(out_path: str) -> dict[str, str] | None:
+    """The problem set the results file answers (problem_set.py), or None when none was recorded (results
+    from before sets were recorded) or the settings file cannot be read (a resume refuses that first)."""
+    try:
+        doc = read_settings(settings_path(out_path))
+    except SettingsUnreadable:
+        return None
+    return None if doc is None else doc.get("problems")
 
 
 def _show(name: str, value: object) -> str:
