@@ -69,7 +69,7 @@ class Scheduler:
         ids = req.prompt_token_ids
         if resume is not None:
             for i, (tokens, reason) in enumerate(resume):
-                seq = Sequence(req, i, ids + [int(t) for t in tokens], len(ids), stream=req.stream(i))
+                seq = Sequence(req, i, ids + [int(t) for t in tokens], len(ids), stream=req.stream(i), resumed=True)
                 req.seqs.append(seq)
                 if reason is None:
                     self.waiting.append(seq)
@@ -231,7 +231,9 @@ class Scheduler:
             else:
                 self.waiting.remove(seq)
             self.prefix_hit_tokens += cached
-            if seq.num_generated == 0 and seq.index == 0:
+            if seq.resumed:
+                self._resumed_sharing(seq, cached)
+            elif seq.num_generated == 0 and seq.index == 0:
                 seq.request.metrics.num_cached_tokens = cached
             self._run(seq)
             held[seq.request] = held.get(seq.request, 0) + self._slots(seq)
@@ -347,6 +349,17 @@ class Scheduler:
                 hi = min(end, seq.num_tokens - 1)
                 if lo < hi:
                     plan.scored.append(ScoredSpan(seq, lo, hi - lo, req.params.logprobs, False))
+
+    def _resumed_sharing(self, seq: Sequence, cached: int) -> None:
+        """A resumed request's children are recomputed, not forked, and share the prompt through the prefix
+        cache: its first child's prompt hit is the request's cached tokens, and each sibling's prompt
+        blocks found there count as KV shared instead of copied, as a fork's do."""
+        seq.resumed = False
+        prompt = min(cached, seq.num_prompt_tokens)
+        if seq.index == 0:
+            seq.request.metrics.num_cached_tokens = prompt
+        else:
+            seq.request.metrics.kv_blocks_saved_by_sharing += prompt // self.bm.block_size
 
     def _fork(self, parent: Sequence, plan: StepPlan) -> list[Sequence]:
         """Share the prompt's blocks with n-1 new sequences (copy a partial block). Children with no

@@ -35,6 +35,7 @@ class Sequence:
     finish_reason: str | None = None
     stream: int | None = None   # seeded requests: this child's sampling stream (engine/sampler.py)
     fork_pending: bool = False  # the request's first sequence, before the prompt is forked n ways
+    resumed: bool = False       # continues an earlier session's tokens, until its first admission
     row: int = -1               # row in the model runner's persistent block-table buffer
     logprobs: TokenLogprobs | None = None  # one position per generated token, when params.logprobs is set
 

@@ -68,3 +68,27 @@ def test_bad_resume_is_refused(tiny_model_dir, resume, match):
     with pytest.raises(ValueError, match=match):
         llm.add_request(_prompt(10), SamplingParams(n=2, max_tokens=8), resume=resume)
     assert not llm.has_unfinished()
+
+
+def test_a_resumed_request_reports_the_prompt_sharing_a_fork_would(tiny_model_dir):
+    """Resumed children are recomputed, not forked, yet share the prompt through the prefix cache: the
+    request's KV-saved and cache-hit figures say so as the uninterrupted request's do (issue 52, item 6:
+    they were 0, so a resumed PaCoRe round's summary lost them)."""
+    model = str(tiny_model_dir("qwen3"))
+    prompt = _prompt(53, seed=5)
+    params = SamplingParams(n=4, temperature=1.0, seed=2, max_tokens=40, ignore_eos=True)
+    first = LLM(model, num_kv_blocks=256)
+    rid = first.add_request(prompt, params)
+    partial = _run_until(first, rid, 6)
+    first.abort_request(rid)
+    whole = LLM(model, num_kv_blocks=256).generate([prompt], params, use_tqdm=False)[0]
+
+    second = LLM(model, num_kv_blocks=256)
+    second.generate([prompt[:40]], SamplingParams(max_tokens=1), use_tqdm=False)  # 2 blocks now cached
+    second.add_request(prompt, params, request_id="again", resume=partial)
+    done = []
+    while second.has_unfinished():
+        done += second.step()
+    got = done[0]
+    assert got.metrics.kv_blocks_saved_by_sharing == whole.metrics.kv_blocks_saved_by_sharing == 3 * (53 // 16)
+    assert got.num_cached_tokens == 32  # the first child's prompt hit, as a fresh request's
