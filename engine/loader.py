@@ -7,8 +7,8 @@ import re
 import torch
 from safetensors import safe_open
 
+from engine.checkpoint_checks import check_checkpoint, checkpoint_files
 from engine.distributed import Shard, TPGroup
-from engine.jsonfile import read_json
 from engine.model import CausalLM
 from engine.quant.fp8 import SCALE_NAMES, Fp8Linear, load_scale, load_weight
 
@@ -31,21 +31,6 @@ _KV_SCALE_TARGETS = {"k_scale": (("k_scale",), 0), "v_scale": (("v_scale",), 0),
 # outside this range a scale is corrupt, and would store every value as 0 or as the format's largest.
 KV_SCALE_RANGE = (1e-6, 1e6)
 log = logging.getLogger("engine")
-
-
-def _checkpoint_files(path) -> list:
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        names = sorted(set(read_json(index)["weight_map"].values()))
-        files = [path / n for n in names]
-    else:
-        files = sorted(path.glob("*.safetensors"))
-    missing = [f for f in files if not f.is_file()]
-    if not files or missing:
-        raise FileNotFoundError(
-            f"no complete safetensors checkpoint in {path} (missing: {missing or '*.safetensors'}); "
-            "the engine loads Hugging Face folders saved with safe_serialization=True")
-    return files
 
 
 def _part(shard: Shard, cfg, module: str, shape: tuple) -> tuple[int, int, int] | None:
@@ -86,7 +71,7 @@ def load_weights(model: CausalLM, path, kv_scales: bool = False) -> None:
     fused_sizes = {"qkv_proj": [q, kv, kv], "gate_up_proj": [ffn, ffn]}
     fp8 = {name: m for name, m in model.named_modules() if isinstance(m, Fp8Linear)}
     loaded: set[str] = set()
-    for file in _checkpoint_files(path):
+    for file in checkpoint_files(path):
         with safe_open(str(file), framework="pt") as f:
             for hf_name in f.keys():
                 if _IGNORED.match(hf_name):
@@ -217,6 +202,7 @@ def load_model(cfg, dtype: torch.dtype, device: torch.device, shard: Shard | Non
                tp: TPGroup | None = None, kv_scales: bool = False) -> CausalLM:
     """Build the model (this rank's shard of it under tensor parallelism) and load its weights;
     ``kv_scales``: the KV cache is FP8, so the checkpoint's cache scales are read (else each is 1.0)."""
+    check_checkpoint(cfg)  # its headers and sizes, before config.json's sizes are allocated
     with torch.device("meta"):
         model = CausalLM(cfg, shard, tp)
     # Cast on meta (free), then allocate: the device holds the weights once, in their dtype. (Allocating
