@@ -23,7 +23,8 @@ from engine.jsonfile import loads_json, read_json
 # No released Llama/Qwen model declares more (Llama 4 Scout's 10M is the longest); beyond it the number is corrupt.
 MAX_POSITIONS = 1 << 24
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit on a header
-FLOAT_DTYPES = ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2")  # the loader casts these (FP8: engine/quant/)
+# The dtypes the loader casts (FP8: engine/quant/), and their bytes per value.
+FLOAT_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
 _SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
           "max_position_embeddings", "num_key_value_heads", "head_dim")  # the last two may be null
 _FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias")
@@ -132,8 +133,8 @@ def checkpoint_files(path: Path) -> list[Path]:
     return files
 
 
-def read_header(file: Path) -> dict[str, tuple[str, list[int]]]:
-    """name -> (dtype, shape) of a safetensors file, from its header alone, checked against the file's size."""
+def read_header(file: Path) -> dict[str, tuple[str, list[int], int]]:
+    """name -> (dtype, shape, bytes) of a safetensors file, from its header alone, checked against the file's size."""
     bad = f"{file}: not a whole safetensors file"
     size = file.stat().st_size
     with open(file, "rb") as f:
@@ -161,7 +162,7 @@ def read_header(file: Path) -> dict[str, tuple[str, list[int]]]:
         if not ok:
             raise ValueError(f"{bad} (tensor {name!r} has a damaged entry or lies past the end); re-download or "
                              "re-save it")
-        tensors[name] = (t["dtype"], t["shape"])
+        tensors[name] = (t["dtype"], t["shape"], t["data_offsets"][1] - t["data_offsets"][0])
     return tensors
 
 
@@ -173,10 +174,13 @@ def check_checkpoint(cfg) -> list[Path]:
     files = checkpoint_files(cfg.path)
     stored = 0
     for file in files:
-        for name, (dtype, shape) in read_header(file).items():
+        for name, (dtype, shape, size) in read_header(file).items():
             if dtype not in FLOAT_DTYPES:
                 raise ValueError(f"{file.name}: {name!r} is {dtype}, not a float tensor (one of {list(FLOAT_DTYPES)}); "
                                  "this is not a checkpoint this engine runs: re-save the model in bf16")
+            if size != math.prod(shape) * FLOAT_DTYPES[dtype]:
+                raise ValueError(f"{file}: not a whole safetensors file ({name!r}: shape {shape} of {dtype} is not "
+                                 f"the {size:,} bytes its offsets give); re-download or re-save it")
             stored += math.prod(shape)
     s = ModelShape.from_config(cfg, 1)
     norms = 2 * s.hidden_size + (2 * s.head_dim if s.qk_norm else 0)
@@ -203,7 +207,11 @@ def check_context_memory(max_model_len: int, cfg, max_num_seqs: int, block_size:
 
 def free_memory(device) -> int:
     """Bytes free in host memory and, for a GPU, on it too (the smaller)."""
-    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:  # MemAvailable counts the page cache the kernel gives back (free memory alone does not)
+        with open("/proc/meminfo") as f:
+            free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if device.type == "cuda":
         import torch
         free = min(free, torch.cuda.mem_get_info(device)[0])

@@ -5,7 +5,7 @@ import logging
 import re
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from engine.checkpoint_checks import check_checkpoint, checkpoint_files
 from engine.distributed import Shard, TPGroup
@@ -31,6 +31,14 @@ _KV_SCALE_TARGETS = {"k_scale": (("k_scale",), 0), "v_scale": (("v_scale",), 0),
 # outside this range a scale is corrupt, and would store every value as 0 or as the format's largest.
 KV_SCALE_RANGE = (1e-6, 1e6)
 log = logging.getLogger("engine")
+
+
+def _open(file):
+    """safe_open, what it refuses beyond check_checkpoint's header checks said in one line."""
+    try:
+        return safe_open(str(file), framework="pt")
+    except SafetensorError as e:
+        raise ValueError(f"{file}: not a whole safetensors file ({e}); re-download or re-save it") from None
 
 
 def _part(shard: Shard, cfg, module: str, shape: tuple) -> tuple[int, int, int] | None:
@@ -72,7 +80,7 @@ def load_weights(model: CausalLM, path, kv_scales: bool = False) -> None:
     fp8 = {name: m for name, m in model.named_modules() if isinstance(m, Fp8Linear)}
     loaded: set[str] = set()
     for file in checkpoint_files(path):
-        with safe_open(str(file), framework="pt") as f:
+        with _open(file) as f:
             for hf_name in f.keys():
                 if _IGNORED.match(hf_name):
                     continue

@@ -39,6 +39,17 @@ def header(length: int, keep: int | None = None):
     return mutate
 
 
+def header_entry(name, key, value):
+    """model.safetensors with one tensor's header entry changed (the header padded to its length)."""
+    def mutate(d):
+        data = (d / WEIGHTS).read_bytes()
+        (n,) = struct.unpack("<Q", data[:8])
+        entries = json.loads(data[8:8 + n])
+        entries[name][key] = value(entries) if callable(value) else value
+        (d / WEIGHTS).write_bytes(data[:8] + json.dumps(entries, separators=(",", ":")).encode().ljust(n) + data[8 + n:])
+    return mutate
+
+
 def tensor_as(dtype):
     def mutate(d):
         tensors = load_file(str(d / WEIGHTS))
@@ -88,6 +99,11 @@ CASES = {  # name -> (how the folder is damaged, what the one-line refusal names
     "header-past-the-end": (header(10**6, keep=100), (WEIGHTS, "header claims 1,000,000 bytes")),
     "header-absurd": (header(2**62), (WEIGHTS, "not a whole safetensors file")),
     "file-of-3-bytes": (text(WEIGHTS, "abc"), (WEIGHTS, "not a whole safetensors file")),
+    "shape-not-its-bytes": (header_entry("model.norm.weight", "shape", [32]),
+                            (WEIGHTS, "model.norm.weight", "not a whole safetensors file")),
+    "offsets-overlap": (header_entry("model.layers.0.self_attn.k_norm.weight", "data_offsets",
+                                     lambda h: h["model.layers.0.self_attn.q_norm.weight"]["data_offsets"]),
+                        (WEIGHTS, "not a whole safetensors file")),
     "integer-tensor": (tensor_as(torch.int32), (WEIGHTS, "q_proj.weight", "I32", "not a float tensor")),
     "bool-tensor": (tensor_as(torch.bool), (WEIGHTS, "BOOL", "not a float tensor")),
     "complex-tensor": (tensor_as(torch.complex64), (WEIGHTS, "C64", "not a float tensor")),
