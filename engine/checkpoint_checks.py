@@ -29,7 +29,8 @@ _SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
           "max_position_embeddings", "num_key_value_heads", "head_dim")  # the last two may be null
 _FLAGS = ("tie_word_embeddings", "attention_bias", "mlp_bias")
 _ROPE_NUMBERS = ("rope_theta", "factor", "original_max_position_embeddings", "low_freq_factor",
-                 "high_freq_factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")
+                 "high_freq_factor", "attention_factor", "beta_fast", "beta_slow")
+MAX_NUMBER = 1e12  # above any real RoPE base or factor; keeps their products (check_max_model_len) finite
 
 
 def _is_int(x) -> bool:
@@ -41,8 +42,8 @@ def _is_number(x) -> bool:
 
 
 def _positive_number(value, name: str, cfg_file: Path, fix: str) -> None:
-    if value is not None and (not _is_number(value) or value <= 0):
-        raise ValueError(f"{cfg_file}: {name} must be a positive number, got {value!r}{fix}")
+    if value is not None and (not _is_number(value) or not 0 < value <= MAX_NUMBER):
+        raise ValueError(f"{cfg_file}: {name} must be a positive number (at most {MAX_NUMBER:g}), got {value!r}{fix}")
 
 
 def check_config(raw, cfg_file: Path) -> dict:

@@ -88,6 +88,8 @@ CASES = {  # name -> (how the folder is damaged, what the one-line refusal names
     "rope-a-string": (config(rope_parameters="x"), ("config.json", "rope_parameters")),
     "rope-theta-a-string": (config(rope_parameters={"rope_type": "default", "rope_theta": "1e4"}),
                             ("config.json", "rope_parameters.rope_theta")),
+    "rope-factor-absurd": (config(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 1e308}),
+                           ("config.json", "rope_parameters.factor")),
     "architectures-a-string": (config(architectures="Qwen3ForCausalLM"), ("config.json", "architectures")),
     "transformers-refuses": (config(num_hidden_layers=3), ("config.json", "transformers cannot read it")),
     "index-not-an-object": (text("model.safetensors.index.json", "[1]"), ("model.safetensors.index.json", "weight_map")),

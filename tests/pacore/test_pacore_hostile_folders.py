@@ -28,7 +28,12 @@ def _linked_outside(d):
     (d / "model.safetensors").symlink_to(d.parent / "elsewhere.safetensors")
 
 
+def _generation_config_a_list(d):
+    (d / "generation_config.json").write_text("[1]")
+
+
 CASES = {"heads-a-string": (_heads_a_string, "num_attention_heads"),  # refused before the run starts (its context)
+         "generation-config-a-list": (_generation_config_a_list, "generation_config.json"),  # serve reads it first
          "header-past-the-end": (_header_past_the_end, "not a whole safetensors file"),  # as the weights load
          "symlink-outside": (_linked_outside, "outside the model folder")}
 
