@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.checkpoint_checks import check_config, eos_token_ids, generation_eos
 from engine.jsonfile import loads_json, read_json
 from engine.quant.config import QUANTIZATIONS, Fp8Config, checkpoint_quantization, resolve_quantization
 
@@ -65,7 +66,7 @@ class ModelConfig:
             raise FileNotFoundError(
                 f"{path} has no config.json: pass a local Hugging Face model folder "
                 "(config.json, *.safetensors, tokenizer files) or 'smollm2-135m' for the embedded model")
-        raw = read_json(cfg_file)
+        raw = check_config(read_json(cfg_file), cfg_file)  # engine/checkpoint_checks.py
         quant = resolve_quantization(quantization, checkpoint_quantization(raw, cfg_file), cfg_file)
         archs = raw.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
@@ -74,7 +75,11 @@ class ModelConfig:
                 f"unsupported architecture {archs} in {cfg_file}: this engine runs "
                 f"{sorted(SUPPORTED_ARCHITECTURES)}")
         from transformers import AutoConfig
-        hf = AutoConfig.from_pretrained(path)
+        try:
+            hf = AutoConfig.from_pretrained(path)
+        except Exception as e:  # what the checks above let through, transformers' validators refuse: said in one line
+            said = " ".join(str(e).split())[:300] or type(e).__name__
+            raise ValueError(f"{cfg_file}: transformers cannot read it ({said}); fix it there") from None
         if getattr(hf, "hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act={hf.hidden_act!r} in {cfg_file}: only 'silu' MLPs are implemented")
         layer_types = getattr(hf, "layer_types", None) or []
@@ -93,11 +98,10 @@ class ModelConfig:
         num_kv_heads = getattr(hf, "num_key_value_heads", None) or num_heads
         if num_heads % num_kv_heads:
             raise ValueError(f"{num_heads} attention heads are not a multiple of {num_kv_heads} KV heads")
-        eos = raw.get("eos_token_id")
+        eos_ids = eos_token_ids(raw.get("eos_token_id"), cfg_file)
         gen_file = path / "generation_config.json"
         if gen_file.is_file():
-            eos = read_json(gen_file).get("eos_token_id", eos)
-        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+            eos_ids = generation_eos(gen_file, eos_ids)
         attention_bias = bool(getattr(hf, "attention_bias", False))
         return cls(
             path=path, architecture=arch, vocab_size=hf.vocab_size, hidden_size=hf.hidden_size,

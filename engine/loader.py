@@ -5,10 +5,10 @@ import logging
 import re
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
+from engine.checkpoint_checks import check_checkpoint, checkpoint_files
 from engine.distributed import Shard, TPGroup
-from engine.jsonfile import read_json
 from engine.model import CausalLM
 from engine.quant.fp8 import SCALE_NAMES, Fp8Linear, load_scale, load_weight
 
@@ -33,19 +33,12 @@ KV_SCALE_RANGE = (1e-6, 1e6)
 log = logging.getLogger("engine")
 
 
-def _checkpoint_files(path) -> list:
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        names = sorted(set(read_json(index)["weight_map"].values()))
-        files = [path / n for n in names]
-    else:
-        files = sorted(path.glob("*.safetensors"))
-    missing = [f for f in files if not f.is_file()]
-    if not files or missing:
-        raise FileNotFoundError(
-            f"no complete safetensors checkpoint in {path} (missing: {missing or '*.safetensors'}); "
-            "the engine loads Hugging Face folders saved with safe_serialization=True")
-    return files
+def _open(file):
+    """safe_open, what it refuses beyond check_checkpoint's header checks said in one line."""
+    try:
+        return safe_open(str(file), framework="pt")
+    except SafetensorError as e:
+        raise ValueError(f"{file}: not a whole safetensors file ({e}); re-download or re-save it") from None
 
 
 def _part(shard: Shard, cfg, module: str, shape: tuple) -> tuple[int, int, int] | None:
@@ -86,8 +79,8 @@ def load_weights(model: CausalLM, path, kv_scales: bool = False) -> None:
     fused_sizes = {"qkv_proj": [q, kv, kv], "gate_up_proj": [ffn, ffn]}
     fp8 = {name: m for name, m in model.named_modules() if isinstance(m, Fp8Linear)}
     loaded: set[str] = set()
-    for file in _checkpoint_files(path):
-        with safe_open(str(file), framework="pt") as f:
+    for file in checkpoint_files(path):
+        with _open(file) as f:
             for hf_name in f.keys():
                 if _IGNORED.match(hf_name):
                     continue
@@ -217,6 +210,7 @@ def load_model(cfg, dtype: torch.dtype, device: torch.device, shard: Shard | Non
                tp: TPGroup | None = None, kv_scales: bool = False) -> CausalLM:
     """Build the model (this rank's shard of it under tensor parallelism) and load its weights;
     ``kv_scales``: the KV cache is FP8, so the checkpoint's cache scales are read (else each is 1.0)."""
+    check_checkpoint(cfg)  # its headers and sizes, before config.json's sizes are allocated
     with torch.device("meta"):
         model = CausalLM(cfg, shard, tp)
     # Cast on meta (free), then allocate: the device holds the weights once, in their dtype. (Allocating

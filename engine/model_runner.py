@@ -24,6 +24,7 @@ import dataclasses
 import torch
 
 from engine.attention import AttentionMetadata, batch_invariant_backend, get_backend, with_ranges
+from engine.checkpoint_checks import check_context_memory
 from engine.config import ModelConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.distributed import Shard, TPGroup, check_graph_capture_env
@@ -87,6 +88,7 @@ class ModelRunner:
         self.workers = workers
         self.is_worker = tp is not None and tp.rank > 0
         self.kv_cache: torch.Tensor | None = None
+        check_context_memory(max_model_len, cfg, max_num_seqs, block_size, device)  # before its tables are built
         self.cos_sin = cfg.rope_cos_sin(max_model_len).to(device)
         self.ops = get_backend(backend)
         self.cascade = cascade  # whether plans may carry cascade groups (never with batch_invariant)

@@ -55,17 +55,18 @@ class ModelShape:
             self.intermediate_size
         return [(q, h), (kv, h), (kv, h), (h, q), (i, h), (i, h), (h, i)]
 
+    def projection_bytes(self, n: int, k: int, fp8: bool | None = None) -> int:
+        """One [n, k] projection: in the model's dtype, or FP8 (a byte each) and fp32 scales; ``fp8``: whether
+        this one is FP8 (a checkpoint may leave some unquantized; default: fp8_weights)."""
+        if not (self.fp8_weights if fp8 is None else fp8):
+            return self.dtype_bytes * n * k
+        scales = n if self.fp8_block is None else -(-n // self.fp8_block[0]) * -(-k // self.fp8_block[1])
+        return n * k + 4 * scales
+
     @property
     def linear_weight_bytes(self) -> int:
         """The projections of every layer: in the model's dtype, or FP8 (a byte each) and fp32 scales."""
-        if not self.fp8_weights:
-            return self.dtype_bytes * self.linear_params
-        if self.fp8_block is None:
-            scales = sum(n for n, _ in self.layer_projections)
-        else:
-            bn, bk = self.fp8_block
-            scales = sum(-(-n // bn) * -(-k // bk) for n, k in self.layer_projections)
-        return self.linear_params + 4 * self.num_layers * scales
+        return self.num_layers * sum(self.projection_bytes(n, k) for n, k in self.layer_projections)
 
     @property
     def weight_bytes(self) -> int:

@@ -28,7 +28,12 @@ def compressed_tensors_ignore(qc: dict, where, way_out: str) -> tuple[str, ...]:
     if fmt not in FORMATS:
         raise ValueError(f"{where}: quantization_config.format {fmt!r} is not supported (only {list(FORMATS)}, the FP8 "
                          f"formats); {way_out}")
-    groups = list((qc.get("config_groups") or {}).values())
+    groups = qc.get("config_groups") or {}
+    if not isinstance(groups, dict) or not all(isinstance(g, dict) for g in groups.values()):
+        raise ValueError(f"{where}: quantization_config.config_groups must be an object of schemes, each an object "
+                         f"({{\"group_0\": {{\"targets\": [\"Linear\"], \"weights\": {{...}}}}}}), got {groups!r}; "
+                         f"{way_out}")
+    groups = list(groups.values())
     if not groups or any(g != groups[0] for g in groups[1:]):
         raise ValueError(f"{where}: quantization_config.config_groups must hold one scheme (or identical ones) for "
                          f"every Linear, got {len(groups)} differing; {way_out}")
@@ -40,6 +45,10 @@ def compressed_tensors_ignore(qc: dict, where, way_out: str) -> tuple[str, ...]:
     if acts is None:
         raise ValueError(f"{where}: quantization_config has no input_activations (weight-only); this engine quantizes "
                          f"activations per token (FP8-dynamic); {way_out}")
+    for scheme, what in ((weights, "weights"), (acts, "input_activations")):
+        if not isinstance(scheme, dict):
+            raise ValueError(f"{where}: quantization_config {what} must be an object (num_bits, type, strategy, ...), "
+                             f"got {scheme!r}; {way_out}")
     for scheme, what in ((weights, "weights"), (acts, "input_activations")):
         for key, want in (("type", "float"), ("num_bits", 8), ("symmetric", True), ("group_size", None),
                           ("block_structure", None)):

@@ -66,7 +66,8 @@ def checkpoint_quantization(raw: dict, where) -> Fp8Config | None:
         raise ValueError(f"{where}: quantization_config must be an object, got {qc!r}")
     method = qc.get("quant_method")
     if method == "compressed-tensors":
-        return Fp8Config(prequantized=True, ignore=compressed_tensors_ignore(qc, where, WAY_OUT), method=method)
+        ignore = _patterns_compile(compressed_tensors_ignore(qc, where, WAY_OUT), where)
+        return Fp8Config(prequantized=True, ignore=ignore, method=method)
     if method != "fp8":
         raise ValueError(f"{where}: quantization_config.quant_method {method!r} is not supported: this engine runs "
                          f"FP8 checkpoints (quant_method 'fp8', e4m3, dynamic activation scales, as Qwen3-8B-FP8, or "
@@ -93,7 +94,19 @@ def checkpoint_quantization(raw: dict, where) -> Fp8Config | None:
     if not isinstance(ignore, list) or not all(isinstance(x, str) for x in ignore):
         raise ValueError(f"{where}: quantization_config ignored_layers / modules_to_not_convert must be a list of "
                          f"module names, got {ignore!r}")
-    return Fp8Config(block=block, prequantized=True, ignore=tuple(ignore))
+    return Fp8Config(block=block, prequantized=True, ignore=_patterns_compile(tuple(ignore), where))
+
+
+def _patterns_compile(ignore: tuple[str, ...], where) -> tuple[str, ...]:
+    """``ignore``, its "re:" entries checked to compile (Fp8Config.quantizes matches them as the model is built)."""
+    for entry in ignore:
+        if entry.startswith("re:"):
+            try:
+                re.compile(entry[3:])
+            except (re.error, RecursionError, OverflowError) as e:
+                raise ValueError(f"{where}: quantization_config ignore entry {entry!r} is not a regular expression "
+                                 f"({e}); fix it (e.g. 're:.*lm_head') or name the module itself") from None
+    return ignore
 
 
 def resolve_quantization(asked: str | None, checkpoint: Fp8Config | None, where) -> Fp8Config | None:

@@ -131,14 +131,34 @@ def _size(n: float) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
 
 
+# The Hugging Face names of a layer's projections, in ModelShape.layer_projections' order.
+PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+               "mlp.up_proj", "mlp.down_proj")
+
+
 def describe_weights(cfg, dtype: torch.dtype) -> str:
     """The startup line's weights: their format and bytes (every rank's together), from the shapes the
-    model is built with (engine/step_shape.py; biases aside)."""
+    model is built with (engine/step_shape.py; biases aside); with FP8, which projections are FP8 (those a
+    checkpoint's ignore list leaves out stay in the dtype, as engine/model.py builds them)."""
     from engine.step_shape import ModelShape
     shape = ModelShape.from_config(cfg, dtype.itemsize)
-    total = shape.weight_bytes + (0 if cfg.tie_word_embeddings else shape.lm_head_params * dtype.itemsize)
     name = str(dtype).removeprefix("torch.")
+    lm_head = 0 if cfg.tie_word_embeddings else shape.lm_head_params * dtype.itemsize
     if cfg.quant is None:
-        return f"weights {name} {_size(total)}"
-    return (f"weights {_size(total)}: projections {cfg.quant.describe()} {_size(shape.linear_weight_bytes)}, "
-            f"embeddings, norms and LM head {name}")
+        return f"weights {name} {_size(shape.weight_bytes + lm_head)}"
+    layers = cfg.num_layers
+    fp8 = [[cfg.quant.quantizes(f"model.layers.{i}.{p}") for p in PROJECTIONS] for i in range(layers)]
+    sizes = shape.layer_projections
+    fp8_bytes = sum(shape.projection_bytes(n, k) for row in fp8 for (n, k), q in zip(sizes, row) if q)
+    plain_bytes = sum(shape.projection_bytes(n, k, False) for row in fp8 for (n, k), q in zip(sizes, row) if not q)
+    total = shape.weight_bytes - shape.linear_weight_bytes + fp8_bytes + plain_bytes + lm_head
+    counts: dict[int, list[str]] = {}  # layers in which a projection is FP8 -> its short names (q, ..., down)
+    for j, p in enumerate(PROJECTIONS):
+        counts.setdefault(sum(row[j] for row in fp8), []).append(p.split(".")[1].removesuffix("_proj"))
+    if set(counts) == {0}:
+        return f"weights {name} {_size(total)} (the checkpoint's quantization_config leaves every projection unquantized)"
+    which = ", ".join(f"{','.join(names)} in " + ("every layer" if n == layers else f"{n} of {layers} layers")
+                      for n, names in sorted(counts.items(), reverse=True) if n)
+    rest = "the other projections, " if plain_bytes else ""
+    return (f"weights {_size(total)}: projections {cfg.quant.describe()} {_size(fp8_bytes)} for {which}; "
+            f"{rest}embeddings, norms and LM head {name}")

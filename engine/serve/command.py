@@ -180,6 +180,9 @@ def generation_defaults(choice: str, model: str | None) -> dict:
         raise ValueError(f"--generation-config {choice}: no generation_config.json there; give a folder that has "
                          "one, 'auto' (the model's) or 'vllm' (none)")
     config = read_json(path)
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: must be a JSON object of generation settings; fix it, or pass --generation-config "
+                         "vllm to use none")
     defaults = {k: config[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
                 if config.get(k) is not None}
     return defaults

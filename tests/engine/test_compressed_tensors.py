@@ -112,3 +112,24 @@ def test_a_fused_projection_partly_ignored_is_refused(tiny_model_dir, tmp_path):
     _write(tiny_model_dir("qwen3"), tmp_path / "ck", qc)
     with pytest.raises(ValueError, match=r"leaves \['model.layers.0.self_attn.k_proj'\] unquantized but not"):
         LLM(str(tmp_path / "ck"), skip_tokenizer_init=True)
+
+
+def test_the_startup_line_says_fp8_only_for_the_projections_quantized(tiny_model_dir, tmp_path):
+    """Issue 52, item 3: the `ignore` list's down_proj of layer 1 (and lm_head) are named as left in the dtype,
+    and the bytes are those of the model as built."""
+    from dataclasses import replace
+
+    from engine.quant.fp8 import describe_weights, weight_bytes
+
+    _write(tiny_model_dir("qwen3"), tmp_path / "fp8-dynamic")
+    llm = LLM(str(tmp_path / "fp8-dynamic"), skip_tokenizer_init=True, num_kv_blocks=8)
+    fp8, other = weight_bytes(llm.runner.model)
+    assert (f"weights {(fp8 + other) / 1e6:.1f} MB: projections fp8_e4m3 (per-channel scales, from the "
+            f"compressed-tensors checkpoint) {fp8 / 1e6:.1f} MB for q,k,v,o,gate,up in every layer, down in 1 of 2 "
+            f"layers; the other projections, embeddings, norms and LM head float32") in llm.describe()
+    cfg = llm.config
+    attention_only = replace(cfg, quant=replace(cfg.quant, ignore=("lm_head", "re:.*mlp")))
+    assert "0.1 MB for q,k,v,o in every layer; the other projections" in describe_weights(attention_only, torch.float32)
+    nothing = replace(cfg, quant=replace(cfg.quant, ignore=("re:model",)))
+    assert describe_weights(nothing, torch.float32) == ("weights float32 0.5 MB (the checkpoint's quantization_config "
+                                                        "leaves every projection unquantized)")
