@@ -214,7 +214,7 @@ def main(args) -> int:
     from engine import LLM
 
     from .app import create_app
-    from .connection import HalfCloseProtocol
+    from .connection import DrainingServer, HalfCloseProtocol
     from .front_door import check_api_key
 
     try:
@@ -249,13 +249,15 @@ def main(args) -> int:
                          max_logprob_entries=args.max_logprob_entries, max_stop_strings=args.max_stop_strings,
                          max_stop_chars=args.max_stop_chars, allowed_origins=args.allowed_origins,
                          sampling_defaults=defaults)
-        # uvicorn drains on SIGTERM (timeout_graceful_shutdown: then it cancels what still runs, and
-        # the engine aborts those requests), then raises the signal again for the handler it found:
-        # with a no-op one the process leaves through `with llm` and exits 0.
+        # uvicorn drains on SIGTERM; at --shutdown-timeout the engine fails what still runs
+        # (DrainingServer), and uvicorn's own timeout, later, only backs that up. uvicorn then raises
+        # the signal again for the handler it found: with a no-op one the process leaves through
+        # `with llm` and exits 0.
         previous = signal.signal(signal.SIGTERM, lambda *_: None)
         try:
-            uvicorn.run(app, host=args.host, port=args.port, http=HalfCloseProtocol,
-                        timeout_graceful_shutdown=args.shutdown_timeout)
+            config = uvicorn.Config(app, host=args.host, port=args.port, http=HalfCloseProtocol,
+                                    timeout_graceful_shutdown=args.shutdown_timeout + 10)
+            DrainingServer(config, args.shutdown_timeout, app.state.server.engine.close).run()
         finally:
             signal.signal(signal.SIGTERM, previous)
     return 0

@@ -131,6 +131,7 @@ class EngineLoop:
         self._cond = threading.Condition()
         self._inbox: list[tuple[Callable[[Job], None], Job]] = []
         self._stopping = False
+        self._reason = "the engine stopped"  # what close() tells the jobs still open
         self.error: BaseException | None = None  # why the thread died, if it did
         self._jobs: dict[str, Job] = {}          # engine thread only
         self._owner: dict[str, tuple[Job, int]] = {}  # engine request id -> (job, prompt index)
@@ -156,9 +157,11 @@ class EngineLoop:
         """Drop a job (its client went away) and free its blocks."""
         self._post(self._drop, job)
 
-    def close(self) -> None:
-        """Stop the thread after its current step; jobs still open get 503."""
+    def close(self, reason: str = "the engine stopped") -> None:
+        """Stop the thread after its current step; jobs still open get 503 saying ``reason``."""
         with self._cond:
+            if not self._stopping:
+                self._reason = reason
             self._stopping = True
             self._cond.notify()
         if self._thread.is_alive():
@@ -207,7 +210,7 @@ class EngineLoop:
         with self._cond:
             self._stopping = True
             inbox, self._inbox = inbox + self._inbox, []
-        reason = "the engine stopped" + (f": {self.error!r}" if self.error else "")
+        reason = self._reason + (f": {self.error!r}" if self.error else "")
         for job in {id(j): j for j in [*self._jobs.values(), *(job for _, job in inbox)]}.values():
             job.emit(Failed(503, reason))  # nobody may wait forever (a handler reads only its first end)
 
