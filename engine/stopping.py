@@ -22,15 +22,19 @@ class StopChecker:
         # (engine/penalties.py), and a stop string is not looked for, as vLLM.
         if seq.num_generated >= p.min_tokens:
             if self._stopped_by_token(seq):
+                last = seq.token_ids[-1]  # vLLM's stop_reason: None for EOS, else the stop token
+                seq.stop_reason = None if not p.ignore_eos and last in self.eos else last
                 return "stop"
-            if p.stop and self._stop_string_ends_here(seq, p.stop_strings):
-                return "stop"
+            if p.stop:
+                seq.stop_reason = self._stop_string_ending_here(seq, p.stop_strings)
+                if seq.stop_reason is not None:
+                    return "stop"
         if seq.num_generated >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length"
         return None
 
-    def _stop_string_ends_here(self, seq: Sequence, stops: StopStrings) -> bool:
-        """Whether a stop string ends in the new token's text. Its cost follows the longest stop
+    def _stop_string_ending_here(self, seq: Sequence, stops: StopStrings) -> str | None:
+        """The stop string that ends in the new token's text, if one does. Its cost follows the longest stop
         string, not how many there are: a short tail is decoded and only its end is searched."""
         # A stop string of L characters is at most 4L UTF-8 bytes, so at most 4L tokens even for
         # byte-level tokenizers (an emoji can be 4 tokens).
@@ -41,7 +45,7 @@ class StopChecker:
         # trajectory because min_tokens was not reached yet, so it is text (vLLM).
         before = self._text_len(ids[lo:-1], seq.params)
         first, _ = stops.scan(tail, max(0, before - stops.longest + 1), before)
-        return first != -1
+        return None if first == -1 else tail[first:first + _stop_at(seq.params.stop, tail, first)]
 
     def _text_len(self, ids: list[int], p) -> int:
         """The length of the text of ``ids`` that later tokens cannot change: without the replacement

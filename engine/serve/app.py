@@ -218,12 +218,12 @@ class _Server:
         outcome, chat = "aborted", endpoint == "chat"
 
         async def chunk(index: int, text: str | None, finish: str | None = None, role: bool = False,
-                        pieces=None, tokens: int = 0) -> str:
+                        pieces=None, tokens: int = 0, stop_reason=None) -> str:
             # continuous_usage_stats (vLLM's): each chunk says its choice's prompt and tokens so far
             use = api.usage(len(job.prompts[index // job.params.n]), tokens) if body.continuous_usage else None
             if pieces:
-                return await asyncio.to_thread(renderer.chunk, index, text, finish, role, pieces, use)
-            return renderer.chunk(index, text, finish, role, pieces, use)
+                return await asyncio.to_thread(renderer.chunk, index, text, finish, role, pieces, use, stop_reason)
+            return renderer.chunk(index, text, finish, role, pieces, use, stop_reason)
         try:
             event = await job.events.get()
             if isinstance(event, Failed):
@@ -242,7 +242,7 @@ class _Server:
                 elif isinstance(event, ChoiceEnd):
                     ends.append(event)
                     yield await chunk(event.index, event.text, event.finish_reason, pieces=event.logprobs,
-                                      tokens=event.num_tokens)
+                                      tokens=event.num_tokens, stop_reason=event.stop_reason)
                 elif isinstance(event, Failed):  # after the 200: report it inside the stream, as vLLM
                     outcome = "error"
                     yield f"data: {json.dumps(APIError(event.status, event.message).body())}\n\n"

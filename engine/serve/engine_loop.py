@@ -47,6 +47,7 @@ class ChoiceEnd:
     num_tokens: int
     logprobs: list[Piece] | None = None  # when asked: the text's tokens and their logprobs (see text)
     prompt_logprobs: list | None = None  # the engine's, when asked (not in streams)
+    stop_reason: int | str | None = None  # vLLM's: the stop token id or string that ended it
 
 
 @dataclass(slots=True)
@@ -303,7 +304,7 @@ class EngineLoop:
                 text = job.echo[i] + text
                 pieces.insert(0, (job.prompts[i], out.prompt_logprobs))
             job.emit(ChoiceEnd(index, text, o.finish_reason, len(o.token_ids), pieces if job.logprobs else None,
-                               None if job.stream else out.prompt_logprobs))
+                               None if job.stream else out.prompt_logprobs, o.stop_reason))
         job.unfinished -= 1
         if job.unfinished == 0:
             del self._jobs[job.id]

@@ -352,6 +352,7 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None
+    stop_reason: int | str | None = None  # vLLM's: the stop token id or string that ended it (null: EOS, length)
 
 
 class Delta(BaseModel):
@@ -364,6 +365,7 @@ class ChatChunkChoice(BaseModel):
     delta: Delta
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None
 
 
 class CompletionChoice(BaseModel):
@@ -371,6 +373,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None
     prompt_logprobs: PromptLogprobs | None = None  # vLLM's place for them on this endpoint
 
 
