@@ -28,7 +28,8 @@ from .logprobs import TokenTexts
 from .metrics import ServerMetrics, cache_config
 from .prompts import PromptReader
 from .replies import Renderer, logprob_entries
-from .tokenize import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest, detokenize, tokenize
+from .vllm_only import missing_feature
+from .tokenize import TOKENIZE_TAGS, DetokenizeRequest, TokenizeRequest, detokenize, tokenize
 
 log = logging.getLogger("pacore.serve")
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -131,9 +132,11 @@ class _Server:
         try:
             # A worker thread: a long prompt must not hold up the event loop or the engine thread.
             template = body.template() if chat else None
-            ids = await asyncio.to_thread(lambda: [self.prompts.token_ids(p, chat, params, template) for p in prompts])
+            ids = await asyncio.to_thread(lambda: [self.prompts.token_ids(
+                p, chat, params, template, body.add_special_tokens, body.truncate_prompt_tokens) for p in prompts])
             self._check_reply_size(body, params, [len(i) for i in ids], chat)
-            echo = [self.prompts.text(p, i) for p, i in zip(prompts, ids)] if body.echoes() else None
+            cut = body.truncate_prompt_tokens is not None  # an echo shows what was kept
+            echo = [self.prompts.text(i if cut else p, i) for p, i in zip(prompts, ids)] if body.echoes() else None
             job = Job(ids, params, body.stream, asyncio.get_running_loop(), on_done=release, echo=echo,
                       echo_only=body.echo_only(), cache_salt=body.cache_salt)
             self.engine.submit(job)
@@ -267,7 +270,7 @@ def _sentence(err: dict) -> str:
     if err["type"] in ("value_error", "assertion_error"):
         return str(err["ctx"]["error"])
     if err["type"] == "extra_forbidden":
-        return "not a field of this endpoint; remove it"
+        return missing_feature(str(err["loc"][-1])) or "not a field of this endpoint; remove it"
     if err["type"] == "missing":
         return "this field is required; add it"
     return err["msg"]
@@ -341,7 +344,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
         # A bad text is a 400, as the engine's refusal of a bad prompt; a wrong type or field is a 422.
         errors = [err for err in errors if err["type"] == api.INVALID_UNICODE] or errors
         status = 400 if errors[0]["type"] == api.INVALID_UNICODE else 422
-        locs = [[str(x) for x in err["loc"] if x != "body"] for err in errors]
+        locs = [[str(x) for i, x in enumerate(err["loc"]) if x != "body" and not (i == 1 and x in TOKENIZE_TAGS)]
+                for err in errors]
         message = "; ".join(f"{'.'.join(loc) or 'body'}: {_sentence(err)}" for loc, err in zip(locs, errors))
         # param: the request's field (a union's error locations also name the member types tried).
         return JSONResponse(APIError(status, message, locs[0][0] if locs[0] else None).body(), status_code=status)
@@ -356,7 +360,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
         return await server.generate(request, body, "completions", body.prompts())
 
     @app.post("/tokenize", responses=ERROR_RESPONSES)
-    async def tokenize_route(body: TokenizeCompletionRequest | TokenizeChatRequest):
+    async def tokenize_route(body: TokenizeRequest):
         return await server.tokenizer_call(tokenize, body, server.max_model_len)
 
     @app.post("/detokenize", responses=ERROR_RESPONSES)
