@@ -69,6 +69,7 @@ class _Server:
         self.prompts = PromptReader(llm.tokenizer, llm.max_model_len)
         self.created = int(time.time())
         self.sampling_defaults: dict = {}  # --generation-config's
+        self.prompt_tokens_details = False  # --enable-prompt-tokens-details: usage counts the cached prompt tokens
         self.in_flight = 0  # generation requests being served; only the event loop touches it
         self.queued = 0  # sequences (prompts x n) the engine holds or will: what --max-queue bounds
 
@@ -213,7 +214,7 @@ class _Server:
         completion = sum(e.num_tokens for e in ends)
         self.metrics.prompt_tokens.inc(done.prompt_tokens)
         self.metrics.completion_tokens.inc(completion)
-        return api.usage(done.prompt_tokens, completion)
+        return api.usage(done.prompt_tokens, completion, done.cached_tokens if self.prompt_tokens_details else None)
 
     async def _stream(self, job: Job, body: api._Generate, endpoint: str, renderer: Renderer):
         """Server-sent events: one chunk stream per choice index, usage if asked, then [DONE]. A
@@ -297,7 +298,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, aliases: tuple[str, ...] = (),
                max_logprob_entries: int = DEFAULT_MAX_LOGPROB_ENTRIES, max_stop_strings: int = MAX_STOP_STRINGS,
                max_stop_chars: int = MAX_STOP_CHARS, allowed_origins: list[str] | None = None,
-               sampling_defaults: dict | None = None) -> FastAPI:
+               sampling_defaults: dict | None = None, prompt_tokens_details: bool = False) -> FastAPI:
     """An OpenAI-compatible app serving ``llm`` as ``model_name``; the engine thread runs while the
     app does (its lifespan). ``api_key``: /v1 routes need ``Authorization: Bearer KEY`` (surrounding
     whitespace stripped; an empty key, or one no client can send in a header, is refused).
@@ -307,11 +308,13 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
     may hold (replies.py), ``max_stop_strings`` / ``max_stop_chars``: its stop strings; beyond, 400.
     ``allowed_origins``: the web origins browsers may call the API from (CORS; default none).
     ``sampling_defaults``: what a request that leaves temperature, top_p, top_k, min_p or
-    repetition_penalty out gets instead of OpenAI's defaults (--generation-config)."""
+    repetition_penalty out gets instead of OpenAI's defaults (--generation-config).
+    ``prompt_tokens_details``: usage says the prompt tokens the prefix cache held (vLLM's flag)."""
     api_key = check_api_key(api_key)
     limits = api.Limits(llm.options.max_logprobs, max_stop_strings, max_stop_chars)
     server = _Server(llm, model_name, max_queue, limits, max_logprob_entries, aliases)
     server.sampling_defaults = dict(sampling_defaults or {})
+    server.prompt_tokens_details = prompt_tokens_details
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -38,6 +38,14 @@ class HalfCloseProtocol(H11Protocol):
         self.loop.call_later(PROBE_INTERVAL_S, self._probe)
 
 
+def serve(app, drain_s: float, host: str, port: int, **config) -> None:
+    """Run ``app`` (create_app's) under uvicorn until SIGTERM or Ctrl-C, then drain it for ``drain_s``
+    seconds; ``config``: more of uvicorn.Config's options (log_level, access_log)."""
+    config = uvicorn.Config(app, host=host, port=port, http=HalfCloseProtocol, **config,
+                            timeout_graceful_shutdown=drain_s + 10)  # a backstop: the drain ends first
+    DrainingServer(config, drain_s, app.state.server.engine.close).run()
+
+
 class DrainingServer(uvicorn.Server):
     """On SIGTERM, uvicorn stops admitting and waits for the requests it has; at ``drain_s`` this
     fails what still runs through the engine (``stop(reason)``, e.g. EngineLoop.close): a stream then

@@ -53,6 +53,7 @@ class ChoiceEnd:
 @dataclass(slots=True)
 class JobDone:
     prompt_tokens: int   # each prompt once, however many choices it has
+    cached_tokens: int = 0  # of those, the ones the prefix cache held
 
 
 @dataclass(slots=True)
@@ -84,6 +85,7 @@ class Job:
     ended: set[int] = field(default_factory=set)  # streams: choices whose last chunk has gone
     echoed: set[int] = field(default_factory=set)  # streams: prompts whose echo has gone
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     unfinished: int = 0
     on_done: Callable[[], None] | None = None  # on the loop, once the engine holds nothing of the job
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -305,10 +307,11 @@ class EngineLoop:
                 pieces.insert(0, (job.prompts[i], out.prompt_logprobs))
             job.emit(ChoiceEnd(index, text, o.finish_reason, len(o.token_ids), pieces if job.logprobs else None,
                                None if job.stream else out.prompt_logprobs, o.stop_reason))
+        job.cached_tokens += out.num_cached_tokens
         job.unfinished -= 1
         if job.unfinished == 0:
             del self._jobs[job.id]
-            job.emit(JobDone(job.prompt_tokens))
+            job.emit(JobDone(job.prompt_tokens, job.cached_tokens))
 
     def _stream(self, job: Job) -> None:
         n = job.params.n

@@ -365,11 +365,14 @@ class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: dict | None = None  # vLLM's, with --enable-prompt-tokens-details: {"cached_tokens": N}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> Usage:
+    """``cached_tokens``: the prompt tokens the prefix cache held (None: not told, prompt_tokens_details null)."""
     return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                 total_tokens=prompt_tokens + completion_tokens)
+                 total_tokens=prompt_tokens + completion_tokens,
+                 prompt_tokens_details=None if cached_tokens is None else {"cached_tokens": cached_tokens})
 
 
 class AssistantMessage(BaseModel):

@@ -180,6 +180,7 @@ def test_a_vllm_only_field_is_named_as_a_vllm_feature_this_server_lacks(server, 
 
 
 def test_vllms_harmless_fields_are_honoured(server):
+    assert _text(server, max_tokens=1)["usage"]["prompt_tokens_details"] is None  # without the flag
     assert _text(server, max_tokens=1, use_beam_search=False, add_special_tokens=True)["usage"]["prompt_tokens"] == 5
     # truncate_prompt_tokens keeps the prompt's last N tokens (vLLM's); -1: as many as the context holds
     assert _text(server, max_tokens=1, truncate_prompt_tokens=2)["usage"]["prompt_tokens"] == 2
@@ -201,3 +202,14 @@ def test_add_special_tokens_reaches_the_tokenizer_as_vllm_means_it(server, monke
     reader.token_ids("hi", False, params), reader.token_ids("hi", False, params, add_special_tokens=False)
     reader.token_ids(USER, True, params), reader.token_ids(USER, True, params, add_special_tokens=True)
     assert seen == [True, False, False, True]  # completions add them by default, chat (a template's own) not
+
+
+def test_prompt_tokens_details_count_the_cached_prompt_tokens_when_enabled(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir("llama")), num_kv_blocks=64, max_model_len=256)
+    prompt = "a prompt of several KV blocks, " * 2  # 62 tokens: 3 full blocks of 16
+    with serving(create_app(llm, MODEL, prompt_tokens_details=True)) as base:
+        def usage():
+            reply = httpx.post(f"{base}/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 1})
+            return reply.json()["usage"]
+        assert usage()["prompt_tokens_details"] == {"cached_tokens": 0}
+        assert usage()["prompt_tokens_details"] == {"cached_tokens": 48}
