@@ -23,7 +23,7 @@ from . import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_LOGPROB_ENTRIES
 from . import protocol as api
 from .engine_loop import ChoiceEnd, EngineLoop, EngineUnavailable, Failed, Job, JobDone, TextReady
 from .front_door import FrontDoor, check_api_key
-from .info import ERROR_RESPONSES, add_info_routes
+from .info import ERROR_RESPONSES, add_info_routes, list_key_errors
 from .logprobs import TokenTexts
 from .metrics import ServerMetrics, cache_config
 from .prompts import PromptReader
@@ -371,4 +371,6 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
         return await server.tokenizer_call(detokenize, body)
 
     add_info_routes(app, server, APIError)
+    if api_key is not None:
+        list_key_errors(app)
     return app
