@@ -28,8 +28,8 @@ from .logprobs import TokenTexts
 from .metrics import ServerMetrics, cache_config
 from .prompts import PromptReader
 from .replies import Renderer, logprob_entries
-from .vllm_only import missing_feature
 from .tokenize import TOKENIZE_TAGS, DetokenizeRequest, TokenizeRequest, detokenize, tokenize
+from .vllm_only import missing_feature
 
 log = logging.getLogger("pacore.serve")
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
