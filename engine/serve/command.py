@@ -126,7 +126,7 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                                                                     "trace"),
                    help="uvicorn's log level (vLLM's flag; default info)")
     p.add_argument("--disable-uvicorn-access-log", action="store_true",
-                   help="no line per HTTP request in the log (vLLM's flag)")
+                   help="no line per HTTP request in the log (vLLM's flag; default: a line per request)")
     p.add_argument("--enable-prompt-tokens-details", action="store_true",
                    help="usage says how many prompt tokens the prefix cache held: prompt_tokens_details.cached_tokens "
                         "(vLLM's flag; default: prompt_tokens_details null)")
@@ -135,7 +135,7 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     for flag, why in NO_OP_FLAGS.items():
         vllm.add_argument(flag, action="store_true", help=f"accepted: {why}")
     for flag, why in NO_OP_VALUE_FLAGS.items():
-        vllm.add_argument(flag, default=None, metavar="N", help=f"accepted: {why}")
+        vllm.add_argument(flag, default=None, metavar="N", help=f"accepted: {why} (default: none)")
     refused = p.add_argument_group("vLLM's flags refused, each naming why")
     for flag, why in REFUSED_FLAGS.items():
         refused.add_argument(flag, action=_Refused, help=why)
