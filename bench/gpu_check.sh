@@ -126,13 +126,13 @@ plan() {  # the plan, by value per second.  NAME  TIMEOUT(s) at PLAN_S=555  COMM
     # e2e_rounds ~95 s: 4 engine loads (16.4 GB from the page cache, graph capture) ~12 each, the engine's
     #   kernels the earlier stages did not compile ~20, decoding ~15, imports ~10.
     local e2e=($PY -m bench.gpu_e2e --checkpoint "$CKPT" --out "$OUT_DIR" $TINY)
-    stage preflight        15  $PY -m bench.gpu_preflight $PREFLIGHT --checkpoint "$CKPT" "$(dirname "$CKPT")" || { finish; exit 2; }
+    stage preflight        45  $PY -m bench.gpu_preflight $PREFLIGHT --checkpoint "$CKPT" "$(dirname "$CKPT")" || { finish; exit 2; }
     stage kernels_decode   85  $PY -m bench.gpu_kernels --only copy,paged,cascade --out "$OUT_DIR" $TINY
     stage spec_kernels     55  $PY -m bench.gpu_spec_kernels --out "$OUT_DIR" $TINY
     stage prefill          50  $PY -m bench.gpu_kernels --only prefill --out "$OUT_DIR" $TINY
-    stage fp8_weights      70  $PY -m bench.gpu_fp8_gemm --engine --out "$OUT_DIR" $TINY
+    stage fp8_weights      60  $PY -m bench.gpu_fp8_gemm --engine --out "$OUT_DIR" $TINY
     stage checkpoint       50  "${e2e[@]}" --only checkpoint
-    stage e2e_rounds      150  "${e2e[@]}" --only throughput,spec --cases round1,round2
+    stage e2e_rounds      130  "${e2e[@]}" --only throughput,spec --cases round1,round2
     stage e2e_logits       55  "${e2e[@]}" --only logits
 }
 

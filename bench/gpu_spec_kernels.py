@@ -14,7 +14,9 @@ reference (on the first two rows, except cascade). Cases, each row written to OU
   paged decode of the same rows;
 - sparse: the same rows drafting over sink 16 + window 128 + 384 tokens of selected blocks (issue 46: the
   Quest-style block scores, pacore_kernels/block_select.py, then the paged decode over the reduced table),
-  beside the 16 + 512 window draft: the scores and the output checked against the references;
+  beside the 16 + 512 window draft: the scores checked against the reference's, the output against the
+  reference decode over the same (the Triton selection's) block tables, and the share of the reference
+  selection's blocks it chose too (``selected_blocks_as_ref``: a near-tie may pick another block);
 - sample: the sampler's Gumbel-max kernel (pacore_kernels/gumbel_sample.py) on B=256 rows x Qwen3's 151,936
   fp32 logits: time per call, logits bytes / time, and its tokens against the torch reference's.
 
@@ -202,6 +204,20 @@ def case_draft(s: Spec, kernels):
                    full_over_draft=t_full / t_draft, rel_err_vs_fp32=err))
 
 
+def sparse_errors(kernels, bsel, q, k, v, bounds, bt, sl, bs: int, spans, sc: float, ks: float, vs: float):
+    """(the sparse decode's error against the fp32 reference over the same block tables, the share of
+    the reference selection's blocks the Triton selection chose too), for the first 2 rows. The decode
+    is compared over the Triton selection's tables: a near-tie that the two score paths break apart
+    picks another block, which would otherwise count as a decode error."""
+    tables, lens = bsel.select_blocks_triton(q, bounds, bt, sl, bs, *spans)
+    ref = kernels.paged_decode_ref(q[:2].float(), k, v, tables[:2], lens[:2], sc, k_scale=ks, v_scale=vs)
+    err = rel_err(kernels.paged_decode_triton(q, k, v, tables, lens, sc, k_scale=ks, v_scale=vs)[:2], ref)
+    ref_tables, ref_lens = bsel.select_blocks_ref(q[:2], bounds, bt[:2], sl[:2], bs, *spans)
+    chosen = [-(-int(n) // bs) for n in ref_lens]
+    same = sum(len(set(tables[i, :n].tolist()) & set(ref_tables[i, :n].tolist())) for i, n in enumerate(chosen))
+    return err, same / max(1, sum(chosen))
+
+
 def case_sparse(s: Spec, kernels):
     from pacore_kernels import block_select as bsel
     B, L, sink, window, selected = (2, 70, 4, 16, 16) if s.tiny else (32, 32768, 16, 128, 384)
@@ -223,16 +239,14 @@ def case_sparse(s: Spec, kernels):
         st, sk = s.i32([L - (32 if s.tiny else 512)] * B), s.i32([sink] * B)  # the window draft's 16 + 512
         window_draft = lambda: kernels.paged_decode_triton(q, k, v, bt, sl, sc, start_lens=st, sink_lens=sk,  # noqa: E731
                                                            k_scale=ks, v_scale=vs)
-        tables, lens = bsel.select_blocks_ref(q[:2], bounds, bt[:2], sl[:2], s.bs, *spans)
-        ref = kernels.paged_decode_ref(q[:2].float(), k, v, tables, lens, sc, k_scale=ks, v_scale=vs)
-        err = rel_err(sparse()[:2], ref)
+        err, same_blocks = sparse_errors(kernels, bsel, q, k, v, bounds, bt, sl, s.bs, spans, sc, ks, vs)
         t_window, _ = s.time(window_draft)
         t_sparse, graph = s.time(sparse)
         read = sum(spans) * s.bs
         s.add(dict(case="sparse", kv_dtype=fmt, B=B, context=L, sink=sink, window=window, selected=selected,
                    us=t_sparse * 1e6, graph=graph, kv_bytes=s.kv_bytes(B * read, k) + B * (L // s.bs) * 2 * s.Hkv * s.D
                    * bounds.element_size(), window_us=t_window * 1e6, sparse_over_window=t_sparse / t_window,
-                   rel_err_vs_fp32=err, scores_rel_err_vs_fp32=score_err))
+                   rel_err_vs_fp32=err, scores_rel_err_vs_fp32=score_err, selected_blocks_as_ref=same_blocks))
 
 
 def case_cascade(s: Spec, kernels):

@@ -6,6 +6,20 @@ from __future__ import annotations
 RESERVED_TEMPLATE_KWARGS = ("tokenize", "conversation", "messages", "chat_template", "tools", "documents",
                             "return_dict", "return_tensors", "return_assistant_tokens_mask", "padding",
                             "truncation", "max_length", "tokenizer_kwargs")
+# The chat request's own fields (vLLM's): chat_template_kwargs may not set them behind the request's back.
+REQUEST_TEMPLATE_FIELDS = ("messages", "add_generation_prompt", "continue_final_message", "tools", "documents",
+                           "chat_template")
+
+
+def check_template_kwargs(kwargs: dict | None) -> None:
+    """ValueError naming a key of a request's chat_template_kwargs that is no variable of the template."""
+    for key in kwargs or {}:
+        if key in REQUEST_TEMPLATE_FIELDS:
+            raise ValueError(f"{key!r} is the request's own field, not a variable of the template: set the "
+                             f"request's {key} instead, and remove it from chat_template_kwargs")
+        if key in RESERVED_TEMPLATE_KWARGS:
+            raise ValueError(f"{key!r} is an argument of the template renderer, not a variable of the template; "
+                             "remove it from chat_template_kwargs")
 
 
 def render_chat(tokenizer, messages: list[dict], add_generation_prompt: bool = True,

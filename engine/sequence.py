@@ -38,6 +38,7 @@ class Sequence:
     resumed: bool = False       # continues an earlier session's tokens, until its first admission
     row: int = -1               # row in the model runner's persistent block-table buffer
     logprobs: TokenLogprobs | None = None  # one position per generated token, when params.logprobs is set
+    stop_reason: int | str | None = None  # vLLM's: the stop token id or string that ended it (None: EOS, length)
 
     def __post_init__(self) -> None:
         if self.request.params.logprobs is not None and self.logprobs is None:
@@ -170,7 +171,7 @@ class Request:
             if lp is not None:
                 lp.decode = decode
             outputs.append(CompletionOutput(s.index, final_text(s), s.generated, s.finish_reason, lp,
-                                            lp.cumulative_logprob if lp is not None else None))
+                                            lp.cumulative_logprob if lp is not None else None, s.stop_reason))
         prompt_lp = None
         if self.prompt_logprobs is not None:
             self.prompt_logprobs.decode = decode
@@ -193,6 +194,7 @@ class CompletionOutput:
     finish_reason: str | None
     logprobs: TokenLogprobs | None = None
     cumulative_logprob: float | None = None
+    stop_reason: int | str | None = None  # vLLM's: the stop token id or string that ended it (None: EOS, length)
 
 
 @dataclass(slots=True)

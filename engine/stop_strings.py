@@ -45,9 +45,10 @@ class StopStrings:
                 queue.append(nxt)
         self._goto, self._fail, self._depth, self._match = goto, fail, depth, match
 
-    def scan(self, text: str, start: int = 0) -> tuple[int, int]:
-        """Read ``text[start:]``: (where the first stop string in it begins, -1 if none; how many of
-        its last characters may begin a stop string that the text to come completes)."""
+    def scan(self, text: str, start: int = 0, after: int = 0) -> tuple[int, int]:
+        """Read ``text[start:]``: (where the first stop string in it that ends past ``text[:after]``
+        begins, -1 if none; how many of its last characters may begin a stop string that the text to
+        come completes)."""
         if not self.longest:
             return -1, 0
         goto, fail, match = self._goto, self._fail, self._match
@@ -57,6 +58,6 @@ class StopStrings:
             while state and ch not in goto[state]:
                 state = fail[state]
             state = goto[state].get(ch, 0)
-            if match[state] and (first == -1 or i + 1 - match[state] < first):
+            if match[state] and i >= after and (first == -1 or i + 1 - match[state] < first):
                 first = i + 1 - match[state]
         return first, self._depth[state]

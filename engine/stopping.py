@@ -22,27 +22,35 @@ class StopChecker:
         # (engine/penalties.py), and a stop string is not looked for, as vLLM.
         if seq.num_generated >= p.min_tokens:
             if self._stopped_by_token(seq):
+                last = seq.token_ids[-1]  # vLLM's stop_reason: None for EOS, else the stop token
+                seq.stop_reason = None if not p.ignore_eos and last in self.eos else last
                 return "stop"
-            if p.stop and self._stop_string_ends_here(seq, p.stop_strings):
-                return "stop"
+            if p.stop:
+                seq.stop_reason = self._stop_string_ending_here(seq, p.stop_strings)
+                if seq.stop_reason is not None:
+                    return "stop"
         if seq.num_generated >= p.max_tokens or seq.num_tokens >= self.max_model_len:
             return "length"
         return None
 
-    def _stop_string_ends_here(self, seq: Sequence, stops: StopStrings) -> bool:
-        """Whether a stop string ends in the new token's text. Its cost follows the longest stop
+    def _stop_string_ending_here(self, seq: Sequence, stops: StopStrings) -> str | None:
+        """The stop string that ends in the new token's text, if one does. Its cost follows the longest stop
         string, not how many there are: a short tail is decoded and only its end is searched."""
         # A stop string of L characters is at most 4L UTF-8 bytes, so at most 4L tokens even for
         # byte-level tokenizers (an emoji can be 4 tokens).
         ids = seq.token_ids
-        skip = seq.params.skip_special_tokens
-        tail = self.tokenizer.decode(ids[max(seq.num_prompt_tokens, len(ids) - 4 * stops.longest - 2):],
-                                     skip_special_tokens=skip)
-        # One ending in the new text starts at most L - 1 characters before it; the token's text
-        # alone may differ from its text here by a leading space or a partial character (+2).
-        new = len(self.tokenizer.decode(ids[-1:], skip_special_tokens=skip)) + 2
-        first, _ = stops.scan(tail, max(0, len(tail) - new - stops.longest))
-        return first != -1
+        lo = max(seq.num_prompt_tokens, len(ids) - 4 * stops.longest - 2)
+        tail = self.tokenizer.decode(ids[lo:], skip_special_tokens=seq.params.skip_special_tokens)
+        # Only one that ends in the new token's text: one that ended before did not stop the
+        # trajectory because min_tokens was not reached yet, so it is text (vLLM).
+        before = self._text_len(ids[lo:-1], seq.params)
+        first, _ = stops.scan(tail, max(0, before - stops.longest + 1), before)
+        return None if first == -1 else tail[first:first + _stop_at(seq.params.stop, tail, first)]
+
+    def _text_len(self, ids: list[int], p) -> int:
+        """The length of the text of ``ids`` that later tokens cannot change: without the replacement
+        characters of a UTF-8 character that the next token completes."""
+        return len(self.tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens).rstrip("\ufffd"))
 
     def final_text(self, seq: Sequence) -> str:
         if self.tokenizer is None:  # skip_tokenizer_init: token ids only
@@ -55,11 +63,8 @@ class StopChecker:
             return text
         # The first stop string that ends in the text of token min_tokens or later ended it: before, none
         # is looked for, so an earlier one stays in the text.
-        start = 0
-        if p.min_tokens > 1:
-            early = len(self.tokenizer.decode(ids[:p.min_tokens - 1], skip_special_tokens=p.skip_special_tokens))
-            start = max(0, early - p.stop_strings.longest + 1)
-        first, _ = p.stop_strings.scan(text, start)
+        early = self._text_len(ids[:p.min_tokens - 1], p) if p.min_tokens > 1 else 0
+        first, _ = p.stop_strings.scan(text, max(0, early - p.stop_strings.longest + 1), early)
         if first == -1:
             return text
         return text[:first + _stop_at(p.stop, text, first)] if p.include_stop_str_in_output else text[:first]

@@ -6,8 +6,9 @@ before any route reads the body), prompts.py (rendering and tokenizing on a work
 engine_loop.py (the one thread that owns the LLM), text.py (incremental detokenizing for streams),
 logprobs.py (log-probabilities in the API's shapes), replies.py (replies rendered off the event loop,
 and what one may hold),
-metrics.py (Prometheus), app.py (the routes), connection.py (uvicorn's protocol, answering
-half-closed clients), background.py (serve from a thread, for tests and benchmarks). It depends on the engine alone (chat templates:
+metrics.py (Prometheus), app.py (the routes), vllm_only.py (vLLM's request fields missing here, named
+in their 422), connection.py (uvicorn run with a drain that fails what it cuts cleanly, and its protocol
+answering half-closed clients), background.py (serve from a thread, for tests and benchmarks). It depends on the engine alone (chat templates:
 engine/chat.py). Install with ``pip install -e '.[serve]'``.
 """
 

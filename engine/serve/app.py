@@ -23,12 +23,13 @@ from . import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_LOGPROB_ENTRIES
 from . import protocol as api
 from .engine_loop import ChoiceEnd, EngineLoop, EngineUnavailable, Failed, Job, JobDone, TextReady
 from .front_door import FrontDoor, check_api_key
-from .info import ERROR_RESPONSES, add_info_routes
+from .info import ERROR_RESPONSES, add_info_routes, list_key_errors
 from .logprobs import TokenTexts
 from .metrics import ServerMetrics, cache_config
 from .prompts import PromptReader
 from .replies import Renderer, logprob_entries
-from .tokenize import DetokenizeRequest, TokenizeChatRequest, TokenizeCompletionRequest, detokenize, tokenize
+from .tokenize import TOKENIZE_TAGS, DetokenizeRequest, TokenizeRequest, detokenize, tokenize
+from .vllm_only import missing_feature
 
 log = logging.getLogger("pacore.serve")
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
@@ -68,6 +69,7 @@ class _Server:
         self.prompts = PromptReader(llm.tokenizer, llm.max_model_len)
         self.created = int(time.time())
         self.sampling_defaults: dict = {}  # --generation-config's
+        self.prompt_tokens_details = False  # --enable-prompt-tokens-details: usage counts the cached prompt tokens
         self.in_flight = 0  # generation requests being served; only the event loop touches it
         self.queued = 0  # sequences (prompts x n) the engine holds or will: what --max-queue bounds
 
@@ -131,9 +133,11 @@ class _Server:
         try:
             # A worker thread: a long prompt must not hold up the event loop or the engine thread.
             template = body.template() if chat else None
-            ids = await asyncio.to_thread(lambda: [self.prompts.token_ids(p, chat, params, template) for p in prompts])
+            ids = await asyncio.to_thread(lambda: [self.prompts.token_ids(
+                p, chat, params, template, body.add_special_tokens, body.truncate_prompt_tokens) for p in prompts])
             self._check_reply_size(body, params, [len(i) for i in ids], chat)
-            echo = [self.prompts.text(p, i) for p, i in zip(prompts, ids)] if body.echoes() else None
+            cut = body.truncate_prompt_tokens is not None  # an echo shows what was kept
+            echo = [self.prompts.text(i if cut else p, i) for p, i in zip(prompts, ids)] if body.echoes() else None
             job = Job(ids, params, body.stream, asyncio.get_running_loop(), on_done=release, echo=echo,
                       echo_only=body.echo_only(), cache_salt=body.cache_salt)
             self.engine.submit(job)
@@ -210,7 +214,7 @@ class _Server:
         completion = sum(e.num_tokens for e in ends)
         self.metrics.prompt_tokens.inc(done.prompt_tokens)
         self.metrics.completion_tokens.inc(completion)
-        return api.usage(done.prompt_tokens, completion)
+        return api.usage(done.prompt_tokens, completion, done.cached_tokens if self.prompt_tokens_details else None)
 
     async def _stream(self, job: Job, body: api._Generate, endpoint: str, renderer: Renderer):
         """Server-sent events: one chunk stream per choice index, usage if asked, then [DONE]. A
@@ -218,12 +222,12 @@ class _Server:
         outcome, chat = "aborted", endpoint == "chat"
 
         async def chunk(index: int, text: str | None, finish: str | None = None, role: bool = False,
-                        pieces=None, tokens: int = 0) -> str:
+                        pieces=None, tokens: int = 0, stop_reason=None) -> str:
             # continuous_usage_stats (vLLM's): each chunk says its choice's prompt and tokens so far
             use = api.usage(len(job.prompts[index // job.params.n]), tokens) if body.continuous_usage else None
             if pieces:
-                return await asyncio.to_thread(renderer.chunk, index, text, finish, role, pieces, use)
-            return renderer.chunk(index, text, finish, role, pieces, use)
+                return await asyncio.to_thread(renderer.chunk, index, text, finish, role, pieces, use, stop_reason)
+            return renderer.chunk(index, text, finish, role, pieces, use, stop_reason)
         try:
             event = await job.events.get()
             if isinstance(event, Failed):
@@ -242,7 +246,7 @@ class _Server:
                 elif isinstance(event, ChoiceEnd):
                     ends.append(event)
                     yield await chunk(event.index, event.text, event.finish_reason, pieces=event.logprobs,
-                                      tokens=event.num_tokens)
+                                      tokens=event.num_tokens, stop_reason=event.stop_reason)
                 elif isinstance(event, Failed):  # after the 200: report it inside the stream, as vLLM
                     outcome = "error"
                     yield f"data: {json.dumps(APIError(event.status, event.message).body())}\n\n"
@@ -267,7 +271,7 @@ def _sentence(err: dict) -> str:
     if err["type"] in ("value_error", "assertion_error"):
         return str(err["ctx"]["error"])
     if err["type"] == "extra_forbidden":
-        return "not a field of this endpoint; remove it"
+        return missing_feature(str(err["loc"][-1])) or "not a field of this endpoint; remove it"
     if err["type"] == "missing":
         return "this field is required; add it"
     return err["msg"]
@@ -294,7 +298,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, aliases: tuple[str, ...] = (),
                max_logprob_entries: int = DEFAULT_MAX_LOGPROB_ENTRIES, max_stop_strings: int = MAX_STOP_STRINGS,
                max_stop_chars: int = MAX_STOP_CHARS, allowed_origins: list[str] | None = None,
-               sampling_defaults: dict | None = None) -> FastAPI:
+               sampling_defaults: dict | None = None, prompt_tokens_details: bool = False) -> FastAPI:
     """An OpenAI-compatible app serving ``llm`` as ``model_name``; the engine thread runs while the
     app does (its lifespan). ``api_key``: /v1 routes need ``Authorization: Bearer KEY`` (surrounding
     whitespace stripped; an empty key, or one no client can send in a header, is refused).
@@ -304,11 +308,13 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
     may hold (replies.py), ``max_stop_strings`` / ``max_stop_chars``: its stop strings; beyond, 400.
     ``allowed_origins``: the web origins browsers may call the API from (CORS; default none).
     ``sampling_defaults``: what a request that leaves temperature, top_p, top_k, min_p or
-    repetition_penalty out gets instead of OpenAI's defaults (--generation-config)."""
+    repetition_penalty out gets instead of OpenAI's defaults (--generation-config).
+    ``prompt_tokens_details``: usage says the prompt tokens the prefix cache held (vLLM's flag)."""
     api_key = check_api_key(api_key)
     limits = api.Limits(llm.options.max_logprobs, max_stop_strings, max_stop_chars)
     server = _Server(llm, model_name, max_queue, limits, max_logprob_entries, aliases)
     server.sampling_defaults = dict(sampling_defaults or {})
+    server.prompt_tokens_details = prompt_tokens_details
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -341,7 +347,8 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
         # A bad text is a 400, as the engine's refusal of a bad prompt; a wrong type or field is a 422.
         errors = [err for err in errors if err["type"] == api.INVALID_UNICODE] or errors
         status = 400 if errors[0]["type"] == api.INVALID_UNICODE else 422
-        locs = [[str(x) for x in err["loc"] if x != "body"] for err in errors]
+        locs = [[str(x) for i, x in enumerate(err["loc"]) if x != "body" and not (i == 1 and x in TOKENIZE_TAGS)]
+                for err in errors]
         message = "; ".join(f"{'.'.join(loc) or 'body'}: {_sentence(err)}" for loc, err in zip(locs, errors))
         # param: the request's field (a union's error locations also name the member types tried).
         return JSONResponse(APIError(status, message, locs[0][0] if locs[0] else None).body(), status_code=status)
@@ -356,7 +363,7 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
         return await server.generate(request, body, "completions", body.prompts())
 
     @app.post("/tokenize", responses=ERROR_RESPONSES)
-    async def tokenize_route(body: TokenizeCompletionRequest | TokenizeChatRequest):
+    async def tokenize_route(body: TokenizeRequest):
         return await server.tokenizer_call(tokenize, body, server.max_model_len)
 
     @app.post("/detokenize", responses=ERROR_RESPONSES)
@@ -364,4 +371,6 @@ def create_app(llm, model_name: str, api_key: str | None = None, max_queue: int 
         return await server.tokenizer_call(detokenize, body)
 
     add_info_routes(app, server, APIError)
+    if api_key is not None:
+        list_key_errors(app)
     return app

@@ -24,6 +24,12 @@ NO_OP_FLAGS = {
     "--disable-log-stats": "this server logs no periodic statistics (they are at /metrics)",
     "--enable-chunked-prefill": "prompts are always prefilled in chunks beside decode rows",
     "--trust-remote-code": "no model code is run: Llama, Qwen2 and Qwen3 are this engine's own",
+    "--disable-custom-all-reduce": "tensor-parallel ranks all-reduce through torch.distributed, never a custom kernel",
+}
+# vLLM's serve flags that take a value and mean nothing here: accepted, and named in the start-up line.
+NO_OP_VALUE_FLAGS = {
+    "--max-log-len": "no prompt is logged",
+    "--max-seq-len-to-capture": "CUDA graphs are captured per decode batch size, whatever the sequence length",
 }
 # vLLM's serve flags this server cannot honour, and why (a refusal names it; see docs/serving.md).
 REFUSED_FLAGS = {
@@ -116,9 +122,20 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                              "reads the model folder's generation_config.json (temperature, top_p, top_k, min_p, "
                              "repetition_penalty), DIR another folder's, vllm none "
                              "(OpenAI's defaults); a request's own values always win")
-    vllm = p.add_argument_group("vLLM's flags taken for its command lines (nothing to do here)")
+    p.add_argument("--uvicorn-log-level", default="info", choices=("critical", "error", "warning", "info", "debug",
+                                                                    "trace"),
+                   help="uvicorn's log level (vLLM's flag; default info)")
+    p.add_argument("--disable-uvicorn-access-log", action="store_true",
+                   help="no line per HTTP request in the log (vLLM's flag; default: a line per request)")
+    p.add_argument("--enable-prompt-tokens-details", action="store_true",
+                   help="usage says how many prompt tokens the prefix cache held: prompt_tokens_details.cached_tokens "
+                        "(vLLM's flag; default: prompt_tokens_details null)")
+    vllm = p.add_argument_group("vLLM's flags taken for its command lines (nothing to do here; the start-up line "
+                                "names those given)")
     for flag, why in NO_OP_FLAGS.items():
         vllm.add_argument(flag, action="store_true", help=f"accepted: {why}")
+    for flag, why in NO_OP_VALUE_FLAGS.items():
+        vllm.add_argument(flag, default=None, metavar="N", help=f"accepted: {why} (default: none)")
     refused = p.add_argument_group("vLLM's flags refused, each naming why")
     for flag, why in REFUSED_FLAGS.items():
         refused.add_argument(flag, action=_Refused, help=why)
@@ -199,6 +216,13 @@ def chat_template(value: str) -> str:
     return value
 
 
+def no_ops_given(args) -> str:
+    """The start-up line's note of the vLLM flags given that do nothing here, each with why ("" if none)."""
+    given = [f"{flag} ({why})" for flag, why in {**NO_OP_FLAGS, **NO_OP_VALUE_FLAGS}.items()
+             if getattr(args, flag[2:].replace("-", "_"), None) not in (None, False)]
+    return f"; vLLM's flags taken without effect: {', '.join(given)}" if given else ""
+
+
 def served_name(model: str | None) -> str:
     if model is None or model == "default":
         return "smollm2-135m"
@@ -210,14 +234,14 @@ def main(args) -> int:
     try:
         import fastapi  # noqa: F401
         import prometheus_client  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError as e:
         print(f"pacore: {SERVE_EXTRA_HINT} ({e})", file=sys.stderr)
         return 2
     from engine import LLM
 
+    from . import connection
     from .app import create_app
-    from .connection import HalfCloseProtocol
     from .front_door import check_api_key
 
     try:
@@ -245,20 +269,19 @@ def main(args) -> int:
               "(a request's own values win; --generation-config vllm for none)", file=sys.stderr)
     name = args.served_model_name or served_name(args.model)
     alias = args.model or "default"  # what it was started with: `--model default` answers "default" too
-    print(f"{llm.describe()}; served as {name}" + (f" (or {alias})" if alias != name else ""), file=sys.stderr,
-          flush=True)
+    print(f"{llm.describe()}; served as {name}" + (f" (or {alias})" if alias != name else "") + no_ops_given(args),
+          file=sys.stderr, flush=True)
     with llm:  # stops tensor-parallel workers when the server exits
         app = create_app(llm, name, args.api_key, args.max_queue, args.max_body_bytes, aliases=(alias,),
                          max_logprob_entries=args.max_logprob_entries, max_stop_strings=args.max_stop_strings,
                          max_stop_chars=args.max_stop_chars, allowed_origins=args.allowed_origins,
-                         sampling_defaults=defaults)
-        # uvicorn drains on SIGTERM (timeout_graceful_shutdown: then it cancels what still runs, and
-        # the engine aborts those requests), then raises the signal again for the handler it found:
-        # with a no-op one the process leaves through `with llm` and exits 0.
+                         sampling_defaults=defaults, prompt_tokens_details=args.enable_prompt_tokens_details)
+        # uvicorn drains on SIGTERM (connection.serve), then raises the signal again for the handler
+        # it found: with a no-op one the process leaves through `with llm` and exits 0.
         previous = signal.signal(signal.SIGTERM, lambda *_: None)
         try:
-            uvicorn.run(app, host=args.host, port=args.port, http=HalfCloseProtocol,
-                        timeout_graceful_shutdown=args.shutdown_timeout)
+            connection.serve(app, args.shutdown_timeout, args.host, args.port, log_level=args.uvicorn_log_level,
+                             access_log=not args.disable_uvicorn_access_log)
         finally:
             signal.signal(signal.SIGTERM, previous)
     return 0

@@ -1,4 +1,5 @@
-"""uvicorn's HTTP/1.1 protocol (h11), except that a client that half-closes after sending its request
+"""uvicorn's server with a drain that ends what it cuts as the API ends a failed request, and its
+HTTP/1.1 protocol (h11), except that a client that half-closes after sending its request
 (``shutdown(SHUT_WR)``, as `curl` and scripts do) still gets the answer: uvicorn takes the end of
 its input for a disconnect and drops the request.
 
@@ -9,7 +10,10 @@ write fails, and that is the disconnect that aborts its request and frees its bl
 """
 from __future__ import annotations
 
+import asyncio
+
 import h11
+import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 # A gone client is noticed within two probes: short, so an abandoned request does not keep
@@ -32,3 +36,35 @@ class HalfCloseProtocol(H11Protocol):
             return
         self.transport.write(self.conn.send(h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")))
         self.loop.call_later(PROBE_INTERVAL_S, self._probe)
+
+
+def serve(app, drain_s: float, host: str, port: int, **config) -> None:
+    """Run ``app`` (create_app's) under uvicorn until SIGTERM or Ctrl-C, then drain it for ``drain_s``
+    seconds; ``config``: more of uvicorn.Config's options (log_level, access_log)."""
+    config = uvicorn.Config(app, host=host, port=port, http=HalfCloseProtocol, **config,
+                            timeout_graceful_shutdown=drain_s + 10)  # a backstop: the drain ends first
+    DrainingServer(config, drain_s, app.state.server.engine.close).run()
+
+
+class DrainingServer(uvicorn.Server):
+    """On SIGTERM, uvicorn stops admitting and waits for the requests it has; at ``drain_s`` this
+    fails what still runs through the engine (``stop(reason)``, e.g. EngineLoop.close): a stream then
+    ends with an error event and ``data: [DONE]``, a plain request with a 503. uvicorn's own timeout,
+    a little later, would cancel them instead: a stream cut mid-chunk, and a traceback in the log."""
+
+    def __init__(self, config: uvicorn.Config, drain_s: float, stop):
+        super().__init__(config)
+        self.drain_s, self.stop = drain_s, stop
+
+    async def shutdown(self, sockets=None) -> None:
+        reason = (f"the server is shutting down: this request ran past its drain (--shutdown-timeout "
+                  f"{self.drain_s:g} s) and was cut; send it again to a running server")
+        stopping = []  # the task, referenced while it runs
+
+        def cut() -> None:
+            stopping.append(asyncio.ensure_future(asyncio.to_thread(self.stop, reason)))
+        timer = asyncio.get_running_loop().call_later(self.drain_s, cut)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()

@@ -47,11 +47,13 @@ class ChoiceEnd:
     num_tokens: int
     logprobs: list[Piece] | None = None  # when asked: the text's tokens and their logprobs (see text)
     prompt_logprobs: list | None = None  # the engine's, when asked (not in streams)
+    stop_reason: int | str | None = None  # vLLM's: the stop token id or string that ended it
 
 
 @dataclass(slots=True)
 class JobDone:
     prompt_tokens: int   # each prompt once, however many choices it has
+    cached_tokens: int = 0  # of those, the ones the prefix cache held
 
 
 @dataclass(slots=True)
@@ -83,6 +85,7 @@ class Job:
     ended: set[int] = field(default_factory=set)  # streams: choices whose last chunk has gone
     echoed: set[int] = field(default_factory=set)  # streams: prompts whose echo has gone
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     unfinished: int = 0
     on_done: Callable[[], None] | None = None  # on the loop, once the engine holds nothing of the job
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -131,6 +134,7 @@ class EngineLoop:
         self._cond = threading.Condition()
         self._inbox: list[tuple[Callable[[Job], None], Job]] = []
         self._stopping = False
+        self._reason = "the engine stopped"  # what close() tells the jobs still open
         self.error: BaseException | None = None  # why the thread died, if it did
         self._jobs: dict[str, Job] = {}          # engine thread only
         self._owner: dict[str, tuple[Job, int]] = {}  # engine request id -> (job, prompt index)
@@ -156,9 +160,11 @@ class EngineLoop:
         """Drop a job (its client went away) and free its blocks."""
         self._post(self._drop, job)
 
-    def close(self) -> None:
-        """Stop the thread after its current step; jobs still open get 503."""
+    def close(self, reason: str = "the engine stopped") -> None:
+        """Stop the thread after its current step; jobs still open get 503 saying ``reason``."""
         with self._cond:
+            if not self._stopping:
+                self._reason = reason
             self._stopping = True
             self._cond.notify()
         if self._thread.is_alive():
@@ -207,7 +213,7 @@ class EngineLoop:
         with self._cond:
             self._stopping = True
             inbox, self._inbox = inbox + self._inbox, []
-        reason = "the engine stopped" + (f": {self.error!r}" if self.error else "")
+        reason = self._reason + (f": {self.error!r}" if self.error else "")
         for job in {id(j): j for j in [*self._jobs.values(), *(job for _, job in inbox)]}.values():
             job.emit(Failed(503, reason))  # nobody may wait forever (a handler reads only its first end)
 
@@ -300,11 +306,12 @@ class EngineLoop:
                 text = job.echo[i] + text
                 pieces.insert(0, (job.prompts[i], out.prompt_logprobs))
             job.emit(ChoiceEnd(index, text, o.finish_reason, len(o.token_ids), pieces if job.logprobs else None,
-                               None if job.stream else out.prompt_logprobs))
+                               None if job.stream else out.prompt_logprobs, o.stop_reason))
+        job.cached_tokens += out.num_cached_tokens
         job.unfinished -= 1
         if job.unfinished == 0:
             del self._jobs[job.id]
-            job.emit(JobDone(job.prompt_tokens))
+            job.emit(JobDone(job.prompt_tokens, job.cached_tokens))
 
     def _stream(self, job: Job) -> None:
         n = job.params.n

@@ -8,16 +8,34 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from .front_door import GUARDED_PREFIXES
+
 # What /openapi.json says each generation and tokenizer route may answer besides 200 and 422.
 _ERROR_SCHEMA = {"type": "object", "properties": {"error": {"type": "object", "properties": {
     "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": "string", "nullable": True},
     "code": {"type": "integer"}}}}}
 _ERRORS = {400: "a value out of range, a prompt that does not fit, or a body that is not JSON",
-           401: "no or a wrong API key (--api-key)", 404: "a model this server does not serve",
+           404: "a model this server does not serve",
            413: "a body larger than --max-body-bytes", 415: "a body not sent as Content-Type: application/json",
            429: "more sequences than --max-queue holds now", 503: "the engine is not running"}
 ERROR_RESPONSES = {status: {"description": text, "content": {"application/json": {"schema": _ERROR_SCHEMA}}}
                    for status, text in _ERRORS.items()}
+_NO_KEY = {"description": "no or a wrong API key (--api-key)", "content": {"application/json": {"schema": _ERROR_SCHEMA}}}
+
+
+def list_key_errors(app: FastAPI) -> None:
+    """Make /openapi.json list 401 on the routes the API key guards (front_door.py), and only there:
+    called only when the server has a key."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            for path, operations in build()["paths"].items():  # build() caches what it returns
+                if path.startswith(GUARDED_PREFIXES):
+                    for operation in operations.values():
+                        operation["responses"].setdefault("401", _NO_KEY)
+        return app.openapi_schema
+    app.openapi = openapi
 
 
 def package_version() -> str:

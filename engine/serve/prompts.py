@@ -22,13 +22,19 @@ class PromptReader:
         longest = max(map(len, tokenizer.get_vocab()), default=1) if tokenizer is not None else 1
         self.max_chars = max_model_len * longest * NORMALIZER_MARGIN
 
-    def token_ids(self, prompt, chat: bool, params: SamplingParams, template: dict | None = None) -> list[int]:
+    def token_ids(self, prompt, chat: bool, params: SamplingParams, template: dict | None = None,
+                  add_special_tokens: bool | None = None, truncate: int | None = None) -> list[int]:
         """``prompt``: chat messages, a text or token ids; ``template``: render_chat's keyword arguments
-        (the chat request's template fields). ValueError (a 400) names what is wrong."""
+        (the chat request's template fields); ``add_special_tokens``: the tokenizer's (None: for a text
+        only, not a rendered chat); ``truncate``: keep the last N tokens (-1: max_model_len), as vLLM's
+        truncate_prompt_tokens. ValueError (a 400) names what is wrong."""
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
             ids = prompt
         else:
-            ids = self._tokenize(prompt, chat, params, template or {})
+            special = not chat if add_special_tokens is None else add_special_tokens
+            ids = self._tokenize(prompt, chat, special, template or {})
+        if truncate is not None:
+            ids = ids[-(self.max_model_len if truncate == -1 else truncate):]
         self._check_context(len(ids), params)
         return ids
 
@@ -38,7 +44,7 @@ class PromptReader:
             return prompt
         return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
 
-    def _tokenize(self, prompt, chat: bool, params: SamplingParams, template: dict) -> list[int]:
+    def _tokenize(self, prompt, chat: bool, special: bool, template: dict) -> list[int]:
         tok = self.tokenizer
         if tok is None:
             raise ValueError("this server has no tokenizer: send token ids to /v1/completions")
@@ -53,8 +59,7 @@ class PromptReader:
                              f"messages have {len(text)} characters, more than that many tokens can hold "
                              f"({self.max_chars} characters at most). Please reduce the length of the messages.")
         try:
-            # Text: special tokens added as the engine and vLLM add them; a rendered template has its own.
-            return tok.encode(text, add_special_tokens=not chat)
+            return tok.encode(text, add_special_tokens=special)
         except Exception as e:
             raise ValueError(f"the prompt could not be tokenized: {e}") from None
 

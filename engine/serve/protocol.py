@@ -19,13 +19,14 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from engine.chat import RESERVED_TEMPLATE_KWARGS
+from engine.chat import check_template_kwargs
 from engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS, SamplingParams, check_stop
 
 from .logprobs import ChatLogprobs, CompletionLogprobs, PromptLogprobs
 
 
 INVALID_UNICODE = "invalid_unicode"  # the error type app.py answers with 400
+MAX_REQUEST_ID_CHARS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +113,12 @@ class _Generate(_Body):
     # scheduling, as vLLM without --scheduling-policy priority); cache_salt: the prefix cache's salt
     request_id: str | None = None
     priority: int = 0
+    # vLLM's, as vLLM means them: beam search off (there is none); the tokenizer's special tokens (BOS)
+    # added to the text (default: completions yes, chat no, the template writes its own); only the
+    # prompt's last N tokens kept (-1: as many as the context holds)
+    use_beam_search: bool = False
+    add_special_tokens: bool | None = None
+    truncate_prompt_tokens: int | None = None
     cache_salt: str | None = Field(default=None, min_length=1)
     # Accepted and ignored with a warning (IGNORED_FIELDS)
     store: bool | None = None
@@ -142,6 +149,32 @@ class _Generate(_Body):
         if value != 0:
             raise ValueError(f"priority {value}: this server schedules first come, first served (no priority "
                              "scheduling, as vLLM without --scheduling-policy priority); send 0 or remove it")
+        return value
+
+    @field_validator("request_id")
+    @classmethod
+    def _request_id(cls, value):
+        # It goes into reply ids, and so into logs and headers: printable, and not long
+        if value is not None and not (0 < len(value) <= MAX_REQUEST_ID_CHARS and value.isascii()
+                                      and all(c.isalnum() or c in "._:-" for c in value)):
+            raise ValueError(f"request_id must be 1 to {MAX_REQUEST_ID_CHARS} characters of A-Z, a-z, 0-9 and "
+                             "._:- (it names the reply), got " + repr(value[:40]) + "; send such an id or none")
+        return value
+
+    @field_validator("use_beam_search")
+    @classmethod
+    def _no_beam_search(cls, value):
+        if value:
+            raise ValueError("beam search is a vLLM feature this server does not have; send use_beam_search false "
+                             "or remove it")
+        return value
+
+    @field_validator("truncate_prompt_tokens")
+    @classmethod
+    def _truncate(cls, value):
+        if value is not None and value != -1 and value < 1:
+            raise ValueError("truncate_prompt_tokens must be an integer >= 1 (keep the prompt's last N tokens) or "
+                             f"-1 (as many as the context holds), got {value}")
         return value
 
     def ignored_fields(self) -> list[str]:
@@ -286,10 +319,7 @@ class ChatCompletionRequest(_Generate):
     @field_validator("chat_template_kwargs")
     @classmethod
     def _template_variables(cls, value):
-        reserved = [k for k in value or {} if k in RESERVED_TEMPLATE_KWARGS]
-        if reserved:
-            raise ValueError(f"{reserved[0]!r} is an argument of the template renderer, not a variable of the "
-                             "template; remove it from chat_template_kwargs")
+        check_template_kwargs(value)
         return value
 
     def template(self) -> dict:
@@ -335,11 +365,14 @@ class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: dict | None = None  # vLLM's, with --enable-prompt-tokens-details: {"cached_tokens": N}
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> Usage:
+    """``cached_tokens``: the prompt tokens the prefix cache held (None: not told, prompt_tokens_details null)."""
     return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                 total_tokens=prompt_tokens + completion_tokens)
+                 total_tokens=prompt_tokens + completion_tokens,
+                 prompt_tokens_details=None if cached_tokens is None else {"cached_tokens": cached_tokens})
 
 
 class AssistantMessage(BaseModel):
@@ -352,6 +385,7 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None
+    stop_reason: int | str | None = None  # vLLM's: the stop token id or string that ended it (null: EOS, length)
 
 
 class Delta(BaseModel):
@@ -364,6 +398,7 @@ class ChatChunkChoice(BaseModel):
     delta: Delta
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None
 
 
 class CompletionChoice(BaseModel):
@@ -371,6 +406,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None
     prompt_logprobs: PromptLogprobs | None = None  # vLLM's place for them on this endpoint
 
 

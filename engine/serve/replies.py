@@ -65,7 +65,8 @@ class Renderer:
             for e in ends:
                 yield api.ChatChoice.model_construct(
                     index=e.index, message=api.AssistantMessage(content=e.text),
-                    logprobs=self.logprobs(e.index, e.logprobs), finish_reason=e.finish_reason)
+                    logprobs=self.logprobs(e.index, e.logprobs), finish_reason=e.finish_reason,
+                    stop_reason=e.stop_reason)
             return
         shared = {}  # the n choices of a prompt share its prompt logprobs: converted once
         for e in ends:
@@ -74,7 +75,7 @@ class Renderer:
                 shared = {prompt: self._prompt_logprobs(e)}
             yield api.CompletionChoice.model_construct(
                 index=e.index, text=e.text, logprobs=self.logprobs(e.index, e.logprobs),
-                finish_reason=e.finish_reason, prompt_logprobs=shared[prompt])
+                finish_reason=e.finish_reason, stop_reason=e.stop_reason, prompt_logprobs=shared[prompt])
 
     def _prompt_logprobs(self, end: ChoiceEnd) -> lp.PromptLogprobs | None:
         # Echo asks the engine for the prompt's logprobs, and the choice's logprobs begin with them:
@@ -83,19 +84,21 @@ class Renderer:
 
     # -- a stream ------------------------------------------------------------------------------------
     def chunk(self, index: int, text: str | None, finish: str | None = None, role: bool = False,
-              pieces: list[lp.Piece] | None = None, usage: api.Usage | None = None) -> str:
+              pieces: list[lp.Piece] | None = None, usage: api.Usage | None = None,
+              stop_reason: int | str | None = None) -> str:
         """One server-sent event of choice ``index``: its new text and those tokens' logprobs (and with
         continuous_usage_stats, ``usage``: its prompt and its tokens so far, as vLLM counts them)."""
         logprobs = self.logprobs(index, pieces)
         if self.chat:
             delta = api.Delta(role="assistant" if role else None, content=text)
             c = api.ChatCompletionChunk(id=self.rid, created=self.created, model=self.model_name, choices=[
-                api.ChatChunkChoice.model_construct(index=index, delta=delta, logprobs=logprobs, finish_reason=finish)],
+                api.ChatChunkChoice.model_construct(index=index, delta=delta, logprobs=logprobs, finish_reason=finish,
+                                                    stop_reason=stop_reason)],
                 usage=usage)
         else:
             c = api.Completion(id=self.rid, created=self.created, model=self.model_name, choices=[
                 api.CompletionChoice.model_construct(index=index, text=text, logprobs=logprobs, finish_reason=finish,
-                                                     prompt_logprobs=None)], usage=usage)
+                                                     stop_reason=stop_reason, prompt_logprobs=None)], usage=usage)
         return f"data: {c.model_dump_json()}\n\n"
 
     def usage_chunk(self, usage: api.Usage) -> str:

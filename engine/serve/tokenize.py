@@ -11,9 +11,11 @@ POST /detokenize takes ``{"tokens": [...]}`` and answers ``{"prompt": text}``.
 """
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Annotated, Union
 
-from engine.chat import RESERVED_TEMPLATE_KWARGS, render_chat
+from pydantic import Discriminator, Field, Tag, field_validator
+
+from engine.chat import check_template_kwargs, render_chat
 from engine.checks import check_text
 
 from .protocol import ChatMessage, _Body
@@ -34,6 +36,20 @@ class TokenizeChatRequest(_Body):
     add_special_tokens: bool = False  # the template writes its own
     return_token_strs: bool | None = False
     chat_template_kwargs: dict | None = None  # variables of the template, as the chat route takes them
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, value):
+        check_template_kwargs(value)
+        return value
+
+
+# /tokenize's body: a chat when it has messages, else a text. Chosen by that, not by trying both, so a
+# 422 names the fields of the one the client meant (the tag is the error location's second part).
+TOKENIZE_TAGS = ("text", "chat")
+TokenizeRequest = Annotated[Union[Annotated[TokenizeCompletionRequest, Tag("text")],
+                                  Annotated[TokenizeChatRequest, Tag("chat")]],
+                            Discriminator(lambda body: "chat" if isinstance(body, dict) and "messages" in body else "text")]
 
 
 class DetokenizeRequest(_Body):
@@ -76,10 +92,6 @@ def detokenize(tokenizer, body: DetokenizeRequest) -> dict:
 def _render(tokenizer, messages: list[dict], add_generation_prompt: bool, continue_final: bool,
             variables: dict) -> str:
     """The chat template's text, as the chat route renders it (engine/chat.py)."""
-    reserved = [k for k in variables if k in RESERVED_TEMPLATE_KWARGS]
-    if reserved:
-        raise ValueError(f"{reserved[0]!r} is an argument of the template renderer, not a variable of the template; "
-                         "remove it from chat_template_kwargs")
     try:
         return render_chat(tokenizer, messages, add_generation_prompt, continue_final, **variables)
     except Exception as e:  # a template that rejects these messages (roles, order)

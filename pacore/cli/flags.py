@@ -53,10 +53,18 @@ def unknown_flags(parser: argparse.ArgumentParser, extras: list[str]) -> str:
         return f"unexpected argument(s): {' '.join(extras)}"
     parts = []
     for flag in flags:
-        near = difflib.get_close_matches(flag, known, n=1, cutoff=NEAR_CUTOFF)
+        near = difflib.get_close_matches(flag, [k for k in known if _may_be_meant(flag, k)], n=1, cutoff=NEAR_CUTOFF)
         hint = f"did you mean {near[0]}?" if near else f"see {parser.prog} --help"
         parts.append(f"unrecognized flag {flag}: {hint}")
     return "; ".join(parts)
+
+
+def _may_be_meant(flag: str, known: str) -> bool:
+    """Whether ``flag`` may be a misspelling of ``known``: as many words (--max-model-length,
+    --max-model-len), or its first words (--max-model). One with a word more names another setting
+    (--tokenizer-mode is not --tokenizer), so suggesting it would change what the command does."""
+    words, known_words = flag.split("-"), known.split("-")
+    return len(words) == len(known_words) or known_words[:len(words)] == words
 
 
 # Without --model the embedded 135M model runs on a CPU: a budget that fills its 8k context would take long.

@@ -46,3 +46,36 @@ def test_run_cases_frees_the_gpu_cache_between_cases(monkeypatch):
     cases = {"a": lambda bench, k: bench.add({"case": "a"}), "b": lambda bench, k: 1 / 0}
     assert run_cases(b, None, cases, lambda rows, dtype: f"{len(rows)} {dtype} rows", None) == 1
     assert freed == [1, 1] and b.rows[-1]["error"].startswith("ZeroDivisionError")
+
+
+def test_the_sparse_check_compares_decode_over_the_same_block_tables():
+    """A selection that differs from the reference's (a near-tie broken the other way) is reported as
+    such, not as a decode error: both decodes read the Triton selection's tables (issue 52)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from bench.gpu_spec_kernels import sparse_errors
+    from pacore_kernels import block_select as bsel
+    from pacore_kernels.paged_decode import paged_decode_ref
+
+    torch.manual_seed(0)
+    B, Hq, Hkv, D, bs, L = 2, 4, 2, 16, 4, 64
+    k, v = torch.randn(2, B * L // bs, bs, Hkv, D).unbind(0)
+    bt = torch.arange(B * L // bs, dtype=torch.int32).view(B, L // bs)
+    sl, q = torch.full((B,), L, dtype=torch.int32), torch.randn(B, Hq, D)
+    bounds = bsel.allocate_key_bounds(1, k.shape[0], Hkv, D, torch.float32, "cpu")[0]
+    bsel.update_key_bounds(bounds, k.flatten(0, 1), torch.arange(k.shape[0] * bs), bs)
+    spans = (1, 2, 2)
+
+    def other_choice(q, bounds, bt, sl, bs, *spans):  # the reference's selection, but one block swapped
+        tables, lens = bsel.select_blocks_ref(q, bounds, bt, sl, bs, *spans)
+        tables = tables.clone()
+        tables[:, 1] = bt[:, 2] if not bool((tables[:, 1] == bt[:, 2]).all()) else bt[:, 3]
+        return tables, lens
+    kernels = SimpleNamespace(paged_decode_ref=paged_decode_ref, paged_decode_triton=lambda *a, **kw: paged_decode_ref(
+        a[0].float(), *a[1:], **kw))
+    err, same = sparse_errors(kernels, SimpleNamespace(select_blocks_triton=other_choice,
+                                                       select_blocks_ref=bsel.select_blocks_ref),
+                              q, k, v, bounds, bt, sl, bs, spans, 0.25, 1.0, 1.0)
+    assert err < 1e-6 and 0 < same < 1

@@ -64,3 +64,36 @@ def test_cache_salt_shares_blocks_only_within_one_salt(llm):
     assert hits() == 80
     with pytest.raises(ValueError, match="cache_salt"):
         llm.add_request(prompt, SamplingParams(), cache_salt="")
+
+
+class _Chars:
+    """A tokenizer of one character per token (its code point)."""
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(map(chr, ids))
+
+
+def _stops_after(text: str, **kw) -> tuple[int, str]:
+    """Feeds ``text`` token by token through the StopChecker: (tokens generated when it stopped, final text)."""
+    from types import SimpleNamespace
+    from engine.stopping import StopChecker
+    checker = StopChecker(_Chars(), eos_token_ids=[EOS], max_model_len=256)
+    seq = SimpleNamespace(params=SamplingParams(max_tokens=len(text), **kw), token_ids=[ord("p")], num_prompt_tokens=1,
+                          finish_reason=None)
+    for ch in text:
+        seq.token_ids.append(ord(ch))
+        seq.num_generated, seq.num_tokens, seq.generated = len(seq.token_ids) - 1, len(seq.token_ids), seq.token_ids[1:]
+        seq.finish_reason = checker.check(seq)
+        if seq.finish_reason:
+            break
+    return seq.num_generated, checker.final_text(seq)
+
+
+def test_min_tokens_neither_stops_at_an_earlier_stop_string_nor_cuts_the_text_there():
+    # A stop string wholly inside the first min_tokens tokens is text: it neither stops the trajectory
+    # when min_tokens is reached nor cuts the final text (it used to do both).
+    assert _stops_after("Xabcd", min_tokens=3, stop=["X"]) == (5, "Xabcd")
+    assert _stops_after("XabXcd", min_tokens=3, stop=["X"]) == (4, "Xab")
+    assert _stops_after("abcwxyzq", min_tokens=4, stop=["ab", "wxyz"]) == (7, "abc")
+    assert _stops_after("abcwxyzq", min_tokens=4, stop=["ab", "wxyz"], include_stop_str_in_output=True) == (7, "abcwxyz")
+    assert _stops_after("abab", min_tokens=3, stop=["ab"]) == (4, "ab")  # one that ends at token 4
+    assert _stops_after("abcab", stop=["ab"]) == (2, "")

@@ -198,6 +198,8 @@ def test_vllm_flags_without_a_meaning_here_are_refused_naming_why(argv, said, ca
     (["run", "--max-model", "12", "--data", "d", "--out", "o"], "unrecognized flag --max-model: did you mean"),
     (["run", "--max-model-length", "100"], "unrecognized flag --max-model-length: did you mean --max-model-len?"),
     (["run", "--data", "d", "--out", "o", "--generation-config", "x"], "--generation-config: see pacore run --help"),
+    # a flag with a word more is another flag, not a typo of the shorter one (issue 52)
+    (["serve", "--tokenizer-mode", "slow"], "unrecognized flag --tokenizer-mode: see pacore serve --help"),
 ])
 def test_an_unknown_flag_is_named_first_with_close_names_only(argv, said, capsys):
     with pytest.raises(SystemExit):

@@ -3,6 +3,14 @@
 The interpreter tests check the maths; this catches what only the real compiler sees (types, dot
 shapes, shared memory over the 227 KiB limit). It runs itself in a subprocess, because the kernels
 must be created without TRITON_INTERPRET. Skips where triton or its bundled ptxas is missing.
+
+Each kernel is compiled as a launch specializes it: every argument goes through Triton's own
+launcher rule (``native_specialize_impl``, honouring the kernel's ``do_not_specialize``), so a
+pointer (16-byte aligned, as torch allocates) and an integer divisible by 16 carry
+``tt.divisibility = 16``, and an integer 1 becomes a constant. The integers are Qwen3-8B's strides
+(32 query heads and 8 KV heads of 128). Without the hints the code differs from what runs (wider
+loads are not proven safe), and so do its registers: ``--print`` lists each kernel's registers,
+spills and shared memory, the figures docs/gpu.md quotes.
 """
 import os
 import sys
@@ -32,6 +40,9 @@ def test_kernels_compile_for_sm90():
     if proc.returncode == 3:
         pytest.skip(proc.stdout.strip().splitlines()[-1])
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    # every kernel as a launch specializes it: its pointers (at least) carry the divisibility hint
+    compiled = [line for line in proc.stdout.splitlines() if line.startswith("ok ")]
+    assert compiled and all(int(line.split("hinted=")[1].split()[0]) > 0 for line in compiled), proc.stdout
 
 
 # ------------------------------------------------------------------ subprocess body
@@ -39,7 +50,8 @@ def _compile_all() -> int:
     sys.path.insert(0, str(ROOT))
     import torch
     import triton
-    from triton.backends.compiler import GPUTarget
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend, GPUTarget
     from triton.compiler import ASTSource
 
     from pacore_kernels import (activation, block_select, cascade_decode, fp8_gemm, gumbel_sample, paged_decode, prefill_attention, rmsnorm,
@@ -51,20 +63,32 @@ def _compile_all() -> int:
 
     def compile_one(kernel, args: dict, consts: dict):
         """args: name -> torch.dtype (a pointer to it), int (an i32/i64 scalar) or float (fp32)."""
-        sig = {}
-        for name in kernel.arg_names:
+        sig, attrs = {}, {}
+        for i, param in enumerate(kernel.params):
+            name = param.name
             if name in consts:
                 sig[name] = "constexpr"
-            elif isinstance(args[name], torch.dtype):
-                sig[name] = "*" + tname[args[name]]
-            elif isinstance(args[name], float):
-                sig[name] = "fp32"
+                continue
+            value = args[name]
+            if isinstance(value, torch.dtype):
+                value = torch.empty(16, dtype=value)  # its data_ptr is aligned, as a device allocation's
+            kind, hint = native_specialize_impl(BaseBackend, value, param.is_const, not param.do_not_specialize,
+                                                not param.do_not_specialize_on_alignment)
+            if kind == "constexpr":  # an integer 1, as the launcher folds it
+                sig[name], consts[name] = "constexpr", hint
             else:
-                sig[name] = "i64" if abs(args[name]) >= 2 ** 31 else "i32"
+                sig[name] = "*" + tname[value.dtype] if isinstance(value, torch.Tensor) else kind
+                if isinstance(hint, str):
+                    attrs[(i,)] = BaseBackend.parse_attr(hint)
         opts = {k: consts.pop(k) for k in ("num_warps", "num_stages") if k in consts}
-        c = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts), target=target, options=opts)
+        c = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=attrs), target=target,
+                           options=opts)
         assert c.metadata.shared <= SMEM_LIMIT, f"{kernel.fn.__name__} {consts}: shared {c.metadata.shared}"
-        print(f"ok {kernel.fn.__name__:24s} shared={c.metadata.shared:6d} {consts}", flush=True)
+        regs = ""
+        if "--print" in sys.argv:  # registers and spills: from the cubin, through ptxas' report
+            regs = " " + _registers(c.asm["ptx"])
+        hinted = sum(1 for a in attrs.values() if a)
+        print(f"ok {kernel.fn.__name__:24s} shared={c.metadata.shared:6d} hinted={hinted:2d}{regs} {consts}", flush=True)
 
     f32, i32 = torch.float32, torch.int32
     e4m3, e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -86,17 +110,17 @@ def _compile_all() -> int:
         seen.add(key)
         compile_one(paged_decode._decode_split_kernel,
                     dict(q_ptr=dt, kc_ptr=kv, vc_ptr=kv, bt_ptr=i32, seq_ptr=i32, start_ptr=i32, sink_ptr=i32,
-                         cu_ptr=i32, o_ptr=f32, lse_ptr=f32, stride_qb=4096, stride_bt=64, stride_tok=1024,
-                         stride_ob=1, stride_oh=1, stride_os=1, stride_lb=1, stride_lh=1, stride_ls=1, split_off=3,
-                         NUM_SPLITS=5, qk_scale=0.1, v_scale=1.0),
+                         cu_ptr=i32, o_ptr=f32, lse_ptr=f32, stride_qb=6144, stride_bt=64, stride_tok=1024,
+                         stride_ob=32768, stride_oh=1024, stride_os=128, stride_lb=256, stride_lh=8, stride_ls=1,
+                         split_off=3, NUM_SPLITS=5, qk_scale=0.1, v_scale=1.0),
                     dict(QPK=qpk, QPK_P2=1 << (qpk - 1).bit_length(), D=D, BS=16, BLOCK_M=block_m,
                          BLOCK_N=64 if D <= 64 else 32, BLOCK_D=D, HAS_START=has_start, HAS_CU=qmax is not None,
                          HAS_SINK=has_sink, STORE_LSE=True, DOT_PREC=paged_decode.dot_precision(dt),
                          **paged_decode.launch_opts(dt)))
     compile_one(paged_decode._merge_splits_kernel,
                 dict(o_part_ptr=f32, lse_part_ptr=f32, out_ptr=torch.bfloat16, lse_ptr=f32, n1_ptr=i32, S=7, S1=3,
-                     stride_pb=9, stride_ph=9, stride_ps=9, stride_lb=9, stride_lh=9, stride_ob=9, stride_oh=9,
-                     stride_fb=9),
+                     stride_pb=32768, stride_ph=1024, stride_ps=128, stride_lb=256, stride_lh=8, stride_ob=4096,
+                     stride_oh=128, stride_fb=32),
                 dict(D=128, BLOCK_S=64, BLOCK_D=128, STORE_LSE=True, HAS_N1=True, num_warps=4))
     for dt, kv, D, qpk in [(torch.bfloat16, torch.bfloat16, 128, 8), (f32, f32, 128, 4),
                            (torch.float16, torch.float16, 64, 1), (torch.bfloat16, torch.bfloat16, 128, 3),
@@ -104,8 +128,8 @@ def _compile_all() -> int:
         block_m = 64
         compile_one(cascade_decode._cascade_prefix_kernel,
                     dict(q_ptr=dt, kc_ptr=kv, vc_ptr=kv, bt_ptr=i32, gs_ptr=i32, gq_ptr=i32, gp_ptr=i32, sp_ptr=i32, cum_ptr=i32,
-                         o_ptr=f32, lse_ptr=f32, stride_qb=4096, stride_bt=64, stride_tok=1024, stride_ob=9,
-                         stride_oh=9, stride_os=9, stride_lb=9, stride_lh=9, stride_ls=9, G=4, HKV=8,
+                         o_ptr=f32, lse_ptr=f32, stride_qb=6144, stride_bt=64, stride_tok=1024, stride_ob=32768,
+                         stride_oh=1024, stride_os=128, stride_lb=256, stride_lh=8, stride_ls=1, G=4, HKV=8,
                          NUM_PROGRAMS=264, qk_scale=0.1, v_scale=1.0),
                     dict(QPK=qpk, MT=block_m // qpk, D=D, BS=16, BLOCK_M=block_m, BLOCK_N=64 if D <= 64 else 32,
                          BLOCK_D=D, DOT_PREC=paged_decode.dot_precision(dt), **paged_decode.launch_opts(dt)))
@@ -158,6 +182,23 @@ def _compile_all() -> int:
                          stride_am=4096, stride_bn=4096, stride_cm=6144, stride_asm=32, stride_bsn=32),
                     dict(GROUP_N=128, BLOCK_M=block_m, BLOCK_N=128, BLOCK_K=128, num_warps=4))
     return 0
+
+
+def _registers(ptx: str) -> str:
+    """ptxas' register and spill figures for sm_90 (the cubin Triton builds comes from the same run)."""
+    import re
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "k.ptx"
+        src.write_text(ptx)
+        out = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", str(src), "-o", str(Path(tmp) / "k.o")],
+                             capture_output=True, text=True).stderr
+    regs = re.search(r"Used (\d+) registers", out)
+    spill = re.search(r"(\d+) bytes spill stores", out)
+    return f"regs={regs[1] if regs else '?'} spill={spill[1] if spill else '?'}"
 
 
 if __name__ == "__main__":

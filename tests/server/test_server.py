@@ -361,10 +361,10 @@ def test_the_documented_serve_commands_parse():
 
 def test_serve_flags_reach_the_engine_and_the_app(monkeypatch, capsys):
     import engine
-    import uvicorn
 
     from pacore.cli import main
     from engine.serve import app as serve_app
+    from engine.serve import connection
     seen = {}
 
     class FakeLLM:
@@ -383,7 +383,8 @@ def test_serve_flags_reach_the_engine_and_the_app(monkeypatch, capsys):
     monkeypatch.setattr(serve_app, "create_app", lambda llm, name, key, queue, body, **kw: seen.update(
         app=(name, key, queue), body=body, aliases=kw["aliases"], origins=kw["allowed_origins"],
         limits=(kw["max_logprob_entries"], kw["max_stop_strings"], kw["max_stop_chars"])))
-    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kw: seen.update(bind=(host, port), uvicorn=kw))
+    monkeypatch.setattr(connection, "serve", lambda app, drain_s, host, port, **kw: seen.update(
+        bind=(host, port), drain=drain_s, uvicorn=kw))
     monkeypatch.setenv("PACORE_API_KEY", "from-env")
     assert main(["serve", "--model", "/m/PaCoRe-8B/", "--dtype", "bfloat16", "--max-model-len", "64",
                  "--rope-scaling", '{"factor": 2.0}', "--max-num-seqs", "3", "--num-kv-blocks", "9",
@@ -398,15 +399,42 @@ def test_serve_flags_reach_the_engine_and_the_app(monkeypatch, capsys):
     # one start-up line on stderr: the engine's description and the names it answers
     assert capsys.readouterr().err.splitlines()[0] == ("engine: the fake model, its KV cache and context; "
                                                        "served as PaCoRe-8B (or /m/PaCoRe-8B/)")
-    assert seen["body"] == 32 * 2 ** 20 and seen["uvicorn"]["timeout_graceful_shutdown"] == 30.0
+    assert seen["body"] == 32 * 2 ** 20 and seen["drain"] == 30.0
+    assert seen["uvicorn"]["log_level"] == "info" and seen["uvicorn"]["access_log"]
     assert seen["limits"] == (1_000_000, 64, 1024) and seen["origins"] is None
     assert main(["serve", "--served-model-name", "x", "--api-key", "k", "--max-queue", "2", "--max-body-bytes", "7",
                  "--shutdown-timeout", "0.5", "--max-logprob-entries", "9", "--max-stop-strings", "4",
                  "--max-stop-chars", "30", "--allowed-origins", '["http://localhost:3000"]']) == 0
     assert seen["model"] is None and seen["app"] == ("x", "k", 2) and seen["body"] == 7
     assert seen["limits"] == (9, 4, 30) and seen["origins"] == ["http://localhost:3000"]
-    assert seen["uvicorn"]["timeout_graceful_shutdown"] == 0.5
+    assert seen["drain"] == 0.5
     assert main(["serve"]) == 0 and seen["app"][0] == "smollm2-135m" and seen["aliases"] == ("default",)
+
+
+def test_vllms_logging_and_capture_flags_are_taken_with_their_meaning_or_named_as_no_ops(monkeypatch, capsys):
+    import engine
+    from engine.serve import app as serve_app
+    from engine.serve import connection
+    from pacore.cli import main
+    seen = {}
+
+    class FakeLLM:
+        def __init__(self, model, **options):
+            seen["options"] = options
+        __enter__ = lambda self: self  # noqa: E731
+        __exit__ = lambda self, *exc: None  # noqa: E731
+        describe = lambda self: "engine: fake"  # noqa: E731
+    monkeypatch.setattr(engine, "LLM", FakeLLM)
+    monkeypatch.setattr(serve_app, "create_app", lambda *a, **kw: seen.update(app=kw))
+    monkeypatch.setattr(connection, "serve", lambda app, drain_s, host, port, **kw: seen.update(uvicorn=kw))
+    assert main(["serve", "--uvicorn-log-level", "warning", "--disable-uvicorn-access-log", "--max-log-len", "100",
+                 "--max-seq-len-to-capture", "8192", "--disable-custom-all-reduce",
+                 "--enable-prompt-tokens-details"]) == 0
+    assert seen["uvicorn"] == {"log_level": "warning", "access_log": False}
+    assert seen["app"]["prompt_tokens_details"] is True
+    line = capsys.readouterr().err.splitlines()[0]
+    assert "taken without effect: " in line and "--max-log-len (" in line and "--max-seq-len-to-capture (" in line, line
+    assert "--disable-custom-all-reduce (" in line and "--uvicorn-log-level" not in line, line
 
 
 def test_serve_without_the_extra_names_the_install_command(monkeypatch, capsys):

@@ -135,3 +135,81 @@ def test_request_id_names_the_reply_and_the_ignored_fields_are_logged(server, ca
     assert reply.status_code == 200 and reply.json()["id"] == "chatcmpl-r2"
     (record,) = [r for r in caplog.records if "ignored" in r.getMessage()]
     assert all(name in record.getMessage() for name in ignored)
+
+
+# -- issue 52 ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("body, reason", [
+    ({"stop": ["A"]}, "A"), ({"stop_token_ids": [A]}, A), ({"max_tokens": 2}, None)])
+def test_choices_carry_vllms_stop_reason(server, body, reason):
+    body = {"max_tokens": 4, "logit_bias": {str(A): 100}, **body}
+    (choice,) = _text(server, **body)["choices"]
+    assert choice["stop_reason"] == reason and choice["finish_reason"] == ("length" if reason is None else "stop")
+    chunks = _events(_post(server, "/v1/completions", {"prompt": "hello", "temperature": 0, "stream": True, **body}))
+    assert chunks[-1]["choices"][0]["stop_reason"] == reason
+    eos = _post(server, "/v1/chat/completions", {"messages": USER, "max_tokens": 4, "logit_bias": {str(EOS): 100}})
+    assert eos.json()["choices"][0]["stop_reason"] is None and eos.json()["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("field", ["messages", "add_generation_prompt", "continue_final_message", "tools",
+                                   "documents", "chat_template"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/tokenize"])
+def test_chat_template_kwargs_may_not_override_the_requests_own_fields(server, path, field):
+    reply = _post(server, path, {"messages": USER, "max_tokens": 1, "chat_template_kwargs": {field: False}}
+                  if path != "/tokenize" else {"messages": USER, "chat_template_kwargs": {field: False}})
+    error = reply.json()["error"]
+    assert reply.status_code == 422 and error["param"] == "chat_template_kwargs", reply.text
+    assert repr(field) in error["message"], error
+
+
+@pytest.mark.parametrize("rid", ["x" * 257, "a b", "a\nb", "é"])
+def test_request_id_is_bounded_in_length_and_characters(server, rid):
+    reply = _post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 1, "request_id": rid})
+    assert reply.status_code == 422 and reply.json()["error"]["param"] == "request_id", reply.text
+    assert _text(server, max_tokens=1, request_id="A-z_0.9:" + "x" * 200)["id"].startswith("cmpl-A-z_0.9:")
+
+
+@pytest.mark.parametrize("field, value, said", [
+    ("guided_json", {"type": "object"}, "structured output"), ("use_beam_search", True, "beam search"),
+    ("length_penalty", 1.0, "beam search"), ("allowed_token_ids", [1], "allowed_token_ids"),
+    ("prompt_embeds", "x", "prompt embeddings")])
+def test_a_vllm_only_field_is_named_as_a_vllm_feature_this_server_lacks(server, field, value, said):
+    reply = _post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 1, field: value})
+    error = reply.json()["error"]
+    assert reply.status_code == 422 and error["param"] == field, reply.text
+    assert "vLLM" in error["message"] and said in error["message"] and "does not have" in error["message"], error
+
+
+def test_vllms_harmless_fields_are_honoured(server):
+    assert _text(server, max_tokens=1)["usage"]["prompt_tokens_details"] is None  # without the flag
+    assert _text(server, max_tokens=1, use_beam_search=False, add_special_tokens=True)["usage"]["prompt_tokens"] == 5
+    # truncate_prompt_tokens keeps the prompt's last N tokens (vLLM's); -1: as many as the context holds
+    assert _text(server, max_tokens=1, truncate_prompt_tokens=2)["usage"]["prompt_tokens"] == 2
+    assert _text(server, max_tokens=1, truncate_prompt_tokens=-1)["usage"]["prompt_tokens"] == 5
+    plain = _prompt_tokens(server, messages=USER)
+    assert _prompt_tokens(server, messages=USER, truncate_prompt_tokens=3, add_special_tokens=False) == 3
+    assert _prompt_tokens(server, messages=USER, add_special_tokens=True) == plain  # the char tokenizer has no BOS
+    assert _post(server, "/v1/completions", {"prompt": "hi", "truncate_prompt_tokens": 0}).status_code == 422
+
+
+def test_add_special_tokens_reaches_the_tokenizer_as_vllm_means_it(server, monkeypatch):
+    from engine.serve.prompts import PromptReader
+    seen = []
+    tok = server.llm.tokenizer
+    monkeypatch.setattr(type(tok), "encode", lambda self, text, add_special_tokens=True, **kw: seen.append(
+        add_special_tokens) or [ord(c) for c in text])
+    reader = PromptReader(tok, 256)
+    params = SimpleNamespace(max_tokens=1)
+    reader.token_ids("hi", False, params), reader.token_ids("hi", False, params, add_special_tokens=False)
+    reader.token_ids(USER, True, params), reader.token_ids(USER, True, params, add_special_tokens=True)
+    assert seen == [True, False, False, True]  # completions add them by default, chat (a template's own) not
+
+
+def test_prompt_tokens_details_count_the_cached_prompt_tokens_when_enabled(tiny_model_dir):
+    llm = LLM(str(tiny_model_dir("llama")), num_kv_blocks=64, max_model_len=256)
+    prompt = "a prompt of several KV blocks, " * 2  # 62 tokens: 3 full blocks of 16
+    with serving(create_app(llm, MODEL, prompt_tokens_details=True)) as base:
+        def usage():
+            reply = httpx.post(f"{base}/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 1})
+            return reply.json()["usage"]
+        assert usage()["prompt_tokens_details"] == {"cached_tokens": 0}
+        assert usage()["prompt_tokens_details"] == {"cached_tokens": 48}

@@ -134,6 +134,18 @@ def test_a_post_to_a_get_route_is_405_and_openapi_lists_the_errors(server):
     assert httpx.get(f"{server.base}/metrics").headers["content-type"] == CONTENT_TYPE_LATEST
 
 
+def test_openapi_lists_401_exactly_where_a_key_is_required(server):
+    guarded = [("/v1/completions", "post"), ("/v1/chat/completions", "post"), ("/tokenize", "post"),
+               ("/detokenize", "post"), ("/v1/models", "get"), ("/v1/models/{model}", "get"), ("/tokenizer_info", "get")]
+    spec = httpx.get(f"{server.base}/openapi.json").json()["paths"]
+    for path, method in guarded:
+        assert "401" in spec[path][method]["responses"], path
+    for path in ("/health", "/metrics", "/version"):  # open, as vLLM's
+        assert "401" not in spec[path]["get"]["responses"], path
+    keyless = create_app(server.llm, MODEL).openapi()["paths"]  # no key: nothing answers 401
+    assert not [p for p, ops in keyless.items() for op in ops.values() if "401" in op["responses"]]
+
+
 # Every metric name the queries of vLLM's sample Grafana dashboard read, from
 # examples/online_serving/prometheus_grafana/grafana.json in vllm-project/vllm (commit 004f771f3a6b: its 14
 # panels), and the ones issue 47 names from the dashboard's later revision (inter_token_latency_seconds,
