@@ -330,10 +330,11 @@ def section(results: dict, args) -> dict:
         "profiles": profiles}
 
 
-def write_section(path: Path, sec: dict) -> None:
-    """Put the self_window section into the profile JSON, keeping what else it holds (the n-gram one)."""
+def write_section(path: Path, sec: dict, key: str = "self_window") -> None:
+    """Put a section (self_window; self_layerskip: bench/spec_layerskip_acceptance.py) into the profile JSON,
+    keeping what else it holds (the n-gram one, the other sections)."""
     raw = json.loads(path.read_text()) if path.is_file() else {}
-    raw["self_window"] = sec
+    raw[key] = sec
     path.write_text(json.dumps(raw, indent=1) + "\n")
 
 
