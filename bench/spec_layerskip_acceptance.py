@@ -18,14 +18,13 @@ rehearsal reads.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 from bench.spec_acceptance import DEFAULT_PROFILE, SUFFIX, _commit
-from bench.spec_self_acceptance import (_ints, _pairs, draft_pass, reference_prompts, sampled_chunks, summarise,
-                                        write_section)
+from bench.spec_self_acceptance import (_ints, draft_pass, harness_args, out_dir, quick_harness, reference_prompts,
+                                        sampled_chunks, save_report, summarise, write_section)
 from engine.spec.layer_skip import kept_layers
 
 CAVEAT = ("SmolLM2-135M (30 layers) at 1-8k tokens, measured on a CPU, is a weak proxy for PaCoRe-8B (36 layers) at "
@@ -125,14 +124,7 @@ def table(res: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.spec_layerskip_acceptance", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=None, help="a model folder (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--max-model-len", type=int, default=8192)
-    p.add_argument("--problem", type=int, default=0)
-    p.add_argument("--refs-k", type=int, default=32)
-    p.add_argument("--refs-tokens", type=int, default=384)
-    p.add_argument("--bins", type=_pairs, default=[(1024, 2048), (2048, 4096), (4096, 8192)])
-    p.add_argument("--k", type=int, default=3, help="trajectories per bin")
-    p.add_argument("--max-tokens", type=int, default=192)
+    harness_args(p, k=3, max_tokens=192)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--windows", type=lambda s: [tuple(_ints(w.replace("/", ","))) for w in s.split(";")],
                    default=[(512, 16)], help="WINDOW/SINK;... (default 512/16, the rehearsal's)")
@@ -140,36 +132,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="fractions of the layers a layer-skip draft keeps")
     p.add_argument("--spread", type=lambda s: [float(x) for x in s.split(",") if x], default=[0.75],
                    help="fractions to measure also as layers spread evenly (comparison only)")
-    p.add_argument("--depth", type=int, default=6)
-    p.add_argument("--stride", type=int, default=4)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--prefill-chunk", type=int, default=1024)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="runs/spec_layerskip_acceptance")
     p.add_argument("--profile-out", help=f"the profile JSON to put the self_layerskip section in (default: "
                    f"{DEFAULT_PROFILE}; with --quick: OUT/profile.json)")
-    p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
     if args.quick:
-        args.max_model_len, args.refs_k, args.refs_tokens, args.bins, args.k, args.max_tokens = 1024, 16, 16, \
-            None, 2, 24
+        quick_harness(args)
         args.windows, args.keep, args.spread, args.stride = [(64, 16)], [0.5], [0.75], 2
-    from bench.profile_run import apply_threads
-    apply_threads(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = out_dir(args)
     command = " ".join(["python -m bench.spec_layerskip_acceptance", *sys.argv[1:]] if argv is None else
                        ["python -m bench.spec_layerskip_acceptance", *argv])
     profile = Path(args.profile_out or (out / "profile.json" if args.quick else DEFAULT_PROFILE))
 
-    def save(res: dict) -> str:  # after every bin: a run cut short keeps what it measured
+    def save(res: dict) -> str:  # after every bin, the profile's section too
         res["model"] = args.model
-        (out / "report.json").write_text(json.dumps(res | {"command": command, "note": CAVEAT}, indent=1))
         write_section(profile, section(res, command), "self_layerskip")
-        text = CAVEAT + "\n\n" + table(res) + f"\n\nCPU time: {res['cpu_s']:.0f} s\n"
-        (out / "table.md").write_text(text)
-        return text
+        return save_report(out, res, {"command": command, "note": CAVEAT}, CAVEAT, table(res))
     print(save(measure(args, save)))
     return 0
 
