@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from bench.spec_acceptance import DEFAULT_PROFILE, SUFFIX, _commit
-from bench.spec_self_acceptance import (_ints, draft_pass, harness_args, out_dir, quick_harness, reference_prompts,
-                                        sampled_chunks, save_report, summarise, write_section)
+from bench.spec_harness import _ints, harness_args, out_dir, quick_harness, save_report
+from bench.spec_self_acceptance import draft_pass, reference_prompts, sampled_chunks, summarise, write_section
 from engine.spec.layer_skip import kept_layers
 
 CAVEAT = ("SmolLM2-135M (30 layers) at 1-8k tokens, measured on a CPU, is a weak proxy for PaCoRe-8B (36 layers) at "

@@ -24,8 +24,8 @@ import sys
 import time
 
 from bench.spec_acceptance import SUFFIX, _commit
-from bench.spec_self_acceptance import (_ints, draft_pass, harness_args, out_dir, quick_harness, reference_prompts,
-                                        sampled_chunks, save_report, summarise)
+from bench.spec_harness import _ints, harness_args, out_dir, quick_harness, save_report
+from bench.spec_self_acceptance import draft_pass, reference_prompts, sampled_chunks, summarise
 
 CAVEAT = ("SmolLM2-135M at 1-8k tokens is a weak proxy for PaCoRe-8B at ~50k: read the gap between the policies, "
           "not the levels. Published (Vegas poster, Qwen3-8B, AIME25 ~10k context, 6 drafts): 4.92 tokens per "

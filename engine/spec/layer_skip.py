@@ -15,10 +15,12 @@ Which layers, given a count n of N: the first ceil(n/2) and the last floor(n/2),
 of N - n layers skipped. Layer-pruning studies find the first and last layers unlike the rest and the
 middle ones nearly interchangeable ("Transformer Layers as Painters", arXiv 2407.09298); SWIFT and
 Draft & Verify search their skip sets among the intermediate layers. Measured on the embedded model
-(SmolLM2-135M, 30 layers; bench/spec_layerskip_acceptance.py, docs/speculative.md): keeping 22 layers, a
-middle block skipped keeps 0.69-0.73 of the full-depth drafts' tokens per verify, layers skipped evenly
-spread (every fourth, Unified Layer Skipping's balanced choice, arXiv 2404.06954) 0.44-0.47, and a block
-of the last layers but one nothing at all. A list names the layers exactly (a searched set, say).
+(SmolLM2-135M, 30 layers, window 512 + sink 16; bench/spec_layerskip_acceptance.py, docs/speculative.md):
+keeping 22 layers, a middle block skipped keeps 0.42-0.45 of the full-depth drafts' tokens per verify at 6
+drafts, the same count spread evenly from the first layer to the last (Unified Layer Skipping's balanced
+choice, arXiv 2404.06954) 0.22-0.24; in a smaller probe a block of the last layers but one skipped
+accepted no draft at all.
+A list names the layers exactly (a searched set, say).
 """
 from __future__ import annotations
 
