@@ -103,21 +103,24 @@ def section(res: dict, command: str) -> dict:
             "profiles": profiles}
 
 
+def _tpv(s: dict, full: dict | None, depth: int) -> str:
+    """Tokens per verify at ``depth`` drafts (at most the measured depth), and its ratio to ``full``'s."""
+    i = min(depth, len(s["tokens_per_verify"])) - 1
+    t = s["tokens_per_verify"][i]
+    return f"{t:.2f}" if full is None else f"{t:.2f} ({t / full['tokens_per_verify'][i]:.2f})"
+
+
 def table(res: dict) -> str:
-    total = res["layers"]
-    full = f"{total}/{total}"
+    full = f"{res['layers']}/{res['layers']}"
     lines = ["| context | window/sink | draft layers | coupled: accept 1st | tokens per verify at 4 drafts "
              "(ratio to full depth) | at 6 drafts | rejection: tokens per verify at 6 |", "|" + "---|" * 7]
     for b in res["bins"]:
         for ws, by in b["windows"].items():
             for label, s in by.items():
-                c, r, fc, fr = s["coupled"], s["rejection"], by[full]["coupled"], by[full]["rejection"]
-                d = len(c["tokens_per_verify"])
-
-                def tpv(x: dict, ref: dict, depth: int) -> str:  # "t (ratio to full depth)"
-                    t = x["tokens_per_verify"][min(depth, d) - 1]
-                    return f"{t:.2f}" if label == full else f"{t:.2f} ({t / ref['tokens_per_verify'][min(depth, d) - 1]:.2f})"
-                cells = [f"{c['accept'][0]:.2f}", tpv(c, fc, 4), tpv(c, fc, 6), tpv(r, fr, 6)]
+                ref = None if label == full else by[full]
+                c, r = s["coupled"], s["rejection"]
+                cells = [f"{c['accept'][0]:.2f}", _tpv(c, ref and ref["coupled"], 4), _tpv(c, ref and ref["coupled"], 6),
+                         _tpv(r, ref and ref["rejection"], 6)]
                 lines.append(f"| {b['context'][0]}-{b['context'][1]} | {ws} | {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -47,9 +47,9 @@ class SpeculativeConfig:
     on the device ``cost_model`` describes ("h200", or a parameters JSON a GPU run wrote), 0 where
     speculation does not pay; "fixed" always drafts num_speculative_tokens. ``draft_layers`` (None: every
     layer): a draft step runs the embedding, only these decoder layers, the final norm and the LM head
-    (self-speculative layer skipping, engine/spec/self_window.py ``kept_layers``); an integer n keeps the first
-    ceil(n/2) and the last floor(n/2) layers (a middle block skipped), a list keeps exactly those indices; the verify pass
-    always runs every layer, so the output is unchanged."""
+    (self-speculative layer skipping, engine/spec/layer_skip.py ``kept_layers``); an integer n keeps the
+    first ceil(n/2) and the last floor(n/2) layers (a middle block skipped), a list exactly the layers it
+    names; the verify pass always runs every layer, so the output is unchanged."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 4

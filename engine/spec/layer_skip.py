@@ -19,8 +19,7 @@ Draft & Verify search their skip sets among the intermediate layers. Measured on
 keeping 22 layers, a middle block skipped keeps 0.42-0.45 of the full-depth drafts' tokens per verify at 6
 drafts, the same count spread evenly from the first layer to the last (Unified Layer Skipping's balanced
 choice, arXiv 2404.06954) 0.22-0.24; in a smaller probe a block of the last layers but one skipped
-accepted no draft at all.
-A list names the layers exactly (a searched set, say).
+accepted no draft at all. A list names the layers exactly (a searched set, say).
 """
 from __future__ import annotations
 
@@ -34,7 +33,8 @@ def check_draft_layers(value) -> int | tuple[int, ...]:
             raise ValueError(f"speculative_config: draft_layers={value} keeps no layer; {fix}")
         return value
     if not isinstance(value, (list, tuple)) or not value:
-        raise ValueError(f"speculative_config: draft_layers must be an integer or a non-empty list, got {value!r}; {fix}")
+        raise ValueError(f"speculative_config: draft_layers must be an integer or a non-empty list, got {value!r}; "
+                         f"{fix}")
     if any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in value):
         raise ValueError(f"speculative_config: draft_layers {list(value)} holds a non-integer or negative index; {fix}")
     if len(set(value)) != len(value):
