@@ -269,9 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     results = measure(args)
     profile = profile_of(results, args)
     profile_path = Path(args.profile_out or (out / "profile.json" if args.quick else DEFAULT_PROFILE))
-    if profile_path.is_file():  # bench/spec_self_acceptance.py's section stays
-        kept = json.loads(profile_path.read_text()).get("self_window")
-        profile |= {"self_window": kept} if kept else {}
+    if profile_path.is_file():  # the self-drafting benches' sections (self_window, self_sparse, ...) stay
+        profile |= {k: v for k, v in json.loads(profile_path.read_text()).items() if k.startswith("self_")}
     profile_path.write_text(json.dumps(profile, indent=1) + "\n")
     write_report(out, results | {"profile": profile}, CAVEAT, tables(results), profile_path)
     return 0

@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 
 from bench.spec_acceptance import DEFAULT_PROFILE, SUFFIX, _commit, write_report
+from bench.spec_harness import _ints, harness_args, out_dir, quick_harness
 
 CAVEAT = ("A 135M model sampled at temperature 1.0 is far less predictable than an 8B reasoning model, and its "
           "contexts stop at 8k: read these acceptances as the shape of the curves, not as PaCoRe-8B's figures.")
@@ -330,10 +331,11 @@ def section(results: dict, args) -> dict:
         "profiles": profiles}
 
 
-def write_section(path: Path, sec: dict) -> None:
-    """Put the self_window section into the profile JSON, keeping what else it holds (the n-gram one)."""
+def write_section(path: Path, sec: dict, key: str = "self_window") -> None:
+    """Put a section (self_window; self_layerskip: bench/spec_layerskip_acceptance.py) into the profile JSON,
+    keeping what else it holds (the n-gram one, the other sections)."""
     raw = json.loads(path.read_text()) if path.is_file() else {}
-    raw["self_window"] = sec
+    raw[key] = sec
     path.write_text(json.dumps(raw, indent=1) + "\n")
 
 
@@ -374,53 +376,25 @@ def tables(results: dict, args) -> str:
     return "\n".join(lines)
 
 
-def _pairs(s: str) -> list[tuple[int, int]]:
-    return [tuple(int(x) for x in part.split("-")) for part in s.split(",")]
-
-
-def _ints(s: str) -> list[int]:
-    return [int(x) for x in s.split(",")]
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.spec_self_acceptance", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=None, help="a model folder (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--max-model-len", type=int, default=8192)
-    p.add_argument("--problem", type=int, default=0, help="index of the demo problem (pacore/cli/demo.py)")
-    p.add_argument("--refs-k", type=int, default=32, help="round 1's trajectories, the references (the 'high' K)")
-    p.add_argument("--refs-tokens", type=int, default=384, help="round 1's max_tokens")
-    p.add_argument("--bins", type=_pairs, default=[(1024, 2048), (2048, 4096), (4096, 8192)],
-                   help="context bins lo-hi,...: a prompt per bin reaching a quarter into it")
-    p.add_argument("--k", type=int, default=4, help="trajectories per bin and temperature")
-    p.add_argument("--max-tokens", type=int, default=256, help="tokens sampled per trajectory")
+    harness_args(p, k=4, max_tokens=256)
     p.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")], default=[1.0, 0.6])
     p.add_argument("--windows", type=_ints, default=[128, 256, 512, 1024])
     p.add_argument("--sinks", type=_ints, default=[4, 16])
-    p.add_argument("--depth", type=int, default=6, help="draft steps per start (num_speculative_tokens 1..depth)")
-    p.add_argument("--stride", type=int, default=4, help="a draft start every STRIDE positions")
-    p.add_argument("--batch", type=int, default=64, help="draft rows per step")
-    p.add_argument("--prefill-chunk", type=int, default=1024)
     p.add_argument("--full-window-chunks", type=int, default=32)
     p.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                    help="a real engine run with self-drafting on the first bin against the figures")
     p.add_argument("--check-window", type=lambda s: tuple(_ints(s)), default=(256, 16), metavar="W,S")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads (1: on a shared 2-core VM, 2 threads spin against each other)")
     p.add_argument("--out", default="runs/spec_self_acceptance")
     p.add_argument("--profile-out", help=f"the profile JSON to put the self_window section in (default: "
                    f"{DEFAULT_PROFILE}; with --quick: OUT/profile.json)")
-    p.add_argument("--quick", action="store_true", help="small: the shapes in seconds")
     args = p.parse_args(argv)
     if args.quick:
-        args.max_model_len, args.refs_k, args.refs_tokens, args.bins, args.k, args.max_tokens = 1024, 16, 16, \
-            None, 2, 24  # bins where the quick prompts (a few hundred tokens) fall: reference_prompts
+        quick_harness(args)
         args.temperatures, args.windows, args.sinks, args.depth, args.stride = [1.0, 0.6], [16, 64, 512], [16], 4, 2
         args.full_window_chunks, args.check_window = 8, (64, 16)
-    from bench.profile_run import apply_threads
-    apply_threads(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = out_dir(args)
     results = measure(args)
     sec = section(results, args)
     profile_path = Path(args.profile_out or (out / "profile.json" if args.quick else DEFAULT_PROFILE))

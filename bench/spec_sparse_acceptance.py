@@ -20,13 +20,12 @@ Quest-style, 6.24 verification-guided.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
 from bench.spec_acceptance import SUFFIX, _commit
-from bench.spec_self_acceptance import _ints, _pairs, draft_pass, reference_prompts, sampled_chunks, summarise
+from bench.spec_harness import _ints, harness_args, out_dir, quick_harness, save_report
+from bench.spec_self_acceptance import draft_pass, reference_prompts, sampled_chunks, summarise
 
 CAVEAT = ("SmolLM2-135M at 1-8k tokens is a weak proxy for PaCoRe-8B at ~50k: read the gap between the policies, "
           "not the levels. Published (Vegas poster, Qwen3-8B, AIME25 ~10k context, 6 drafts): 4.92 tokens per "
@@ -111,44 +110,23 @@ def table(res: dict, depths: tuple[int, ...] = (4, 6)) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.spec_sparse_acceptance", description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=None, help="a model folder (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--max-model-len", type=int, default=8192)
-    p.add_argument("--problem", type=int, default=0)
-    p.add_argument("--refs-k", type=int, default=32)
-    p.add_argument("--refs-tokens", type=int, default=384)
-    p.add_argument("--bins", type=_pairs, default=[(1024, 2048), (2048, 4096), (4096, 8192)])
-    p.add_argument("--k", type=int, default=2, help="trajectories per bin and temperature")
-    p.add_argument("--max-tokens", type=int, default=128)
+    harness_args(p, k=2, max_tokens=128)
     p.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")], default=[1.0, 0.6])
     p.add_argument("--budgets", type=_ints, default=[128, 512], help="KV tokens per draft step besides the sink")
     p.add_argument("--recent", type=lambda s: [float(x) for x in s.split(",")], default=[0.25, 0.5],
                    help="the sparse policy's recent window, as fractions of the budget")
     p.add_argument("--sink", type=int, default=16)
-    p.add_argument("--depth", type=int, default=6)
-    p.add_argument("--stride", type=int, default=4)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--prefill-chunk", type=int, default=1024)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="runs/spec_sparse_acceptance")
-    p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
     if args.quick:
-        args.max_model_len, args.refs_k, args.refs_tokens, args.bins, args.k, args.max_tokens = 1024, 16, 16, \
-            None, 2, 24
+        quick_harness(args)
         args.budgets, args.depth, args.stride = [64], 4, 2
-    from bench.profile_run import apply_threads
-    apply_threads(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = out_dir(args)
     meta = {"command": " ".join(["python -m bench.spec_sparse_acceptance", *sys.argv[1:]]), "commit": _commit(),
             "note": CAVEAT}
 
-    def save(res: dict) -> str:  # after every cell: a run cut short keeps what it measured
-        (out / "report.json").write_text(json.dumps(res | meta, indent=1))
-        text = CAVEAT + "\n\n" + table(res) + f"\n\nCPU time: {res['cpu_s']:.0f} s\n"
-        (out / "table.md").write_text(text)
-        return text
+    def save(res: dict) -> str:
+        return save_report(out, res, meta, CAVEAT, table(res))
     print(save(measure(args, save)))
     return 0
 

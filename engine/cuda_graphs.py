@@ -86,8 +86,8 @@ class DecodeGraphs:
 
     def _forward(self, size: int, q: int, cascade: bool) -> torch.Tensor:
         r, t = self.runner, size * max(q, 1)
-        ops = r.window_ops if q == 0 else r.ops
-        return r.model(self.ids[:t], self.pos[:t], self._meta(size, q, cascade), r.kv_cache, ops, r.cos_sin)
+        ops, layers = (r.window_ops, r.draft_layers) if q == 0 else (r.ops, None)  # a draft step's kept layers
+        return r.model(self.ids[:t], self.pos[:t], self._meta(size, q, cascade), r.kv_cache, ops, r.cos_sin, layers)
 
     def _capture(self, size: int, q: int, cascade: bool, pool):
         if self.emulate:

@@ -325,17 +325,19 @@ def step_cost(work: StepWork, shape: ModelShape, dev: DeviceParams,
     return cost, per
 
 
-def speculation_seconds(shape: ModelShape, dev: DeviceParams, window: int, sink: int, window_fraction: float = 0.0):
+def speculation_seconds(shape: ModelShape, dev: DeviceParams, window: int, sink: int, window_fraction: float = 0.0,
+                        draft_shape: ModelShape | None = None):
     """The self-drafting depth policy's costs (engine/spec/policy.py) from this model: for a batch's
     context lengths and a depth n, (a draft step: the weights, and per row the sink and window of KV;
     the verify pass: every row's KV once for its n + 1 queries); n = 0: (0, a plain decode step). A window
-    of max(window, window_fraction x context) with ``window_fraction``."""
+    of max(window, window_fraction x context) with ``window_fraction``; ``draft_shape``: the draft step's
+    model when it runs fewer layers (speculative_config draft_layers)."""
     def seconds(ctx: list[int], n: int) -> tuple[float, float]:
         rows = len(ctx)
         if n == 0:
             return 0.0, step_cost(StepWork(decodes=[DecodeGroup("", ctx)], sampled=rows), shape, dev)[0].total
         seen = [min(c, sink + max(window, int(window_fraction * c))) for c in ctx]
-        draft = step_cost(StepWork(decodes=[DecodeGroup("", seen)], sampled=rows), shape, dev)[0].total
+        draft = step_cost(StepWork(decodes=[DecodeGroup("", seen)], sampled=rows), draft_shape or shape, dev)[0].total
         verify = step_cost(StepWork(decodes=[DecodeGroup("", [c + n for c in ctx], queries=[n + 1] * rows)],
                                     sampled=rows * (n + 1)), shape, dev)[0].total
         return draft, verify

@@ -44,6 +44,7 @@ from engine.scheduler import Scheduler
 from engine.step_plan import StepPlan
 from engine.sequence import Partial, Request, RequestMetrics, RequestOutput
 from engine.spec.config import SpeculativeConfig
+from engine.spec.layer_skip import kept_layers
 from engine.spec.policy import adaptive_policy
 from engine.spec.speculator import Speculator
 from engine.spec.verify import sample_runs
@@ -97,7 +98,9 @@ class LLM:
             verify_queries=spec.num_speculative_tokens + 1 if spec else 1,
             draft_steps=spec is not None and spec.method == "self_window",
             draft_select=(spec.sink, spec.selected, spec.window) if spec and spec.method == "self_window"
-            and spec.selected else None)
+            and spec.selected else None,
+            draft_layers=kept_layers(spec.draft_layers, cfg.num_layers) if spec and spec.method == "self_window"
+            else None)
         if opts.device_model:
             from engine.device_model import DeviceParams
             from engine.rehearsal.runner import RehearsalRunner

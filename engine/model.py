@@ -132,10 +132,13 @@ class CausalLM(nn.Module):
             p.requires_grad_(False)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                kv_cache: torch.Tensor, ops: Backend, cos_sin: torch.Tensor) -> torch.Tensor:
+                kv_cache: torch.Tensor, ops: Backend, cos_sin: torch.Tensor,
+                layers: tuple[int, ...] | None = None) -> torch.Tensor:
+        """Final-norm hidden states [T, H]. ``layers``: run only these decoder layers (a layer-skipping draft
+        step, engine/spec/layer_skip.py); a skipped layer passes the residual stream on unchanged."""
         x, residual = self.embed(input_ids), None
-        for i, layer in enumerate(self.layers):
-            x, residual = layer(x, residual, positions, meta, kv_cache[i], ops, cos_sin)
+        for i in range(len(self.layers)) if layers is None else layers:
+            x, residual = self.layers[i](x, residual, positions, meta, kv_cache[i], ops, cos_sin)
         x, _ = ops.rmsnorm(x, self.norm.weight, self.norm.eps, residual)
         return x
 

@@ -77,7 +77,8 @@ class ModelRunner:
                  max_num_seqs: int, max_model_len: int, backend: str, cascade: bool = True,
                  batch_invariant: bool = False, shard: Shard | None = None, tp: TPGroup | None = None,
                  workers=None, kv_cache_dtype: str = "auto", logprobs_mode: str = "raw_logprobs",
-                 verify_queries: int = 1, draft_steps: bool = False, draft_select: tuple[int, int, int] | None = None):
+                 verify_queries: int = 1, draft_steps: bool = False, draft_select: tuple[int, int, int] | None = None,
+                 draft_layers: tuple[int, ...] | None = None):
         self.cfg, self.dtype, self.device, self.block_size = cfg, dtype, device, block_size
         self.kv_dtype = resolve_kv_dtype(kv_cache_dtype, dtype)
         # A checkpoint's KV scales quantize an FP8 cache only (as vLLM): else neither read nor checked.
@@ -111,6 +112,7 @@ class ModelRunner:
         # sparse self-drafting: (sink, selected, window) in tokens; the cache then keeps every block's key bounds
         self.draft_select = None if draft_select is None else self.select_spans(*draft_select)
         self.key_bounds: torch.Tensor | None = None
+        self.draft_layers = draft_layers  # the layers a draft step runs (None: all; engine/spec/layer_skip.py)
         self.processed_logprobs = logprobs_mode == "processed_logprobs"  # for a resumed trajectory's scored rows
 
     @property
@@ -417,8 +419,8 @@ class ModelRunner:
                     v = getattr(meta, f)
                     if isinstance(v, torch.Tensor):
                         setattr(meta, f, v.to(self.device, non_blocking=True))
-            ops = self.window_ops if inputs.draft else self.ops
-            out = self.model(ids, positions, meta, self.kv_cache, ops, self.cos_sin)
+            ops, layers = (self.window_ops, self.draft_layers) if inputs.draft else (self.ops, None)
+            out = self.model(ids, positions, meta, self.kv_cache, ops, self.cos_sin, layers)
             hidden = out[sample_idx]
         self.copy_blocks(inputs.copies)  # a fork's partial prompt block, now that the forward wrote it
         scored = self._score(out, inputs) if inputs.scored_idx is not None else None

@@ -6,7 +6,7 @@ the same request, PaCoRe's K siblings), and for method ``self_window`` (the mode
 over a sink and a recent window of its own KV, MagicDec-style): ``window``, ``window_fraction``, ``sink``,
 ``selected`` (tokens of the rest's most relevant blocks a draft step reads besides, chosen by Quest-style
 key bounds),
-``acceptance``;
+``acceptance``, ``draft_layers`` (the layers a draft step runs: self-speculative layer skipping);
 and ``policy`` / ``cost_model`` (each step's draft depth chosen from the measured acceptance and the
 modelled device, engine/spec/policy.py).
 """
@@ -19,7 +19,8 @@ ACCEPTANCE = ("coupled", "rejection")
 POLICIES = ("adaptive", "fixed")
 MAX_SPAN = 1 << 20  # the most tokens a sink or window may name (a context of 1,048,576 tokens)
 _ONLY = {"ngram": {"prompt_lookup_min", "prompt_lookup_max", "lookup_siblings"},
-         "self_window": {"window", "window_fraction", "sink", "selected", "acceptance", "policy", "cost_model"}}
+         "self_window": {"window", "window_fraction", "sink", "selected", "acceptance", "policy", "cost_model",
+                         "draft_layers"}}
 
 
 @dataclass(slots=True, frozen=True)
@@ -44,7 +45,11 @@ class SpeculativeConfig:
     higher). ``policy``
     "adaptive" (the default) drafts, per step, the depth that maximises the expected tokens per second
     on the device ``cost_model`` describes ("h200", or a parameters JSON a GPU run wrote), 0 where
-    speculation does not pay; "fixed" always drafts num_speculative_tokens."""
+    speculation does not pay; "fixed" always drafts num_speculative_tokens. ``draft_layers`` (None: every
+    layer): a draft step runs the embedding, only these decoder layers, the final norm and the LM head
+    (self-speculative layer skipping, engine/spec/layer_skip.py ``kept_layers``); an integer n keeps the
+    first ceil(n/2) and the last floor(n/2) layers (a middle block skipped), a list exactly the layers it
+    names; the verify pass always runs every layer, so the output is unchanged."""
 
     method: str = "ngram"
     num_speculative_tokens: int = 4
@@ -58,6 +63,7 @@ class SpeculativeConfig:
     acceptance: str = "coupled"
     policy: str = "adaptive"
     cost_model: str = "h200"
+    draft_layers: int | tuple[int, ...] | None = None
 
     @classmethod
     def from_dict(cls, raw: dict | None) -> "SpeculativeConfig | None":
@@ -78,6 +84,9 @@ class SpeculativeConfig:
         misplaced = sorted(set(raw) & _ONLY[other])
         if misplaced:
             raise ValueError(f"speculative_config: {misplaced} apply to method {other!r}, not {method!r}; remove them")
+        if raw.get("draft_layers") is not None:  # a JSON list becomes a tuple: the config stays hashable
+            from engine.spec.layer_skip import check_draft_layers
+            raw = raw | {"draft_layers": check_draft_layers(raw["draft_layers"])}
         cfg = cls(**raw)
         for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "window", "sink", "selected"):
             value, least = getattr(cfg, name), 0 if name in ("sink", "selected") else 1

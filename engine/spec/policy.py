@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 # (the batch's context lengths, depth n) -> (seconds of one draft step, seconds of the verify pass with
@@ -105,8 +105,11 @@ def adaptive_policy(spec, model_config, dtype, kv_dtype, device=None) -> DepthPo
     if spec.method != "self_window" or spec.policy != "adaptive":
         return None
     from engine.device_model import DeviceParams, speculation_seconds
+    from engine.spec.layer_skip import kept_layers
     from engine.step_shape import ModelShape
     shape = ModelShape.from_config(model_config, dtype.itemsize, kv_dtype.itemsize)
     device = device or DeviceParams.named(spec.cost_model)
-    seconds = speculation_seconds(shape, device, spec.window, spec.sink, spec.window_fraction)
+    kept = kept_layers(spec.draft_layers, model_config.num_layers)  # a layer-skipping draft reads fewer weights
+    draft = shape if kept is None else replace(shape, num_layers=len(kept))
+    seconds = speculation_seconds(shape, device, spec.window, spec.sink, spec.window_fraction, draft)
     return DepthPolicy(spec.num_speculative_tokens, seconds)

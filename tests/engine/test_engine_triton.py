@@ -28,7 +28,9 @@ def test_triton_backend_same_tokens_as_torch(kind, tiny_model_dir):
     ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}, 16),
     ({"method": "self_window", "num_speculative_tokens": 3, "window": 8, "sink": 2, "policy": "fixed"}, 16),
     ({"method": "self_window", "num_speculative_tokens": 3, "window": 8, "sink": 2, "selected": 4, "policy": "fixed"}, 4),
-], ids=["ngram", "self_window", "self_window-sparse"])
+    ({"method": "self_window", "num_speculative_tokens": 3, "window": 8, "sink": 2, "policy": "fixed",
+      "draft_layers": [1]}, 16),
+], ids=["ngram", "self_window", "self_window-sparse", "self_window-layers"])
 def test_speculative_triton_graphs_give_the_torch_tokens(tiny_model_dir, spec, block_size):
     """Verify and draft steps through the Triton kernels, replayed from (emulated) graph buffers with cascade
     on: ragged rows and a bucket's padding queries past the last row's (a cascade plan once failed there);
@@ -43,7 +45,11 @@ def test_speculative_triton_graphs_give_the_torch_tokens(tiny_model_dir, spec, b
     llm.runner.capture_decode_graphs(8, emulate=True)
     cut = spy_selection(llm) if spec.get("selected") else [1]
     assert llm.runner.window_ops.name == "triton"
+    calls = [0, 0]  # per layer: a layer-skipping draft step (from its graph) runs layer 1 alone
+    for i, layer in enumerate(llm.runner.model.layers):
+        layer.register_forward_pre_hook(lambda module, args, i=i: calls.__setitem__(i, calls[i] + 1))
     out = llm.generate(prompts, params, use_tqdm=False)
+    assert (calls[1] > calls[0]) == ("draft_layers" in spec)
     assert [[o.token_ids for o in r.outputs] for r in out] == [[o.token_ids for o in r.outputs] for r in torch_out]
     st = llm.stats()
     assert st["spec_decode_num_draft_tokens"] > 0 and st["cascade_decode_steps"] > 0 and sum(cut) > 0

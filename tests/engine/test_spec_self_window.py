@@ -3,7 +3,7 @@ emits the tokens decoding without speculation draws (greedy and seeded: token fo
 same distribution), rejection acceptance the same distribution; with a window covering the whole context
 the draft is the model itself. Each identity holds for both draft-KV policies: the sink + window, and the
 sparse one (``selected``: the blocks between chosen by their key bounds), whose runs here are checked to
-have cut rows' tables."""
+have cut rows' tables; and with layer skipping (``draft_layers``: a draft step runs some of the layers)."""
 import dataclasses
 
 import pytest
@@ -16,10 +16,15 @@ from test_spec_decode import PENALISED, PROMPTS, _exercised, _tokens
 SW = {"method": "self_window", "num_speculative_tokens": 3, "window": 8, "sink": 2, "policy": "fixed"}
 # sparse: blocks of 4, so these short runs pass the 1 sink + 2 selected + 2 recent blocks a draft step reads
 SPARSE = (dict(SW, window=8, sink=2, selected=8), dict(block_size=4))
-POLICIES = pytest.mark.parametrize("policy", ["window", "sparse"])
+# layer skipping on the 2-layer tiny models: the last layer alone (layer 0's draft slots never written), or
+# with sparse drafting the first alone (a count: the default choice of 1 of 2 layers)
+POLICIES = pytest.mark.parametrize("policy", ["window", "sparse", "layers", "sparse-layers"])
 
 
 def _policy(policy: str, spec: dict, options: dict) -> tuple[dict, dict]:
+    if policy.endswith("layers"):
+        spec, options = _policy(policy.removesuffix("layers").rstrip("-") or "window", spec, options)
+        return spec | {"draft_layers": 1 if policy.startswith("sparse") else [1]}, options
     if policy == "window":
         return spec, options
     if "num_kv_blocks" in options:  # the same cache in tokens, in blocks of 4 instead of 16
