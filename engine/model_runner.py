@@ -15,7 +15,6 @@ step, and rank 0 alone gets the logits.
 
 Prompt logprobs: the plan's scored positions (``StepPlan.scored``) are hidden rows too; they go
 through the LM head a pass of rows at a time and are reduced to LogprobRows at once (engine/logprobs.py).
-Past 300 lines: preparing a step and executing it share the buffer rows and the scored rows' layout.
 """
 from __future__ import annotations
 
@@ -40,8 +39,7 @@ from pacore_kernels.block_select import allocate_key_bounds
 
 _CPU_KV_BYTES = 2 << 30  # the cache on CPU unless told: 2 GiB for all ranks, at most 64k blocks
 _MAX_CPU_BLOCKS = 1 << 16
-# Scored prompt rows go through the LM head this many at a time: a 64k-token prompt's logits at once
-# would be 64k x 152k fp32 (39 GB); 256 rows are 156 MB.
+# Scored prompt rows per LM-head pass: a 64k-token prompt's logits at once are 39 GB fp32; 256 rows 156 MB.
 _SCORED_ROWS_PER_PASS = 256
 
 
