@@ -10,7 +10,10 @@ each budget B (KV tokens a draft step reads besides its ``--sink``): the window 
 the sparse policy (speculative_config ``selected``) with a recent window of each ``--recent`` fraction
 of B and the rest of B in the blocks between whose key bounds score highest (Quest-style; sink, window
 and selection in whole blocks, so it reads at most what the window does: its partial last block is
-the same one).
+the same one), and the same split with the blocks the last verify pass attended to most (``selection``
+"verify", Vegas-style): before each draft start, a verify pass over the depth + 1 positions before it (the
+last token and the drafts a cycle that ended there accepted; reading the cache the full pass wrote) leaves
+its block importance, which every draft step of the start then chooses by.
 
 A 135M model at 8k is a weak proxy for PaCoRe-8B at 50k: what it measures is how much of its own
 distribution each policy's KV keeps. The published figures: Vegas (arXiv 2602.07223, Qwen3-8B, AIME25
@@ -34,16 +37,45 @@ CAVEAT = ("SmolLM2-135M at 1-8k tokens is a weak proxy for PaCoRe-8B at ~50k: re
 RULES = ("coupled", "rejection")
 
 
-def configs(budgets: list[int], recent: list[float], bs: int) -> list[tuple[str, int, int]]:
-    """(label, window, selected) per budget: the window alone, then sparse splits (whole blocks)."""
+def configs(budgets: list[int], recent: list[float], bs: int) -> list[tuple[str, int, int, str]]:
+    """(label, window, selected, selection) per budget: the window alone, then sparse splits (whole blocks)
+    chosen by key bounds, then by the last verify."""
     out = []
     for b in budgets:
-        out.append((f"window {b}", b, 0))
-        for f in recent:
-            w = max(bs, round(b * f / bs) * bs)
-            if w < b:
-                out.append((f"window {w} + selected {b - w}", w, b - w))
+        out.append((f"window {b}", b, 0, ""))
+        for selection, word in (("bounds", "selected"), ("verify", "verify-selected")):
+            for f in recent:
+                w = max(bs, round(b * f / bs) * bs)
+                if w < b:
+                    out.append((f"window {w} + {word} {b - w}", w, b - w, selection))
     return out
+
+
+def enable_importance(llm):
+    """The importance an engine with selection "verify" keeps (engine/spec/importance.py), to switch on."""
+    from engine.spec.importance import BlockImportance
+    r = llm.runner
+    return BlockImportance(r.cfg.num_layers, r.max_num_seqs, r.max_blocks, r.device)
+
+
+def verify_pass(llm, rows, depth: int) -> None:
+    """The verify that ends where each row's drafts start: queries at the depth + 1 positions before its
+    num_computed, reading the K/V the full pass wrote (none stored: slots -1); its block importance stays
+    in the rows' buffer rows for their draft steps."""
+    import torch
+
+    from engine.attention import AttentionMetadata
+    from engine.step_plan import StepInputs
+    n, runner = depth + 1, llm.runner
+    ids = [t for r in rows for t in r.token_ids[r.num_computed - n:r.num_computed]]
+    pos = [p for r in rows for p in range(r.num_computed - n, r.num_computed)]
+    lens = [r.num_computed for r in rows]
+    meta = AttentionMetadata(slot_mapping=torch.full((len(ids),), -1), num_prefill_tokens=0,
+                             decode_seq_lens=torch.tensor(lens, dtype=torch.int32),
+                             decode_cu_seqlens_q=torch.arange(0, n * len(rows) + 1, n, dtype=torch.int32),
+                             decode_max_query_len=n)
+    runner.execute(StepInputs(torch.tensor(ids), torch.tensor(pos), meta, torch.zeros(0, dtype=torch.long), [],
+                              False, {"decode": runner._table_rows(rows, lens)}, []))
 
 
 def enable_bounds(llm) -> None:
@@ -62,6 +94,7 @@ def measure(args, save=lambda res: None) -> dict:
     messages = [{"role": "user", "content": DEMO_PROBLEMS[args.problem]["question"] + SUFFIX}]
     llm = LLM(args.model, max_model_len=args.max_model_len)
     enable_bounds(llm)
+    importance = enable_importance(llm)
     t0 = time.process_time()
     prompts = reference_prompts(llm, args, messages)
     log = lambda msg: print(f"[{time.process_time() - t0:6.0f} s CPU] {msg}", file=sys.stderr, flush=True)  # noqa: E731
@@ -74,10 +107,13 @@ def measure(args, save=lambda res: None) -> dict:
             params = SamplingParams(n=args.k, temperature=temp, max_tokens=args.max_tokens, seed=args.seed)
             _, blocks, _, chunks = sampled_chunks(llm, args, prompt, params, args.depth)
             t = {"chunks": len(chunks.rows), "policies": {}}
-            for label, window, selected in cfgs:
+            for label, window, selected, selection in cfgs:
                 if selected:
                     llm.runner.draft_select = llm.runner.select_spans(args.sink, selected, window)
-                a = draft_pass(llm, chunks, window, args.sink, args.depth, temp, args.batch, selected)
+                verify = selection == "verify"
+                llm.runner.importance = importance if verify else None
+                before = (lambda rows: verify_pass(llm, rows, args.depth)) if verify else None
+                a = draft_pass(llm, chunks, window, args.sink, args.depth, temp, args.batch, selected, before)
                 t["policies"][label] = {rule: summarise(a[rule]) for rule in RULES}
             log(f"context {lo}-{hi} T={temp}: {len(chunks.rows)} draft starts, {len(cfgs)} policies")
             blocks.release()
@@ -97,7 +133,7 @@ def table(res: dict, depths: tuple[int, ...] = (4, 6)) -> str:
             t = b["by_temperature"].get(temp)
             if t is None:  # a run cut short
                 continue
-            for label, window, selected in res["configs"]:
+            for label, window, selected, _ in res["configs"]:
                 cells = []
                 for rule in RULES:
                     s = t["policies"][label][rule]

@@ -97,7 +97,7 @@ class LLM:
             verify_queries=spec.num_speculative_tokens + 1 if spec else 1,
             draft_steps=spec is not None and spec.method == "self_window",
             draft_select=(spec.sink, spec.selected, spec.window) if spec and spec.method == "self_window"
-            and spec.selected else None)
+            and spec.selected else None, draft_selection=spec.selection if spec else "bounds")
         if opts.device_model:
             from engine.device_model import DeviceParams
             from engine.rehearsal.runner import RehearsalRunner
