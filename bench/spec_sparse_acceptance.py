@@ -124,6 +124,39 @@ def measure(args, save=lambda res: None) -> dict:
     return res
 
 
+def verify_section(res: dict, depths: tuple[int, ...] = (4, 6)) -> dict:
+    """spec_profile.json's ``self_verify`` section, shaped as ``self_sparse``: per temperature, rule and
+    "window/selected/sink", per context bin, tokens per verify at each depth as [window alone, verify-guided]
+    at the same read (the rehearsal reads only their ratio)."""
+    profiles: dict = {}
+    for b in res["bins"]:
+        for temp, t in b["by_temperature"].items():
+            for label, window, selected, selection in res["configs"]:
+                if selection != "verify":
+                    continue
+                alone = t["policies"][f"window {window + selected}"]
+                for rule in RULES:
+                    a, v = alone[rule]["tokens_per_verify"], t["policies"][label][rule]["tokens_per_verify"]
+                    tpv = {str(d): [round(a[d - 1], 2), round(v[d - 1], 2)] for d in depths if d <= len(a)}
+                    profiles.setdefault(temp, {}).setdefault(rule, {}).setdefault(
+                        f"{window}/{selected}/{res['sink']}", []).append(
+                        {"context": b["context"], "window": f"{window + selected}/{res['sink']}", "tokens_per_verify": tpv})
+    return {"model": res.get("model") or "smollm2-135m", "note": VERIFY_NOTE, "command": res["command"],
+            "commit": res["commit"], "profiles": profiles}
+
+
+VERIFY_NOTE = ("Tokens per verify step at 4 and 6 drafts, [window alone, verify-guided selection], at the same KV read "
+               "per draft step: bench.spec_sparse_acceptance's verify-selected rows (measured on a CPU, SmolLM2-135M, "
+               "1-8k contexts). A weak proxy for an 8B model at 50k: read only the ratio verify-guided / window.")
+
+
+def write_verify_section(report: Path, profile: Path) -> None:
+    """Put the self_verify section of a run's report.json into the profile JSON, keeping its other sections."""
+    raw = json.loads(profile.read_text()) if profile.is_file() else {}
+    raw["self_verify"] = verify_section(json.loads(report.read_text()))
+    profile.write_text(json.dumps(raw, indent=1) + "\n")
+
+
 def table(res: dict, depths: tuple[int, ...] = (4, 6)) -> str:
     head = ("| T | context | KV read per draft step | policy | coupled: accept 1st / tokens per verify at "
             + " / ".join(map(str, depths)) + " drafts | rejection |")
@@ -168,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", default="runs/spec_sparse_acceptance")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--profile", default=None, help="also write the self_verify section into this profile JSON "
+                   "(bench/rehearsal/spec_profile.json)")
     args = p.parse_args(argv)
     if args.quick:
         args.max_model_len, args.refs_k, args.refs_tokens, args.bins, args.k, args.max_tokens = 1024, 16, 16, \
@@ -178,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"command": " ".join(["python -m bench.spec_sparse_acceptance", *sys.argv[1:]]), "commit": _commit(),
-            "note": CAVEAT}
+            "note": CAVEAT, "model": args.model}
 
     def save(res: dict) -> str:  # after every cell: a run cut short keeps what it measured
         (out / "report.json").write_text(json.dumps(res | meta, indent=1))
@@ -186,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         (out / "table.md").write_text(text)
         return text
     print(save(measure(args, save)))
+    if args.profile:
+        write_verify_section(out / "report.json", Path(args.profile))
     return 0
 
 
