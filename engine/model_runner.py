@@ -88,7 +88,6 @@ class ModelRunner:
         self.draft_select = None if draft_select is None else self.select_spans(*draft_select)
         self.verify_select = draft_select is not None and draft_selection == "verify"
         self.key_bounds: torch.Tensor | None = None
-        self.importance: BlockImportance | None = None
         self.processed_logprobs = logprobs_mode == "processed_logprobs"  # for a resumed trajectory's scored rows
 
     @property
@@ -139,6 +138,7 @@ class ModelRunner:
 
     # -- the group of ranks ------------------------------------------------------------------
     closed = False  # set by shutdown (a class default: RehearsalRunner skips __init__)
+    importance: BlockImportance | None = None  # the same
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel worker ranks and release this rank's decode graphs, KV cache and
@@ -147,7 +147,7 @@ class ModelRunner:
         if self.workers is not None:
             self.workers.shutdown()
         self.closed = True
-        self.graphs = self.kv_cache = self.key_bounds = self.model = None
+        self.graphs = self.kv_cache = self.key_bounds = self.importance = self.model = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
