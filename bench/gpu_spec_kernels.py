@@ -17,6 +17,9 @@ reference (on the first two rows, except cascade). Cases, each row written to OU
   beside the 16 + 512 window draft: the scores checked against the reference's, the output against the
   reference decode over the same (the Triton selection's) block tables, and the share of the reference
   selection's blocks it chose too (``selected_blocks_as_ref``: a near-tie may pick another block);
+- importance: the verify of q_len 5 at 32k that also emits the block importance (selection "verify",
+  pacore_kernels/block_importance.py: each score folded into a per-block max by an atomic, then normalised),
+  beside the same verify without: what the by-product costs; the importance checked against the reference;
 - sample: the sampler's Gumbel-max kernel (pacore_kernels/gumbel_sample.py) on B=256 rows x Qwen3's 151,936
   fp32 logits: time per call, logits bytes / time, and its tokens against the torch reference's.
 
@@ -36,7 +39,7 @@ from pathlib import Path
 
 from bench.gpu_kernels import REL_TOL, commit, open_kernels, rel_err, run_cases, verdict, write_device_params
 
-CASES = ("verify", "draft", "sparse", "cascade", "sample")
+CASES = ("verify", "draft", "sparse", "importance", "cascade", "sample")
 K_SCALE, V_SCALE = 0.5, 0.25  # an FP8 cache's scales: not 1, so the folded scales run too
 REPS = 10
 
@@ -249,6 +252,28 @@ def case_sparse(s: Spec, kernels):
                    rel_err_vs_fp32=err, scores_rel_err_vs_fp32=score_err, selected_blocks_as_ref=same_blocks))
 
 
+def case_importance(s: Spec, kernels):
+    B, L, ql = (2, 70, 5) if s.tiny else (32, 32768, 5)
+    caches, bt = s.cache([L] * B)
+    sc, sl = 1 / math.sqrt(s.D), s.i32([L] * B)
+    q, cu = _queries(s, B, ql)
+    imp = s.torch.empty(bt.shape, dtype=s.torch.float32, device=s.dev)
+    for fmt, (k, v, ks, vs) in caches.items():
+        kw = dict(k_scale=ks, v_scale=vs, cu_seqlens_q=cu, max_query_len=ql)
+        plain = lambda: kernels.paged_decode_triton(q, k, v, bt, sl, sc, **kw)  # noqa: E731
+        emit = lambda: kernels.paged_decode_triton(q, k, v, bt, sl, sc, importance=imp, **kw)  # noqa: E731
+        ref = s.torch.empty(2, bt.shape[1], dtype=s.torch.float32, device=s.dev)
+        kernels.paged_decode_ref(q[:2 * ql].float(), k, v, bt[:2], sl[:2], sc, k_scale=ks, v_scale=vs,
+                                 cu_seqlens_q=cu[:3], importance=ref)
+        emit()
+        err = rel_err(imp[:2], ref)
+        t_plain, _ = s.time(plain)
+        t_emit, graph = s.time(emit)
+        s.add(dict(case="importance", kv_dtype=fmt, B=B, context=L, q_len=ql, us=t_emit * 1e6, graph=graph,
+                   kv_bytes=s.kv_bytes(B * L, k), plain_us=t_plain * 1e6, over_plain=t_emit / t_plain,
+                   rel_err_vs_fp32=err))
+
+
 def case_cascade(s: Spec, kernels):
     K, P, S = (2, 32, 16) if s.tiny else (4, 65536, 8192)
     caches, bt = s.cache([P + S] * K, prefix=P)
@@ -305,6 +330,10 @@ def format_table(rows, dtype: str = "bfloat16") -> str:
                          f"{r['selected']}: {r['us']:.1f} us ({r['GBps']:.0f} GB/s, bounds read included) vs the "
                          f"window draft {r['window_us']:.1f} us: x{r['sparse_over_window']:.2f}  err "
                          f"{r['rel_err_vs_fp32']:.1e}")
+        elif r["case"] == "importance":
+            lines.append(f"{head}B={r['B']} ctx={r['context']} q_len={r['q_len']} with block importance: "
+                         f"{r['us']:.1f} us ({r['GBps']:.0f} GB/s) vs {r['plain_us']:.1f} us without: "
+                         f"x{r['over_plain']:.2f}  err {r['rel_err_vs_fp32']:.1e}")
         elif r["case"] == "cascade":
             lines.append(f"{head}K={r['K']} P={r['prefix']} S={r['suffix']} q_len={r['q_len']}: {r['us']:.1f} us "
                          f"({r['GBps']:.0f} GB/s, x{r['vs_q1']:.2f} of q_len 1), paged {r['paged_us']:.1f} us "

@@ -170,13 +170,16 @@ def chunks_of(llm, blocks: Blocks, forced: list[Forced], depth: int, stride: int
 
 
 def draft_pass(llm, chunks: Chunks, window: int, sink: int, depth: int, temperature: float,
-               batch: int, selected: int = 0) -> dict[str, torch.Tensor]:
+               batch: int, selected: int = 0, before=None) -> dict[str, torch.Tensor]:
     """For every chunk and draft step d < depth: the acceptance chances (see ``acceptance``) [chunks, depth],
-    and the largest |q - p| of each chunk's distributions (selected: sparse drafting, bench/spec_sparse_acceptance.py)."""
+    and the largest |q - p| of each chunk's distributions (selected: sparse drafting, bench/spec_sparse_acceptance.py;
+    ``before(rows)``, if given, runs before each batch's draft steps: its verify pass)."""
     runner = llm.runner
     res: dict[str, list] = {}
     for at in range(0, len(chunks.rows), batch):
         rows, forced = chunks.rows[at:at + batch], chunks.forced[at:at + batch]
+        if before is not None:
+            before(rows)
         cols: dict[str, list] = {}
         for d in range(depth):
             q_logits = runner.run_draft(rows, [r.token_ids[r.num_computed + d] for r in rows], d, window, sink,

@@ -10,7 +10,10 @@ each budget B (KV tokens a draft step reads besides its ``--sink``): the window 
 the sparse policy (speculative_config ``selected``) with a recent window of each ``--recent`` fraction
 of B and the rest of B in the blocks between whose key bounds score highest (Quest-style; sink, window
 and selection in whole blocks, so it reads at most what the window does: its partial last block is
-the same one).
+the same one), and the same split with the blocks the last verify pass attended to most (``selection``
+"verify", Vegas-style): before each draft start, a verify pass over the depth + 1 positions before it (the
+last token and the drafts a cycle that ended there accepted; reading the cache the full pass wrote) leaves
+its block importance, which every draft step of the start then chooses by.
 
 A 135M model at 8k is a weak proxy for PaCoRe-8B at 50k: what it measures is how much of its own
 distribution each policy's KV keeps. The published figures: Vegas (arXiv 2602.07223, Qwen3-8B, AIME25
@@ -33,16 +36,45 @@ CAVEAT = ("SmolLM2-135M at 1-8k tokens is a weak proxy for PaCoRe-8B at ~50k: re
 RULES = ("coupled", "rejection")
 
 
-def configs(budgets: list[int], recent: list[float], bs: int) -> list[tuple[str, int, int]]:
-    """(label, window, selected) per budget: the window alone, then sparse splits (whole blocks)."""
+def configs(budgets: list[int], recent: list[float], bs: int) -> list[tuple[str, int, int, str]]:
+    """(label, window, selected, selection) per budget: the window alone, then sparse splits (whole blocks)
+    chosen by key bounds, then by the last verify."""
     out = []
     for b in budgets:
-        out.append((f"window {b}", b, 0))
-        for f in recent:
-            w = max(bs, round(b * f / bs) * bs)
-            if w < b:
-                out.append((f"window {w} + selected {b - w}", w, b - w))
+        out.append((f"window {b}", b, 0, ""))
+        for selection, word in (("bounds", "selected"), ("verify", "verify-selected")):
+            for f in recent:
+                w = max(bs, round(b * f / bs) * bs)
+                if w < b:
+                    out.append((f"window {w} + {word} {b - w}", w, b - w, selection))
     return out
+
+
+def enable_importance(llm):
+    """The importance an engine with selection "verify" keeps (engine/spec/importance.py), to switch on."""
+    from engine.spec.importance import BlockImportance
+    r = llm.runner
+    return BlockImportance(r.cfg.num_layers, r.max_num_seqs, r.max_blocks, r.device)
+
+
+def verify_pass(llm, rows, depth: int) -> None:
+    """The verify that ends where each row's drafts start: queries at the depth + 1 positions before its
+    num_computed, reading the K/V the full pass wrote (none stored: slots -1); its block importance stays
+    in the rows' buffer rows for their draft steps."""
+    import torch
+
+    from engine.attention import AttentionMetadata
+    from engine.step_plan import StepInputs
+    n, runner = depth + 1, llm.runner
+    ids = [t for r in rows for t in r.token_ids[r.num_computed - n:r.num_computed]]
+    pos = [p for r in rows for p in range(r.num_computed - n, r.num_computed)]
+    lens = [r.num_computed for r in rows]
+    meta = AttentionMetadata(slot_mapping=torch.full((len(ids),), -1), num_prefill_tokens=0,
+                             decode_seq_lens=torch.tensor(lens, dtype=torch.int32),
+                             decode_cu_seqlens_q=torch.arange(0, n * len(rows) + 1, n, dtype=torch.int32),
+                             decode_max_query_len=n)
+    runner.execute(StepInputs(torch.tensor(ids), torch.tensor(pos), meta, torch.zeros(0, dtype=torch.long), [],
+                              False, {"decode": runner._table_rows(rows, lens)}, []))
 
 
 def enable_bounds(llm) -> None:
@@ -61,6 +93,7 @@ def measure(args, save=lambda res: None) -> dict:
     messages = [{"role": "user", "content": DEMO_PROBLEMS[args.problem]["question"] + SUFFIX}]
     llm = LLM(args.model, max_model_len=args.max_model_len)
     enable_bounds(llm)
+    importance = enable_importance(llm)
     t0 = time.process_time()
     prompts = reference_prompts(llm, args, messages)
     log = lambda msg: print(f"[{time.process_time() - t0:6.0f} s CPU] {msg}", file=sys.stderr, flush=True)  # noqa: E731
@@ -73,10 +106,13 @@ def measure(args, save=lambda res: None) -> dict:
             params = SamplingParams(n=args.k, temperature=temp, max_tokens=args.max_tokens, seed=args.seed)
             _, blocks, _, chunks = sampled_chunks(llm, args, prompt, params, args.depth)
             t = {"chunks": len(chunks.rows), "policies": {}}
-            for label, window, selected in cfgs:
+            for label, window, selected, selection in cfgs:
                 if selected:
                     llm.runner.draft_select = llm.runner.select_spans(args.sink, selected, window)
-                a = draft_pass(llm, chunks, window, args.sink, args.depth, temp, args.batch, selected)
+                verify = selection == "verify"
+                llm.runner.importance = importance if verify else None
+                before = (lambda rows: verify_pass(llm, rows, args.depth)) if verify else None
+                a = draft_pass(llm, chunks, window, args.sink, args.depth, temp, args.batch, selected, before)
                 t["policies"][label] = {rule: summarise(a[rule]) for rule in RULES}
             log(f"context {lo}-{hi} T={temp}: {len(chunks.rows)} draft starts, {len(cfgs)} policies")
             blocks.release()
@@ -85,6 +121,39 @@ def measure(args, save=lambda res: None) -> dict:
             save(res | {"bins": res["bins"] + [entry]})
         res["bins"].append(entry)
     return res
+
+
+def verify_section(res: dict, depths: tuple[int, ...] = (4, 6)) -> dict:
+    """spec_profile.json's ``self_verify`` section, shaped as ``self_sparse``: per temperature, rule and
+    "window/selected/sink", per context bin, tokens per verify at each depth as [window alone, verify-guided]
+    at the same read (the rehearsal reads only their ratio)."""
+    profiles: dict = {}
+    for b in res["bins"]:
+        for temp, t in b["by_temperature"].items():
+            for label, window, selected, selection in res["configs"]:
+                if selection != "verify":
+                    continue
+                alone = t["policies"][f"window {window + selected}"]
+                for rule in RULES:
+                    a, v = alone[rule]["tokens_per_verify"], t["policies"][label][rule]["tokens_per_verify"]
+                    tpv = {str(d): [round(a[d - 1], 2), round(v[d - 1], 2)] for d in depths if d <= len(a)}
+                    profiles.setdefault(temp, {}).setdefault(rule, {}).setdefault(
+                        f"{window}/{selected}/{res['sink']}", []).append(
+                        {"context": b["context"], "window": f"{window + selected}/{res['sink']}", "tokens_per_verify": tpv})
+    return {"model": res.get("model") or "smollm2-135m", "note": VERIFY_NOTE, "command": res["command"],
+            "commit": res["commit"], "profiles": profiles}
+
+
+VERIFY_NOTE = ("Tokens per verify step at 4 and 6 drafts, [window alone, verify-guided selection], at the same KV read "
+               "per draft step: bench.spec_sparse_acceptance's verify-selected rows (measured on a CPU, SmolLM2-135M, "
+               "1-8k contexts). A weak proxy for an 8B model at 50k: read only the ratio verify-guided / window.")
+
+
+def write_verify_section(report: Path, profile: Path) -> None:
+    """Put the self_verify section of a run's report.json into the profile JSON, keeping its other sections."""
+    raw = json.loads(profile.read_text()) if profile.is_file() else {}
+    raw["self_verify"] = verify_section(json.loads(report.read_text()))
+    profile.write_text(json.dumps(raw, indent=1) + "\n")
 
 
 def table(res: dict, depths: tuple[int, ...] = (4, 6)) -> str:
@@ -96,7 +165,7 @@ def table(res: dict, depths: tuple[int, ...] = (4, 6)) -> str:
             t = b["by_temperature"].get(temp)
             if t is None:  # a run cut short
                 continue
-            for label, window, selected in res["configs"]:
+            for label, window, selected, _ in res["configs"]:
                 cells = []
                 for rule in RULES:
                     s = t["policies"][label][rule]
@@ -117,17 +186,21 @@ def main(argv: list[str] | None = None) -> int:
                    help="the sparse policy's recent window, as fractions of the budget")
     p.add_argument("--sink", type=int, default=16)
     p.add_argument("--out", default="runs/spec_sparse_acceptance")
+    p.add_argument("--profile", default=None, help="also write the self_verify section into this profile JSON "
+                   "(bench/rehearsal/spec_profile.json)")
     args = p.parse_args(argv)
     if args.quick:
         quick_harness(args)
         args.budgets, args.depth, args.stride = [64], 4, 2
     out = out_dir(args)
     meta = {"command": " ".join(["python -m bench.spec_sparse_acceptance", *sys.argv[1:]]), "commit": _commit(),
-            "note": CAVEAT}
+            "note": CAVEAT, "model": args.model}
 
     def save(res: dict) -> str:
         return save_report(out, res, meta, CAVEAT, table(res))
     print(save(measure(args, save)))
+    if args.profile:
+        write_verify_section(out / "report.json", Path(args.profile))
     return 0
 
 

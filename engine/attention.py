@@ -11,6 +11,8 @@ from typing import Callable
 
 import torch
 
+from pacore_kernels.block_select import select_by_importance
+
 
 @dataclass(slots=True)
 class AttentionMetadata:
@@ -26,6 +28,9 @@ class AttentionMetadata:
     decode_start_lens: torch.Tensor | None = None    # set: a self-drafting step's window starts (int32 [B])
     decode_sink_lens: torch.Tensor | None = None     # and its sink [0, sink) before the window
     decode_select: tuple[int, int, int] | None = None  # set: a sparse draft step's (sink, top-k, recent) blocks
+    # set (selection "verify"), fp32 [layers, B, W]: a verify step's block importance, written by attention;
+    # a draft step's, read to choose its blocks (pacore_kernels/block_importance.py)
+    block_importance: torch.Tensor | None = None
     key_bounds: torch.Tensor | None = None     # set: every block's key min/max per layer (sparse self-drafting)
     group_starts: torch.Tensor | None = None   # set: decode rows use cascade (prefix-shared) attention
     group_prefix_lens: torch.Tensor | None = None
@@ -52,9 +57,12 @@ class Backend:
     select_blocks: Callable
 
     def attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, k_scale: float = 1.0,
-                  v_scale: float = 1.0, bounds: torch.Tensor | None = None) -> torch.Tensor:
+                  v_scale: float = 1.0, bounds: torch.Tensor | None = None,
+                  importance: torch.Tensor | None = None) -> torch.Tensor:
         """Store the new K/V, then attend; k_scale / v_scale: an FP8 cache's scales for this layer;
-        bounds: its blocks' key bounds (a sparse draft step chooses its blocks by them)."""
+        bounds: its blocks' key bounds (a sparse draft step chooses its blocks by them); importance
+        [B, W] fp32: this layer's block importance, which a verify step writes and a sparse draft step
+        (selection "verify") chooses its blocks by."""
         kv_scales = dict(k_scale=k_scale, v_scale=v_scale)
         self.store_kvcache(k, v, k_cache, v_cache, meta.slot_mapping, **kv_scales)
         num_p = meta.num_prefill_tokens
@@ -64,13 +72,18 @@ class Backend:
                                              meta.prefill_cu_seqlens_q, meta.prefill_seq_lens, scale,
                                              work_plans=meta.work_plans, k=k[:num_p], v=v[:num_p], **kv_scales)
         if num_p < q.shape[0]:
-            decode = self._decode(q[num_p:], k_cache, v_cache, meta, scale, kv_scales, bounds)
+            decode = self._decode(q[num_p:], k_cache, v_cache, meta, scale, kv_scales, bounds, importance)
         if prefill is None or decode is None:
             return prefill if decode is None else decode
         return torch.cat([prefill, decode])
 
     def _decode(self, qd, k_cache, v_cache, meta: AttentionMetadata, scale: float, kv_scales: dict,
-                bounds: torch.Tensor | None) -> torch.Tensor:
+                bounds: torch.Tensor | None, importance: torch.Tensor | None) -> torch.Tensor:
+        if meta.decode_select is not None and importance is not None:  # the blocks the last verify attended to
+            tables, lens, start, sink = select_by_importance(importance, meta.decode_block_tables, meta.decode_seq_lens,
+                                                             k_cache.shape[1], *meta.decode_select)
+            return self.paged_decode(qd, k_cache, v_cache, tables, lens, scale, start_lens=start, sink_lens=sink,
+                                     **kv_scales)
         if meta.decode_select is not None:  # a sparse draft step: the sink, the top-scoring blocks, the window
             tables, lens = self.select_blocks(qd, bounds, meta.decode_block_tables, meta.decode_seq_lens,
                                               k_cache.shape[1], *meta.decode_select)
@@ -78,6 +91,8 @@ class Backend:
         if meta.decode_cu_seqlens_q is not None:  # each KV block read once for all of a row's queries
             kv_scales = kv_scales | dict(cu_seqlens_q=meta.decode_cu_seqlens_q,
                                          max_query_len=meta.decode_max_query_len)
+            if importance is not None:  # a verify step: what its queries attended to, for the next drafts
+                kv_scales["importance"] = importance
         if meta.decode_start_lens is not None:  # a draft step: the sink and the recent window only
             kv_scales = kv_scales | dict(start_lens=meta.decode_start_lens, sink_lens=meta.decode_sink_lens)
         if meta.group_starts is not None:
@@ -127,7 +142,9 @@ class BatchInvariantBackend(Backend):
     others (pacore_kernels/batch_invariant.py): the model runner hands decodes over as one-token chunks."""
 
     def attention(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata, scale: float, k_scale: float = 1.0,
-                  v_scale: float = 1.0, bounds: torch.Tensor | None = None) -> torch.Tensor:
+                  v_scale: float = 1.0, bounds: torch.Tensor | None = None,
+                  importance: torch.Tensor | None = None) -> torch.Tensor:
+        # importance: never written here (verify rows run as prefill chunks): rows draft over their window
         from pacore_kernels.batch_invariant import max_pairs, plan_attention
         if meta.num_prefill_tokens != q.shape[0]:
             raise RuntimeError("batch-invariant attention takes decodes as one-token prefill chunks (engine bug)")

@@ -59,6 +59,9 @@ class DecodeGraphs:
         self.cu_q = torch.zeros(n + 1, dtype=i32, device=dev)
         self.start_lens = torch.zeros(n, dtype=i32, device=dev)
         self.sink_lens = torch.zeros(n, dtype=i32, device=dev)
+        # selection "verify": the importance a verify graph writes and a draft graph chooses its blocks by
+        self.importance = None if runner.importance is None else torch.full(
+            (runner.cfg.num_layers, n, runner.max_blocks), -1.0, device=dev)
         # (size, queries per row (0: a draft step), cascade) -> (graph, its output)
         self.graphs: dict[tuple[int, int, bool], tuple[object, torch.Tensor]] = {}
         pool = None if emulate else torch.cuda.graph_pool_handle()
@@ -78,6 +81,8 @@ class DecodeGraphs:
             meta.decode_select = self.runner.draft_select  # sparse: the blocks chosen inside the graph
         if q > 1:
             meta.decode_cu_seqlens_q, meta.decode_max_query_len = self.cu_q[:size + 1], q
+        if self.importance is not None and q != 1:
+            meta.block_importance = self.importance[:, :size]
         if cascade:
             meta.group_starts = self.group_starts[:size + 1]
             meta.group_prefix_lens = self.prefix_lens[:size]
@@ -130,8 +135,14 @@ class DecodeGraphs:
             starts, prefix = pad_groups(meta.group_starts, meta.group_prefix_lens, b, size)
             self.group_starts[:size + 1].copy_(starts, non_blocking=True)
             self.prefix_lens[:size].copy_(prefix, non_blocking=True)
+        imp = meta.block_importance if self.importance is not None and q != 1 else None
+        if imp is not None and q == 0:
+            self.importance[:, :b, :imp.shape[2]].copy_(imp, non_blocking=True)
         graph, out = self.graphs[size, q, cascade]
         if self.emulate:
-            return self._forward(size, q, cascade)[:t]
-        graph.replay()
+            out = self._forward(size, q, cascade)
+        else:
+            graph.replay()
+        if imp is not None and q > 1:  # the verify's importance back to the runner
+            imp.copy_(self.importance[:, :b, :imp.shape[2]])
         return out[:t]

@@ -98,7 +98,7 @@ class LLM:
             verify_queries=spec.num_speculative_tokens + 1 if spec else 1,
             draft_steps=spec is not None and spec.method == "self_window",
             draft_select=(spec.sink, spec.selected, spec.window) if spec and spec.method == "self_window"
-            and spec.selected else None,
+            and spec.selected else None, draft_selection=spec.selection if spec else "bounds",
             draft_layers=kept_layers(spec.draft_layers, cfg.num_layers) if spec and spec.method == "self_window"
             else None)
         if opts.device_model:

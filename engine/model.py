@@ -81,7 +81,9 @@ class Attention(nn.Module):
         if meta.key_bounds is not None:  # keep every block's key min/max current as it fills
             bounds = meta.key_bounds[self.layer]
             update_key_bounds(bounds, k, meta.slot_mapping, kv.shape[2])
-        out = ops.attention(q, k, v.contiguous(), kv[0], kv[1], meta, self.scale, self.k_scale, self.v_scale, bounds)
+        importance = None if meta.block_importance is None else meta.block_importance[self.layer]
+        out = ops.attention(q, k, v.contiguous(), kv[0], kv[1], meta, self.scale, self.k_scale, self.v_scale, bounds,
+                            importance)
         return self.tp.all_reduce(self.o_proj(out.reshape(-1, self.q_size)))
 
 

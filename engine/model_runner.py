@@ -18,8 +18,6 @@ through the LM head a pass of rows at a time and are reduced to LogprobRows at o
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from engine.attention import AttentionMetadata, batch_invariant_backend, get_backend, with_ranges
@@ -32,8 +30,9 @@ from engine.loader import load_model
 from engine.logprobs import LogprobRows, compute_logprobs
 from engine.model import tile_linears
 from engine.sampler import distribution
-from engine.step_plan import StepPlan
+from engine.step_plan import StepInputs, StepPlan
 from engine.sequence import Sequence
+from engine.spec.importance import BlockImportance
 from pacore_kernels._utils import is_fp8
 from pacore_kernels.block_select import allocate_key_bounds
 
@@ -41,29 +40,6 @@ _CPU_KV_BYTES = 2 << 30  # the cache on CPU unless told: 2 GiB for all ranks, at
 _MAX_CPU_BLOCKS = 1 << 16
 # Scored prompt rows per LM-head pass: a 64k-token prompt's logits at once are 39 GB fp32; 256 rows 156 MB.
 _SCORED_ROWS_PER_PASS = 256
-
-
-@dataclasses.dataclass(slots=True)
-class StepInputs:
-    """One step's host tensors: what every tensor-parallel rank needs to run its shard."""
-
-    ids: torch.Tensor
-    positions: torch.Tensor
-    meta: AttentionMetadata
-    sample_idx: torch.Tensor  # hidden rows that get logits
-    copies: list[tuple[int, int]]  # a fork's block copies, made after the forward
-    graph: bool  # replay a captured decode graph
-    # "prefill"/"decode" -> (rows of the block-table buffer, width in blocks): each rank gathers its
-    # own tables, so a step sends O(batch) entries, not [batch, context / block_size] tables
-    tables: dict[str, tuple[torch.Tensor, int]]
-    table_writes: list[tuple[int, int, list[int]]]  # (row, start, blocks) new since the last step
-    # Scored rows (plan.scored): hidden rows whose logits score the next token, that token, the top-N
-    # to keep, and per row the SamplingParams to process the distribution with (None: raw)
-    scored_idx: torch.Tensor | None = None
-    scored_targets: torch.Tensor | None = None
-    scored_top: int = 0
-    scored_params: list | None = None
-    draft: bool = False  # a self-drafting step: windowed attention, never the batch-invariant ops
 
 
 class ModelRunner:
@@ -76,7 +52,7 @@ class ModelRunner:
                  batch_invariant: bool = False, shard: Shard | None = None, tp: TPGroup | None = None,
                  workers=None, kv_cache_dtype: str = "auto", logprobs_mode: str = "raw_logprobs",
                  verify_queries: int = 1, draft_steps: bool = False, draft_select: tuple[int, int, int] | None = None,
-                 draft_layers: tuple[int, ...] | None = None):
+                 draft_layers: tuple[int, ...] | None = None, draft_selection: str = "bounds"):
         self.cfg, self.dtype, self.device, self.block_size = cfg, dtype, device, block_size
         self.kv_dtype = resolve_kv_dtype(kv_cache_dtype, dtype)
         # A checkpoint's KV scales quantize an FP8 cache only (as vLLM): else neither read nor checked.
@@ -107,8 +83,10 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.verify_queries = verify_queries  # query slots per row of verify-step graphs (speculation)
         self.draft_steps = draft_steps  # self-drafting: capture its draft steps' graphs too
-        # sparse self-drafting: (sink, selected, window) in tokens; the cache then keeps every block's key bounds
+        # sparse self-drafting: (sink, selected, window) in tokens; the cache then keeps every block's key bounds,
+        # or with draft_selection "verify" every buffer row's block importance from its last verify pass
         self.draft_select = None if draft_select is None else self.select_spans(*draft_select)
+        self.verify_select = draft_select is not None and draft_selection == "verify"
         self.key_bounds: torch.Tensor | None = None
         self.draft_layers = draft_layers  # the layers a draft step runs (None: all; engine/spec/layer_skip.py)
         self.processed_logprobs = logprobs_mode == "processed_logprobs"  # for a resumed trajectory's scored rows
@@ -119,7 +97,7 @@ class ModelRunner:
         cfg = self.cfg
         kv = bytes_per_block(cfg.num_layers, self.block_size, self.model.shard.num_kv_heads, cfg.head_dim,
                              self.kv_dtype)
-        if self.draft_select is None:
+        if self.draft_select is None or self.verify_select:  # importance is per buffer row, not per block
             return kv
         return kv + cfg.num_layers * 2 * self.model.shard.num_kv_heads * cfg.head_dim * self.dtype.itemsize
 
@@ -161,6 +139,7 @@ class ModelRunner:
 
     # -- the group of ranks ------------------------------------------------------------------
     closed = False  # set by shutdown (a class default: RehearsalRunner skips __init__)
+    importance: BlockImportance | None = None  # the same
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel worker ranks and release this rank's decode graphs, KV cache and
@@ -169,7 +148,7 @@ class ModelRunner:
         if self.workers is not None:
             self.workers.shutdown()
         self.closed = True
-        self.graphs = self.kv_cache = self.key_bounds = self.model = None
+        self.graphs = self.kv_cache = self.key_bounds = self.importance = self.model = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -200,7 +179,9 @@ class ModelRunner:
         cfg = self.cfg
         self.kv_cache = allocate_kv_cache(cfg.num_layers, num_blocks, self.block_size,
                                           self.model.shard.num_kv_heads, cfg.head_dim, self.kv_dtype, self.device)
-        if self.draft_select is not None:
+        if self.verify_select:
+            self.importance = BlockImportance(cfg.num_layers, self.max_num_seqs, self.max_blocks, self.device)
+        elif self.draft_select is not None:
             self.key_bounds = allocate_key_bounds(cfg.num_layers, num_blocks, self.model.shard.num_kv_heads,
                                                   cfg.head_dim, self.dtype, self.device)
         if cuda_graphs and self.device.type == "cuda" and self.ops.name == "triton":  # never batch_invariant
@@ -237,6 +218,8 @@ class ModelRunner:
             if seq.row < 0:
                 seq.row = self.free_rows.pop()
                 self.synced[seq.row] = 0
+                if self.importance is not None:  # a new sequence in the row: no verify yet
+                    self.importance.forget(seq.row)
             have, n = self.synced[seq.row], len(seq.block_table)
             if n > have:
                 self.tables[seq.row, have:n] = torch.tensor(seq.block_table[have:n], dtype=torch.int32)
@@ -404,9 +387,14 @@ class ModelRunner:
         if self.is_worker:  # mirror what rank 0 wrote to its buffer
             for row, start, blocks in inputs.table_writes:
                 self.tables[row, start:start + len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+                if start == 0 and self.importance is not None:  # rank 0 gave the row to a new sequence
+                    self.importance.forget(row)
         for kind, (rows, width) in inputs.tables.items():
             setattr(meta, f"{kind}_block_tables", self.tables[rows, :width])
         meta.key_bounds = self.key_bounds  # this rank's (None: no sparse self-drafting)
+        rows = self._importance_rows(inputs)
+        if rows is not None:  # selection "verify": a draft step reads its rows', a verify step writes them
+            meta.block_importance = self.importance.for_step(rows, inputs.tables["decode"][1], inputs.draft)
         if inputs.graph:
             hidden = out = self.graphs.run(ids, positions, meta)  # decode rows are the sampled rows (none scored)
         else:
@@ -420,11 +408,19 @@ class ModelRunner:
             ops, layers = (self.window_ops, self.draft_layers) if inputs.draft else (self.ops, None)
             out = self.model(ids, positions, meta, self.kv_cache, ops, self.cos_sin, layers)
             hidden = out[sample_idx]
+        if rows is not None and not inputs.draft:
+            self.importance.store(rows, meta.block_importance)
         self.copy_blocks(inputs.copies)  # a fork's partial prompt block, now that the forward wrote it
         scored = self._score(out, inputs) if inputs.scored_idx is not None else None
         if len(sample_idx) == 0:
             return None, scored
         return self.model.compute_logits(hidden), scored
+
+    def _importance_rows(self, inputs: StepInputs) -> torch.Tensor | None:
+        """The buffer rows whose importance a draft step reads or a verify step (rows with drafts) writes."""
+        if self.importance is None or "decode" not in inputs.tables or not (inputs.draft or inputs.meta.decode_cu_seqlens_q is not None):
+            return None
+        return inputs.tables["decode"][0].to(self.device)
 
     def _score(self, hidden: torch.Tensor, inputs: StepInputs) -> LogprobRows | None:
         """Logprobs of the scored rows, a pass of rows at a time (every rank joins the LM head's gather;

@@ -170,10 +170,24 @@ def online_softmax_finish(m_i, l_i, acc):
 
 
 @triton.jit
+def fold_block_max(bm_ptr, q, k, qk_scale, keep, row, head, pos, stride_bmt, stride_bmh, BS: tl.constexpr,
+                   DOT_PREC: tl.constexpr):
+    """A tile's scores, where keep [BLOCK_M, BLOCK_N], folded into block_max fp32 [T, Hq, W] at (query row,
+    q head, pos // BS) by an atomic max (pacore_kernels/block_importance.py): a tile may span several
+    blocks and a block several tiles or splits. The K tile is in registers: the scores again cost
+    FLOPs, not bytes (decode reads bytes)."""
+    s = attn_dot(q, tl.trans(k.to(q.dtype)), DOT_PREC) * qk_scale
+    off = row.to(tl.int64)[:, None] * stride_bmt + head[:, None] * stride_bmh + (pos // BS)[None, :]
+    tl.atomic_max(bm_ptr + off, s * _LN2, mask=keep)
+
+
+@triton.jit
 def attend_key_range(q, kc_ptr, vc_ptr, bt_row, t0, t1, h, d, stride_tok, qk_scale, BS: tl.constexpr,
-                     D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr):
+                     D: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PREC: tl.constexpr, bm_ptr, bm_row, bm_head,
+                     bm_ok, stride_bmt, stride_bmh, STORE_BM: tl.constexpr):
     """q [BLOCK_M, BLOCK_D] attends (no mask) to the keys [t0, t1) of kv head h of one sequence. Returns
-    (o, lse) as online_softmax_finish: an empty range gives o = 0, lse = -inf."""
+    (o, lse) as online_softmax_finish: an empty range gives o = 0, lse = -inf. STORE_BM: each score is
+    also folded into block_max at (bm_row, bm_head) (pacore_kernels/block_importance.py)."""
     m_i = tl.full([q.shape[0]], float("-inf"), tl.float32)  # running max (log2 domain)
     l_i = tl.zeros([q.shape[0]], tl.float32)                # running sum of exp2
     acc = tl.zeros(q.shape, tl.float32)
@@ -182,6 +196,9 @@ def attend_key_range(q, kc_ptr, vc_ptr, bt_row, t0, t1, h, d, stride_tok, qk_sca
         ok = pos < t1
         k, v = load_kv_tile(kc_ptr, vc_ptr, bt_row, pos, ok, h, d, stride_tok, BS, D)
         m_i, l_i, acc = online_softmax_tile(q, k, v, ok[None, :], qk_scale, m_i, l_i, acc, DOT_PREC)
+        if STORE_BM:
+            fold_block_max(bm_ptr, q, k, qk_scale, ok[None, :] & bm_ok[:, None], bm_row, bm_head, pos, stride_bmt,
+                           stride_bmh, BS, DOT_PREC)
     return online_softmax_finish(m_i, l_i, acc)
 
 

@@ -66,15 +66,38 @@ def block_scores_ref(q: torch.Tensor, bounds: torch.Tensor, block_tables: torch.
     _check(q, bounds, block_tables, seq_lens)
     B, Hq, D = q.shape
     W, Hkv = block_tables.shape[1], bounds.shape[2]
-    n = torch.arange(W, device=q.device)
-    nb = (seq_lens.long() + block_size - 1) // block_size
-    cand = (n[None, :] >= sink_blocks) & (n[None, :] < (nb - recent_blocks)[:, None])
+    cand = candidates(W, seq_lens, block_size, sink_blocks, recent_blocks)
     blk = torch.where(cand, block_tables.long(), 0)
     lo, hi = bounds[0][blk].float(), bounds[1][blk].float()     # [B, W, Hkv, D]
     # max(q * lo, q * hi) summed over d is q+ . hi + q- . lo: two batched dots; head h reads KV head h // group
     qg = q.float().view(B, Hkv, Hq // Hkv, D)
     ub = torch.einsum("bwkd,bkgd->bwkg", hi, qg.clamp(min=0)) + torch.einsum("bwkd,bkgd->bwkg", lo, qg.clamp(max=0))
     return torch.where(cand, ub.sum((2, 3)), float("-inf"))
+
+
+def candidates(width: int, seq_lens: torch.Tensor, block_size: int, sink_blocks: int,
+               recent_blocks: int) -> torch.Tensor:
+    """bool [B, width]: the block-table columns a selection may pick, those between a row's sink and recent blocks."""
+    n = torch.arange(width, device=seq_lens.device)
+    nb = (seq_lens.long() + block_size - 1) // block_size
+    return (n[None, :] >= sink_blocks) & (n[None, :] < (nb - recent_blocks)[:, None])
+
+
+def select_by_importance(importance: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                         block_size: int, sink_blocks: int, top_k: int, recent_blocks: int):
+    """Verification-guided selection (speculative_config selection "verify"): the reduced (tables, lens)
+    of select_blocks from the last verify pass's importance [B, >= W] (pacore_kernels/block_importance.py)
+    instead of key bounds, plus (start_lens, sink_lens) int32 [B] for the paged decode kernel: a row whose
+    importance is still the -1 of a row never verified reads its sink and recent blocks alone (its chosen
+    columns are skipped); the others read their whole reduced table."""
+    W = block_tables.shape[1]
+    scores = torch.where(candidates(W, seq_lens, block_size, sink_blocks, recent_blocks),
+                         importance[:, :W], float("-inf"))
+    tables, lens = select_blocks(scores, block_tables, seq_lens, block_size, sink_blocks, top_k, recent_blocks)
+    nb = (seq_lens.long() + block_size - 1) // block_size
+    fresh = (nb > sink_blocks + top_k + recent_blocks) & ~(scores.amax(1) >= 0)
+    start = torch.where(fresh, (sink_blocks + top_k) * block_size, 0).to(torch.int32)
+    return tables, lens, start, torch.where(fresh, sink_blocks * block_size, 0).to(torch.int32)
 
 
 def select_blocks(scores: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor, block_size: int,

@@ -10,6 +10,7 @@ from ._utils import (HAS_TRITON, attend_key_range, check, check_int, gather_bloc
 from .paged_decode import (_LOG2E, _MAX_SPLITS, MIN_TOKENS_PER_SPLIT, check_decode_args, default_num_splits,
                            dot_precision, fill_target, launch_decode_splits, launch_merge, launch_opts,
                            paged_decode_ref, resolve_max_query_len)
+from .block_importance import finish_importance, fold_block_max_ref, new_block_max
 
 
 def cascade_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -17,12 +18,15 @@ def cascade_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
                        group_prefix_lens: torch.Tensor, sm_scale: float,
                        max_group_size: int | None = None, work_plans: dict | None = None,
                        k_scale: float = 1.0, v_scale: float = 1.0, cu_seqlens_q: torch.Tensor | None = None,
-                       max_query_len: int | None = None) -> torch.Tensor:
+                       max_query_len: int | None = None, importance: torch.Tensor | None = None) -> torch.Tensor:
     """q [T, Hq, D]: one query per row (T = B), or several packed by cu_seqlens_q as in paged_decode_ref
     (speculative verification: every query sits at or past its group's prefix, so it sees all of it);
     groups over the B rows
     per engine/kv_cache.py. Returns out [T, Hq, D] in q.dtype. An FP8 cache is read as stored *
     k_scale / v_scale.
+
+    importance fp32 [B, W], when given, is filled with each block's verify importance, prefix blocks
+    included (pacore_kernels/block_importance.py).
 
     max_group_size, work_plans and max_query_len are launch hints of the Triton version, accepted here
     so both share one signature."""
@@ -42,6 +46,7 @@ def cascade_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     o1 = torch.zeros(T, Hq, D, dtype=torch.float32, device=dev)
     lse1 = torch.full((T, Hq), float("-inf"), dtype=torch.float32, device=dev)
     qf = q.float()
+    block_max = None if importance is None else new_block_max(importance, q, block_tables)
     for g, plen in enumerate(plens):
         r0, r1 = starts[g], starts[g + 1]
         t0, t1 = qrow[r0], qrow[r1]
@@ -55,14 +60,20 @@ def cascade_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         scores = torch.matmul(qg, kp.transpose(1, 2)) * sm_scale                            # [Hkv, n*G, P]
         keep = torch.ones(1, 1, plen, dtype=torch.bool, device=dev)
         o, l = masked_softmax_attend(scores, keep, vp)
+        if block_max is not None:  # the prefix's blocks are the group's first row's columns 0 .. plen // bs
+            s = scores.reshape(Hkv, n, G, plen).permute(1, 0, 2, 3).reshape(n, Hq, plen)
+            fold_block_max_ref(block_max[t0:t1], s, torch.arange(plen // bs, device=dev).expand(n, -1), bs)
         o1[t0:t1] = o.reshape(Hkv, n, G, D).permute(1, 0, 2, 3).reshape(n, Hq, D)
         lse1[t0:t1] = l.reshape(Hkv, n, G).permute(1, 0, 2).reshape(n, Hq)
 
     # Stage 2: each row's own suffix [prefix_len, seq_len), causal among its queries, then the exact merge.
     q2 = q if q.dtype == torch.float32 else qf
     o2, lse2 = paged_decode_ref(q2, k_cache, v_cache, block_tables, seq_lens, sm_scale, start_lens=row_prefix,
-                                return_lse=True, k_scale=k_scale, v_scale=v_scale, cu_seqlens_q=cu_seqlens_q)
-    out, _ = merge_attn_states(o1, lse1, o2.float(), lse2)
+                                return_lse=True, k_scale=k_scale, v_scale=v_scale, cu_seqlens_q=cu_seqlens_q,
+                                block_max=block_max)
+    out, lse = merge_attn_states(o1, lse1, o2.float(), lse2)
+    if importance is not None:  # normalised by the merged lse: each stage's own is not the query's
+        finish_importance(block_max, lse, cu_seqlens_q, importance)
     return out.to(q.dtype)
 
 
@@ -142,13 +153,15 @@ def cascade_prefix_plan(group_starts: torch.Tensor, group_prefix_lens: torch.Ten
                              mt, block_m, max_splits, target)
 
 
-@triton.jit(do_not_specialize=["stride_bt", "stride_lb", "stride_lh", "stride_ls", "G", "NUM_PROGRAMS"])
+@triton.jit(do_not_specialize=["stride_bt", "stride_lb", "stride_lh", "stride_ls", "G", "NUM_PROGRAMS", "stride_bmt",
+                               "stride_bmh"])
 def _cascade_prefix_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, gs_ptr, gq_ptr, gp_ptr, sp_ptr, cum_ptr, o_ptr, lse_ptr,
-                           stride_qb, stride_bt, stride_tok, stride_ob, stride_oh, stride_os,
-                           stride_lb, stride_lh, stride_ls, G, HKV, NUM_PROGRAMS, qk_scale, v_scale,
+                           bm_ptr, stride_qb, stride_bt, stride_tok, stride_ob, stride_oh, stride_os,
+                           stride_lb, stride_lh, stride_ls, stride_bmt, stride_bmh, G, HKV, NUM_PROGRAMS, qk_scale,
+                           v_scale,
                            QPK: tl.constexpr, MT: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                           DOT_PREC: tl.constexpr):
+                           DOT_PREC: tl.constexpr, STORE_BM: tl.constexpr):
     r = tl.arange(0, BLOCK_M)
     member = r // QPK
     d = tl.arange(0, BLOCK_D)
@@ -185,7 +198,7 @@ def _cascade_prefix_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, gs_ptr, gq_ptr, gp_ptr
         k1 = tl.minimum(k0 + chunk, plen)
         bt_row = bt_ptr + r0 * stride_bt  # the prefix blocks: the group's first row, shared by all members
         o, lse = attend_key_range(q, kc_ptr, vc_ptr, bt_row, k0, k1, h, d, stride_tok, qk_scale, BS, D,
-                                  BLOCK_N, DOT_PREC)
+                                  BLOCK_N, DOT_PREC, bm_ptr, row, head, row_ok, stride_bmt, stride_bmh, STORE_BM)
         tl.store(o_ptr + row[:, None] * stride_ob + head[:, None] * stride_oh + split * stride_os + d[None, :],
                  o * v_scale, mask=row_ok[:, None] & (d[None, :] < D))
         tl.store(lse_ptr + row * stride_lb + head * stride_lh + split * stride_ls, lse, mask=row_ok)
@@ -205,8 +218,10 @@ def cascade_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                           group_prefix_lens: torch.Tensor, sm_scale: float, max_group_size: int | None = None,
                           work_plans: dict | None = None, suffix_splits: int | None = None,
                           num_programs: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
-                          cu_seqlens_q: torch.Tensor | None = None, max_query_len: int | None = None) -> torch.Tensor:
-    """Triton cascade decode; same contract as cascade_decode_ref.
+                          cu_seqlens_q: torch.Tensor | None = None, max_query_len: int | None = None,
+                          importance: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton cascade decode; same contract as cascade_decode_ref (importance: both stages fold their
+    scores in, normalised by the merged lse).
 
     Optional host ints avoid GPU->host syncs (and are required under CUDA-graph capture): max_group_size
     (an upper bound on the rows of any group; else read from group_starts), max_query_len (with
@@ -247,17 +262,25 @@ def cascade_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
 
     o_part = torch.empty(T, Hq, s1 + s2, D, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(T, Hq, s1 + s2, dtype=torch.float32, device=q.device)
+    block_max = lse = None
+    if importance is not None:
+        block_max = new_block_max(importance, q, block_tables)
+        lse = torch.empty(T, Hq, dtype=torch.float32, device=q.device)
+    bm_strides = block_max.stride()[:2] if block_max is not None else (0, 0)
     if G > 0:
         _cascade_prefix_kernel[(plan.num_programs,)](
             q, k_cache, v_cache, block_tables, group_starts, plan.query_starts, group_prefix_lens, plan.splits,
-            plan.cum_items, o_part, lse_part, q.stride(0), block_tables.stride(0), Hkv * D, *o_part.stride()[:3],
-            *lse_part.stride(), G, Hkv, plan.num_programs, float(sm_scale * _LOG2E * k_scale), float(v_scale),
+            plan.cum_items, o_part, lse_part, block_max if block_max is not None else lse_part, q.stride(0),
+            block_tables.stride(0), Hkv * D, *o_part.stride()[:3], *lse_part.stride(), *bm_strides, G, Hkv, plan.num_programs, float(sm_scale * _LOG2E * k_scale), float(v_scale),
             QPK=qpk, MT=plan.members_per_tile, D=D, BS=bs, BLOCK_M=plan.block_m, BLOCK_N=_block_n(D),
-            BLOCK_D=max(16, next_pow2(D)), DOT_PREC=dot_precision(q.dtype), **launch_opts(q.dtype))
+            BLOCK_D=max(16, next_pow2(D)), DOT_PREC=dot_precision(q.dtype), STORE_BM=block_max is not None,
+            **launch_opts(q.dtype))
     launch_decode_splits(q, k_cache, v_cache, block_tables, seq_lens, plan.row_prefix, sm_scale,
                          o_part, lse_part, s1, s2, k_scale=k_scale, v_scale=v_scale, cu_seqlens_q=cu_seqlens_q,
-                         max_query_len=max_query_len)
-    launch_merge(o_part, lse_part, out, prefix_splits=plan.query_splits, num_prefix_slots=s1)
+                         max_query_len=max_query_len, block_max=block_max)
+    launch_merge(o_part, lse_part, out, lse, prefix_splits=plan.query_splits, num_prefix_slots=s1)
+    if importance is not None:
+        finish_importance(block_max, lse, cu_seqlens_q, importance)
     return out
 
 if not HAS_TRITON:  # only the reference is offered where triton does not import

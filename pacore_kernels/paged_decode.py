@@ -4,15 +4,17 @@ from __future__ import annotations
 import torch
 
 from ._utils import (HAS_TRITON, attend_key_range, check, check_attn_dtypes, check_int, check_rows,
-                     check_same_device, gather_blocks, load_kv_tile, masked_softmax_attend, next_pow2,
+                     check_same_device, fold_block_max, gather_blocks, load_kv_tile, masked_softmax_attend, next_pow2,
                      online_softmax_finish, online_softmax_tile, require_triton, tl, triton)
+from .block_importance import finish_importance, fold_block_max_ref, new_block_max
 
 
 def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, sm_scale: float,
                      start_lens: torch.Tensor | None = None, return_lse: bool = False,
                      k_scale: float = 1.0, v_scale: float = 1.0, cu_seqlens_q: torch.Tensor | None = None,
-                     max_query_len: int | None = None, sink_lens: torch.Tensor | None = None):
+                     max_query_len: int | None = None, sink_lens: torch.Tensor | None = None,
+                     importance: torch.Tensor | None = None, block_max: torch.Tensor | None = None):
     """Decode attention over the paged cache: row b's queries attend to its keys [start_lens[b], their
     own position], plus the keys [0, sink_lens[b]) when given (a sink before a window).
 
@@ -21,9 +23,18 @@ def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     seq_lens[b] - q_len_b + i and sees keys up to it (causal among the row's new tokens).
     Returns out [T, Hq, D] (q.dtype), plus lse fp32 [T, Hq] when return_lse. Empty range: out 0, lse -inf.
     Caches in q's dtype, or FP8 read as stored * k_scale / v_scale (engine/kv_cache.py).
+    importance fp32 [B, W] (W = block_tables' width), when given, is filled with each block's verify
+    importance (pacore_kernels/block_importance.py); block_max [T, Hq, W], when given, has the raw scores'
+    per-block maxima folded in (cascade's suffix stage, which normalises after its merge).
     Vectorised: gathers each row's blocks once for all its queries (a window of W blocks; with a sink,
     the sink's blocks too). max_query_len is a launch hint of the Triton version.
     """
+    if importance is not None:
+        block_max = new_block_max(importance, q, block_tables)
+        out, lse = paged_decode_ref(q, k_cache, v_cache, block_tables, seq_lens, sm_scale, start_lens, True, k_scale,
+                                    v_scale, cu_seqlens_q, max_query_len, sink_lens, block_max=block_max)
+        finish_importance(block_max, lse, cu_seqlens_q, importance)
+        return (out, lse) if return_lse else out
     B = seq_lens.shape[0]
     T, Hq, D = q.shape
     _, bs, Hkv, _ = k_cache.shape
@@ -79,6 +90,9 @@ def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     scores = torch.matmul(qf, k.transpose(-1, -2)) * sm_scale                   # [Hkv, B, Qm*G, L]
     mask = keep_q[:, :, None, :].expand(B, Qm, G, L).reshape(1, B, Qm * G, L)
     o, l = masked_softmax_attend(scores, mask, v)
+    if block_max is not None:
+        s = scores.masked_fill(~mask, float("-inf")).reshape(Hkv, B, Qm, G, L).permute(1, 2, 0, 3, 4)
+        fold_block_max_ref(block_max[:n_q], s[q_ok].reshape(n_q, Hq, L), cols_c[:, None].expand(B, Qm, -1)[q_ok], bs)
     o = o.reshape(Hkv, B, Qm, G, D).permute(1, 2, 0, 3, 4).reshape(B, Qm, Hq, D)
     l = l.reshape(Hkv, B, Qm, G).permute(1, 2, 0, 3).reshape(B, Qm, Hq)
     out[:n_q] = o[q_ok].to(q.dtype)
@@ -115,7 +129,7 @@ def _attend_queries(q_ptr, kc_ptr, vc_ptr, bt_row, o_ptr, lse_ptr, q0, q_len, se
                     stride_lh, stride_ls, qk_scale, v_scale, QPK: tl.constexpr, QPK_P2: tl.constexpr,
                     D: tl.constexpr, BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_D: tl.constexpr, HAS_SINK: tl.constexpr, STORE_LSE: tl.constexpr,
-                    DOT_PREC: tl.constexpr):
+                    DOT_PREC: tl.constexpr, bm_ptr, stride_bmt, stride_bmh, STORE_BM: tl.constexpr):
     """Queries q0 .. q0 + q_len of one row (query i at position seq - q_len + i, causal) against this
     split's share of the row's logical keys, one pass per BLOCK_M // QPK_P2 queries."""
     QCH: tl.constexpr = BLOCK_M // QPK_P2  # queries per pass
@@ -143,9 +157,12 @@ def _attend_queries(q_ptr, kc_ptr, vc_ptr, bt_row, o_ptr, lse_ptr, q0, q_len, se
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         for n0 in range(t0, full_end, BLOCK_N):
             j = n0 + tl.arange(0, BLOCK_N)
-            k, v = load_kv_tile(kc_ptr, vc_ptr, bt_row, _key_pos(j, sink, start, HAS_SINK), j < full_end, h, d,
-                                stride_tok, BS, D)
+            pos = _key_pos(j, sink, start, HAS_SINK)
+            k, v = load_kv_tile(kc_ptr, vc_ptr, bt_row, pos, j < full_end, h, d, stride_tok, BS, D)
             m_i, l_i, acc = online_softmax_tile(q, k, v, None, qk_scale, m_i, l_i, acc, DOT_PREC)
+            if STORE_BM:
+                fold_block_max(bm_ptr, q, k, qk_scale, (j < full_end)[None, :] & row_ok[:, None], q0 + i, head, pos,
+                               stride_bmt, stride_bmh, BS, DOT_PREC)
         for n0 in range(full_end, t1, BLOCK_N):
             j = n0 + tl.arange(0, BLOCK_N)
             ok = j < t1
@@ -154,6 +171,9 @@ def _attend_queries(q_ptr, kc_ptr, vc_ptr, bt_row, o_ptr, lse_ptr, q0, q_len, se
             keep = ok[None, :] & (pos[None, :] <= qpos[:, None])
             # A query may see no key of this split at all: the softmax keeps it at l = 0 (o 0, lse -inf).
             m_i, l_i, acc = online_softmax_tile(q, k, v, keep, qk_scale, m_i, l_i, acc, DOT_PREC)
+            if STORE_BM:
+                fold_block_max(bm_ptr, q, k, qk_scale, keep & row_ok[:, None], q0 + i, head, pos, stride_bmt,
+                               stride_bmh, BS, DOT_PREC)
         o, lse = online_softmax_finish(m_i, l_i, acc)
         row = q0 + i
         tl.store(o_ptr + row[:, None] * stride_ob + head[:, None] * stride_oh + sidx * stride_os + d[None, :],
@@ -164,14 +184,16 @@ def _attend_queries(q_ptr, kc_ptr, vc_ptr, bt_row, o_ptr, lse_ptr, q0, q_len, se
 
 # Integers that change from call to call (split counts, table widths, strides over the split count) are
 # not specialised on their value: each distinct ==1 / %16 pattern would be one more compile.
-@triton.jit(do_not_specialize=["stride_bt", "stride_lb", "stride_lh", "stride_ls", "split_off", "NUM_SPLITS"])
+@triton.jit(do_not_specialize=["stride_bt", "stride_lb", "stride_lh", "stride_ls", "split_off", "NUM_SPLITS",
+                               "stride_bmt", "stride_bmh"])
 def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, start_ptr, sink_ptr, cu_ptr, o_ptr, lse_ptr,
-                         stride_qb, stride_bt, stride_tok, stride_ob, stride_oh, stride_os,
-                         stride_lb, stride_lh, stride_ls, split_off, NUM_SPLITS, qk_scale, v_scale,
+                         bm_ptr, stride_qb, stride_bt, stride_tok, stride_ob, stride_oh, stride_os,
+                         stride_lb, stride_lh, stride_ls, stride_bmt, stride_bmh, split_off, NUM_SPLITS, qk_scale,
+                         v_scale,
                          QPK: tl.constexpr, QPK_P2: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                          HAS_START: tl.constexpr, HAS_CU: tl.constexpr, HAS_SINK: tl.constexpr,
-                         STORE_LSE: tl.constexpr, DOT_PREC: tl.constexpr):
+                         STORE_LSE: tl.constexpr, DOT_PREC: tl.constexpr, STORE_BM: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     split = tl.program_id(2)
@@ -192,7 +214,7 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, start_ptr, sink
         _attend_queries(q_ptr, kc_ptr, vc_ptr, bt_ptr + b * stride_bt, o_ptr, lse_ptr, q0, q_len, seq, start,
                         sink, h, sidx, NUM_SPLITS, split, stride_qb, stride_tok, stride_ob, stride_oh, stride_os,
                         stride_lb, stride_lh, stride_ls, qk_scale, v_scale, QPK, QPK_P2, D, BS, BLOCK_M, BLOCK_N,
-                        BLOCK_D, HAS_SINK, STORE_LSE, DOT_PREC)
+                        BLOCK_D, HAS_SINK, STORE_LSE, DOT_PREC, bm_ptr, stride_bmt, stride_bmh, STORE_BM)
     else:  # one query per row, keys [start, seq)
         # Split chunks are whole BLOCK_N tiles, sized from this row's own length: short rows leave later splits empty.
         chunk = tl.cdiv(tl.cdiv(seq - start, NUM_SPLITS), BLOCK_N) * BLOCK_N
@@ -208,7 +230,8 @@ def _decode_split_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_ptr, start_ptr, sink
 
         # An empty split (t0 >= t1) yields o = 0 and lse = -inf, which the merge ignores; never NaN.
         o, lse = attend_key_range(q, kc_ptr, vc_ptr, bt_ptr + b * stride_bt, t0, t1, h, d, stride_tok, qk_scale,
-                                  BS, D, BLOCK_N, DOT_PREC)
+                                  BS, D, BLOCK_N, DOT_PREC, bm_ptr, b + m * 0, head, row_ok, stride_bmt, stride_bmh,
+                                  STORE_BM)
         tl.store(o_ptr + b * stride_ob + head[:, None] * stride_oh + sidx * stride_os + d[None, :],
                  (o * v_scale).to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (d[None, :] < D))
         if STORE_LSE:
@@ -322,10 +345,11 @@ def query_block_m(qpk: int, max_query_len: int) -> int:
 
 def launch_decode_splits(q, k_cache, v_cache, block_tables, seq_lens, start_lens, sm_scale,
                          o_buf, lse_buf, split_off, num_splits, store_lse=True, k_scale=1.0, v_scale=1.0,
-                         cu_seqlens_q=None, max_query_len=1, sink_lens=None):
+                         cu_seqlens_q=None, max_query_len=1, sink_lens=None, block_max=None):
     """Stage 1 into o_buf/lse_buf: [T, Hq, S_total, D] / [T, Hq, S_total] (or the final [T, Hq, D] / [T, Hq]
     viewed with a zero split stride), T = the query rows. Used by paged decode and by cascade decode's
-    suffix stage. An FP8 cache's K scale is folded into the score scale, its V scale into the output."""
+    suffix stage. An FP8 cache's K scale is folded into the score scale, its V scale into the output.
+    block_max [T, Hq, W] fp32: each score also folded in by a max (pacore_kernels/block_importance.py)."""
     _, Hq, D = q.shape
     B = seq_lens.shape[0]
     _, bs, Hkv, _ = k_cache.shape
@@ -339,13 +363,14 @@ def launch_decode_splits(q, k_cache, v_cache, block_tables, seq_lens, start_lens
     _decode_split_kernel[(B, Hkv, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, start_lens if start_lens is not None else seq_lens,
         sink_lens if sink_lens is not None else seq_lens, cu_seqlens_q if cu_seqlens_q is not None else seq_lens,
-        o_buf, lse_buf if lse_buf is not None else o_buf,
-        q.stride(0), block_tables.stride(0), Hkv * D, *o_strides, *l_strides, split_off, num_splits,
+        o_buf, lse_buf if lse_buf is not None else o_buf, block_max if block_max is not None else o_buf,
+        q.stride(0), block_tables.stride(0), Hkv * D, *o_strides, *l_strides,
+        *(block_max.stride()[:2] if block_max is not None else (0, 0)), split_off, num_splits,
         float(sm_scale * _LOG2E * k_scale), float(v_scale),
         QPK=qpk, QPK_P2=next_pow2(qpk), D=D, BS=bs, BLOCK_M=query_block_m(qpk, max_query_len),
         BLOCK_N=64 if D <= 64 else 32, BLOCK_D=max(16, next_pow2(D)), HAS_START=start_lens is not None,
         HAS_CU=cu_seqlens_q is not None, HAS_SINK=sink_lens is not None, STORE_LSE=store_lse,
-        DOT_PREC=dot_precision(q.dtype), **launch_opts(q.dtype))
+        DOT_PREC=dot_precision(q.dtype), STORE_BM=block_max is not None, **launch_opts(q.dtype))
 
 
 def launch_merge(o_part, lse_part, out, lse=None, prefix_splits=None, num_prefix_slots=0):
@@ -367,8 +392,9 @@ def paged_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
                         start_lens: torch.Tensor | None = None, return_lse: bool = False,
                         num_splits: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0,
                         cu_seqlens_q: torch.Tensor | None = None, max_query_len: int | None = None,
-                        sink_lens: torch.Tensor | None = None):
-    """Triton paged decode; same contract as paged_decode_ref. num_splits: split-KV count (default: a
+                        sink_lens: torch.Tensor | None = None, importance: torch.Tensor | None = None):
+    """Triton paged decode; same contract as paged_decode_ref (importance: the verify importance, its
+    scores folded in by each split and normalised after the merge). num_splits: split-KV count (default: a
     heuristic from the block-table width, so no host sync). An FP8 cache is upcast tile by tile in
     registers (fp32 accumulation), never dequantized in memory.
 
@@ -382,22 +408,26 @@ def paged_decode_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     B = seq_lens.shape[0]
     Hkv = k_cache.shape[2]
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty(T, Hq, dtype=torch.float32, device=q.device) if return_lse else None
+    want_lse = return_lse or importance is not None  # importance is normalised by the merged lse
+    lse = torch.full((T, Hq), float("-inf"), dtype=torch.float32, device=q.device) if want_lse else None
+    block_max = None if importance is None else new_block_max(importance, q, block_tables)
     if B > 0 and T > 0:
         qs = dict(cu_seqlens_q=cu_seqlens_q, max_query_len=resolve_max_query_len(cu_seqlens_q, max_query_len),
-                  sink_lens=sink_lens, k_scale=k_scale, v_scale=v_scale)
+                  sink_lens=sink_lens, k_scale=k_scale, v_scale=v_scale, block_max=block_max)
         if num_splits is None:
             num_splits = default_num_splits(q, B * Hkv, block_tables.shape[1] * k_cache.shape[1])
         check(num_splits >= 1, "num_splits must be >= 1")
         if num_splits == 1:
             launch_decode_splits(q, k_cache, v_cache, block_tables, seq_lens, start_lens, sm_scale,
-                                 out, lse, 0, 1, store_lse=return_lse, **qs)
+                                 out, lse, 0, 1, store_lse=want_lse, **qs)
         else:
             o_part = torch.empty(T, Hq, num_splits, D, dtype=torch.float32, device=q.device)
             lse_part = torch.empty(T, Hq, num_splits, dtype=torch.float32, device=q.device)
             launch_decode_splits(q, k_cache, v_cache, block_tables, seq_lens, start_lens, sm_scale,
                                  o_part, lse_part, 0, num_splits, **qs)
             launch_merge(o_part, lse_part, out, lse)
+    if importance is not None:
+        finish_importance(block_max, lse, cu_seqlens_q, importance)
     return (out, lse) if return_lse else out
 
 if not HAS_TRITON:  # only the reference is offered where triton does not import

@@ -85,12 +85,13 @@ class RehearsalRunner(ModelRunner):
 
     def __init__(self, cfg, dtype: torch.dtype, block_size: int, max_num_seqs: int, max_model_len: int,
                  device: DeviceParams, keep_steps: bool = True, kv_cache_dtype: str = "auto",
-                 draft_select: tuple[int, int, int] | None = None, **_ignored):
+                 draft_select: tuple[int, int, int] | None = None, draft_selection: str = "bounds", **_ignored):
         # No ModelRunner.__init__: it would load the weights. What prepare() needs is set here.
         self.cfg, self.dtype, self.device, self.block_size = cfg, dtype, torch.device("cpu"), block_size
         self.workers, self.is_worker, self.tp_size = None, False, 1
         self.graphs = None
         self.draft_select = None if draft_select is None else self.select_spans(*draft_select)
+        self.verify_select = draft_select is not None and draft_selection == "verify"
         self.key_bounds = None
         self.kv_cache = None  # no tensor: the cache is the block manager's bookkeeping only
         self.cascade, self.batch_invariant = True, False
@@ -123,8 +124,9 @@ class RehearsalRunner(ModelRunner):
         return kv + (0 if self.draft_select is None else self._bounds_tokens() * self.shape.kv_bytes_per_token)
 
     def _bounds_tokens(self) -> float:
-        """One block's key bounds, in tokens of KV (what reading them costs against reading keys and values)."""
-        return self.dtype.itemsize / self.kv_dtype.itemsize
+        """One block's key bounds, in tokens of KV (what reading them costs against reading keys and values);
+        none with selection "verify" (the blocks come from the last verify's attention)."""
+        return 0.0 if self.verify_select else self.dtype.itemsize / self.kv_dtype.itemsize
 
     def bind(self, scheduler, block_manager) -> None:
         """Read the cache's occupancy and each request's shared prefix from the engine's own parts."""

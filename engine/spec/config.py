@@ -4,8 +4,8 @@ vLLM's keys where vLLM has them: ``method``, ``num_speculative_tokens``, ``promp
 ``prompt_lookup_max``. Ours: ``lookup_siblings`` (the n-gram corpus includes the other trajectories of
 the same request, PaCoRe's K siblings), and for method ``self_window`` (the model drafts for itself
 over a sink and a recent window of its own KV, MagicDec-style): ``window``, ``window_fraction``, ``sink``,
-``selected`` (tokens of the rest's most relevant blocks a draft step reads besides, chosen by Quest-style
-key bounds),
+``selected`` (tokens of the rest's most relevant blocks a draft step reads besides), ``selection`` (how
+they are chosen: Quest-style key bounds per draft step, or the last verify pass's attention, Vegas-style),
 ``acceptance``, ``draft_layers`` (the layers a draft step runs: self-speculative layer skipping);
 and ``policy`` / ``cost_model`` (each step's draft depth chosen from the measured acceptance and the
 modelled device, engine/spec/policy.py).
@@ -17,10 +17,11 @@ from dataclasses import dataclass, fields
 METHODS = ("ngram", "self_window")
 ACCEPTANCE = ("coupled", "rejection")
 POLICIES = ("adaptive", "fixed")
+SELECTIONS = ("bounds", "verify")
 MAX_SPAN = 1 << 20  # the most tokens a sink or window may name (a context of 1,048,576 tokens)
 _ONLY = {"ngram": {"prompt_lookup_min", "prompt_lookup_max", "lookup_siblings"},
-         "self_window": {"window", "window_fraction", "sink", "selected", "acceptance", "policy", "cost_model",
-                         "draft_layers"}}
+         "self_window": {"window", "window_fraction", "sink", "selected", "selection", "acceptance", "policy",
+                         "cost_model", "draft_layers"}}
 
 
 @dataclass(slots=True, frozen=True)
@@ -37,7 +38,10 @@ class SpeculativeConfig:
     context, as the StreamingLLM drafter of vLLM RFC #47351's fork (its ``sparse_attn_ratio``); with
     ``selected`` > 0 (not with ``window_fraction``) also that many tokens of the blocks in between whose keys
     bound q.k highest (Quest-style bounds per block; sink, window and selected are then rounded up to whole
-    blocks). ``acceptance``:
+    blocks). ``selection`` says how: "bounds" (the default) scores each block's key bounds against each
+    draft step's query; "verify" reuses, for every draft step of a cycle, the blocks the row's last verify
+    pass attended to most (per layer; no key bounds kept or read; a row not verified yet drafts over its
+    sink and window alone). ``acceptance``:
     "coupled" (the draft is drawn by Gumbel-max with the noise of the target's own draw at that
     position and kept while they agree: the output is token for token the trajectory without
     speculation) or "rejection" (textbook speculative sampling: kept with probability min(1, p/q), else
@@ -60,6 +64,7 @@ class SpeculativeConfig:
     window_fraction: float = 0.0
     sink: int = 16
     selected: int = 0
+    selection: str = "bounds"
     acceptance: str = "coupled"
     policy: str = "adaptive"
     cost_model: str = "h200"
@@ -103,6 +108,12 @@ class SpeculativeConfig:
         if f and cfg.selected:  # the sparse tables have a fixed width (CUDA graphs); a growing window has none
             raise ValueError("speculative_config: window_fraction and selected are two draft-KV policies (a window "
                              "that grows with the context, or a fixed window plus selected blocks); give one of them")
+        if cfg.selection not in SELECTIONS:
+            raise ValueError(f"speculative_config: selection must be one of {list(SELECTIONS)} (the sparse draft's "
+                             f"blocks by their key bounds, or by the last verify's attention), got {cfg.selection!r}")
+        if cfg.selection == "verify" and not cfg.selected:
+            raise ValueError("speculative_config: selection 'verify' picks the blocks of `selected` tokens, and "
+                             "selected is 0; give selected > 0 (e.g. 256) or drop selection")
         if cfg.num_speculative_tokens > 15:
             raise ValueError(f"speculative_config: num_speculative_tokens={cfg.num_speculative_tokens} is above 15 "
                              "(a verify row's queries share one pass over its KV up to 16 queries)")

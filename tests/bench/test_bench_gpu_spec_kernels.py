@@ -21,6 +21,7 @@ def test_dry_run_writes_every_case(tmp_path):
     assert {("cascade", f, None, q) for f in ("auto", "fp8_e4m3") for q in (1, 5)} <= key
     assert {("draft", f, 70, None) for f in ("auto", "fp8_e4m3")} <= key
     assert {("sparse", f, 70, None) for f in ("auto", "fp8_e4m3")} <= key
+    assert {("importance", f, 70, 5) for f in ("auto", "fp8_e4m3")} <= key
     assert [(r["B"], r["same_tokens_as_ref"]) for r in rows if r["case"] == "sample"] == [(4, 4)]
     for r in rows:  # the kernels agree with the fp32 reference, and every timed row has its bandwidth
         assert r["rel_err_vs_fp32"] < 1e-4 and r["us"] > 0 and r["GBps"] > 0

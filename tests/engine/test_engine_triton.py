@@ -30,11 +30,14 @@ def test_triton_backend_same_tokens_as_torch(kind, tiny_model_dir):
     ({"method": "self_window", "num_speculative_tokens": 3, "window": 8, "sink": 2, "selected": 4, "policy": "fixed"}, 4),
     ({"method": "self_window", "num_speculative_tokens": 3, "window": 8, "sink": 2, "policy": "fixed",
       "draft_layers": [1]}, 16),
-], ids=["ngram", "self_window", "self_window-sparse", "self_window-layers"])
+    ({"method": "self_window", "num_speculative_tokens": 3, "window": 8, "sink": 2, "selected": 4, "policy": "fixed",
+      "selection": "verify"}, 4),
+], ids=["ngram", "self_window", "self_window-sparse", "self_window-layers", "self_window-verify"])
 def test_speculative_triton_graphs_give_the_torch_tokens(tiny_model_dir, spec, block_size):
     """Verify and draft steps through the Triton kernels, replayed from (emulated) graph buffers with cascade
     on: ragged rows and a bucket's padding queries past the last row's (a cascade plan once failed there);
-    sparse draft steps choose their blocks inside the graph (padding rows read their one token)."""
+    sparse draft steps choose their blocks inside the graph (padding rows read their one token), by key bounds
+    or by the importance the verify graphs emitted."""
     prompts = [[5, 6, 7, 8] * 5, [9, 10, 11] * 6]
     params = SamplingParams(n=3, temperature=0, max_tokens=7, ignore_eos=True)
     kw = dict(num_kv_blocks=64 * 16 // block_size, cascade_attention=True, cascade_min_prefix=16, device="cpu",

@@ -1,9 +1,11 @@
 """Self-drafting over a windowed KV (speculative_config method "self_window") is exact: coupled acceptance
 emits the tokens decoding without speculation draws (greedy and seeded: token for token; unseeded: the
 same distribution), rejection acceptance the same distribution; with a window covering the whole context
-the draft is the model itself. Each identity holds for both draft-KV policies: the sink + window, and the
-sparse one (``selected``: the blocks between chosen by their key bounds), whose runs here are checked to
-have cut rows' tables; and with layer skipping (``draft_layers``: a draft step runs some of the layers)."""
+the draft is the model itself. Each identity holds for every draft-KV policy: the sink + window, and the
+sparse ones (``selected``: the blocks between chosen by their key bounds, or with ``selection`` "verify" by
+the last verify pass's attention), whose runs here are checked to have cut rows' tables (verify: rows
+already verified, so the importance chose their blocks); and with layer skipping (``draft_layers``: a draft
+step runs some of the layers)."""
 import dataclasses
 
 import pytest
@@ -18,7 +20,7 @@ SW = {"method": "self_window", "num_speculative_tokens": 3, "window": 8, "sink":
 SPARSE = (dict(SW, window=8, sink=2, selected=8), dict(block_size=4))
 # layer skipping on the 2-layer tiny models: the last layer alone (layer 0's draft slots never written), or
 # with sparse drafting the first alone (a count: the default choice of 1 of 2 layers)
-POLICIES = pytest.mark.parametrize("policy", ["window", "sparse", "layers", "sparse-layers"])
+POLICIES = pytest.mark.parametrize("policy", ["window", "sparse", "layers", "sparse-layers", "verify"])
 
 
 def _policy(policy: str, spec: dict, options: dict) -> tuple[dict, dict]:
@@ -29,12 +31,36 @@ def _policy(policy: str, spec: dict, options: dict) -> tuple[dict, dict]:
         return spec, options
     if "num_kv_blocks" in options:  # the same cache in tokens, in blocks of 4 instead of 16
         options = options | dict(num_kv_blocks=options["num_kv_blocks"] * 4)
-    return spec | {k: v for k, v in SPARSE[0].items() if k in ("window", "sink", "selected")}, options | SPARSE[1]
+    spec = spec | {k: v for k, v in SPARSE[0].items() if k in ("window", "sink", "selected")}
+    return spec | ({"selection": "verify"} if policy == "verify" else {}), options | SPARSE[1]
+
+
+_SPIED: list[list[int]] = [[]]  # the list the current verify-selection spy counts into
+
+
+def _spy_importance() -> None:
+    """Wrap select_by_importance once: per call, the rows the importance of a verify pass cut."""
+    import engine.attention as attention
+    real = attention.select_by_importance
+    if getattr(real, "spy", False):
+        return
+
+    def by_importance(importance, tables, lens, bs, sink_b, top_k, recent_b):
+        out = real(importance, tables, lens, bs, sink_b, top_k, recent_b)
+        _SPIED[0].append(int((((lens + bs - 1) // bs > sink_b + top_k + recent_b) & (out[2] == 0)).sum()))
+        return out
+    by_importance.spy = True
+    attention.select_by_importance = by_importance
 
 
 def spy_selection(llm) -> list[int]:
-    """Per sparse draft step, the rows whose tables the selection cut (the others read every block)."""
+    """Per sparse draft step, the rows whose tables the selection cut (the others read every block); with
+    selection "verify", those whose importance came from a verify pass."""
     cut, ops = [], llm.runner.window_ops
+    if llm.runner.verify_select:
+        _spy_importance()
+        _SPIED[0] = cut
+        return cut
 
     def select(q, bounds, tables, lens, bs, sink_b, top_k, recent_b):
         cut.append(int(((lens + bs - 1) // bs > sink_b + top_k + recent_b).sum()))
@@ -48,7 +74,7 @@ def _both(model, prompts, params, spec=SW, **options):
     llm = LLM(str(model), skip_tokenizer_init=True, speculative_config=spec, **options)
     cut = spy_selection(llm) if spec.get("selected") else None
     out = llm.generate(prompts, params, use_tqdm=False)
-    if cut is not None:
+    if cut is not None and not options.get("batch_invariant"):  # its verify runs as prefill chunks: no importance
         assert sum(cut) > 0, "no sparse draft step cut a table: the test would not exercise selection"
     return plain, out, llm
 
@@ -67,6 +93,16 @@ def test_greedy_is_identical(tiny_model_dir, kind, options, policy):
     assert st["kv_blocks_used"] == 0
     if "num_kv_blocks" in options:
         assert st["preemptions"] > 0
+
+
+def test_verify_selection_with_rejection_is_greedy_identical_through_preemption(tiny_model_dir):
+    """Rejection acceptance at temperature 0 keeps the greedy tokens too; the importance of a preempted
+    row is forgotten, and it drafts over its window until its next verify."""
+    params = SamplingParams(n=4, temperature=0, max_tokens=32, ignore_eos=True)
+    spec, options = _policy("verify", SW | {"acceptance": "rejection"}, dict(num_kv_blocks=14, max_num_seqs=8))
+    plain, out, llm = _both(tiny_model_dir("llama"), PROMPTS, params, spec, **options)
+    assert _tokens(out) == _tokens(plain)
+    assert llm.runner.key_bounds is None and _exercised(llm)["preemptions"] > 0
 
 
 @pytest.mark.parametrize("options", [{}, dict(quantization="fp8"), dict(kv_cache_dtype="fp8_e4m3")],
@@ -155,6 +191,9 @@ def test_rejection_gives_a_seeded_request_the_same_tokens_alone_and_beside_other
     ({"method": "self_window", "selected": 1.5}, "selected"),
     ({"method": "ngram", "selected": 64}, "apply to method 'self_window'"),
     ({"method": "self_window", "selected": 64, "window_fraction": 0.05}, "window_fraction and selected"),
+    ({"method": "self_window", "selection": "verify"}, "selection 'verify'"),
+    ({"method": "self_window", "selected": 64, "selection": "quest"}, "selection"),
+    ({"method": "ngram", "selection": "verify"}, "apply to method 'self_window'"),
 ])
 def test_bad_config_is_refused_naming_the_key(tiny_model_dir, bad, match):
     with pytest.raises(ValueError, match=match):

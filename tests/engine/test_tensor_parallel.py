@@ -252,7 +252,11 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
     # layer skipping: every rank runs the draft's one layer (the second), its all-reduces paired
     ({"method": "self_window", "num_speculative_tokens": 3, "window": 8, "sink": 4, "policy": "fixed",
       "draft_layers": [1]}, dict()),
-], ids=["ngram-cascade", "ngram-preempt", "self_window", "self_window-sparse", "self_window-layers"])
+    # verify-guided: every rank keeps the importance its own heads' verify attention gave each block
+    ({"method": "self_window", "num_speculative_tokens": 3, "window": 8, "sink": 4, "selected": 8, "policy": "fixed",
+      "selection": "verify"}, dict(block_size=4, num_kv_blocks=384)),
+], ids=["ngram-cascade", "ngram-preempt", "self_window", "self_window-sparse", "self_window-layers",
+        "self_window-verify"])
 def test_tp2_speculative_greedy_equals_tp1_without(tmp_path, spec, options):
     # Drafts are chosen on rank 0 (the plan is made there); the workers get the verify rows' packed
     # queries (decode_cu_seqlens_q) in the step's inputs and the block-table entries a trim rewrites.

@@ -77,6 +77,7 @@ def test_replicas_build_their_engines_with_it(tmp_path, monkeypatch):
     ('{"num_speculative_tokens": 0}', "num_speculative_tokens must be an integer >= 1"),
     ('{"method": "eagle"}', "method must be one of ['ngram', "), ("[]", "non-empty JSON object"),
     ('{"method": "self_window", "selected": -16}', "selected must be an integer >= 0"),
+    ('{"method": "self_window", "selection": "verify"}', "selection 'verify'"),
 ])
 def test_a_bad_value_exits_2_naming_the_key(tmp_path, capsys, command, value, said):
     paths = {"run": ["--data", "x", "--out", str(tmp_path / "o")], "demo": [], "serve": []}[command]
