@@ -4,9 +4,9 @@ vLLM's keys where vLLM has them: ``method``, ``num_speculative_tokens``, ``promp
 ``prompt_lookup_max``. Ours: ``lookup_siblings`` (the n-gram corpus includes the other trajectories of
 the same request, PaCoRe's K siblings), and for method ``self_window`` (the model drafts for itself
 over a sink and a recent window of its own KV, MagicDec-style): ``window``, ``window_fraction``, ``sink``,
-``selected`` (tokens of the rest's most relevant blocks a draft step reads besides, chosen by Quest-style
-key bounds),
-``acceptance``;
+``selected`` (tokens of the rest's most relevant blocks a draft step reads besides), ``selection`` (how
+they are chosen: Quest-style key bounds, or the last verify pass's attention), ``draft_layers`` (the layers a
+draft step runs), ``acceptance``;
 and ``policy`` / ``cost_model`` (each step's draft depth chosen from the measured acceptance and the
 modelled device, engine/spec/policy.py).
 """
@@ -17,9 +17,11 @@ from dataclasses import dataclass, fields
 METHODS = ("ngram", "self_window")
 ACCEPTANCE = ("coupled", "rejection")
 POLICIES = ("adaptive", "fixed")
+SELECTIONS = ("bounds", "verify")
 MAX_SPAN = 1 << 20  # the most tokens a sink or window may name (a context of 1,048,576 tokens)
 _ONLY = {"ngram": {"prompt_lookup_min", "prompt_lookup_max", "lookup_siblings"},
-         "self_window": {"window", "window_fraction", "sink", "selected", "acceptance", "policy", "cost_model"}}
+         "self_window": {"window", "window_fraction", "sink", "selected", "selection", "draft_layers",
+                         "acceptance", "policy", "cost_model"}}
 
 
 @dataclass(slots=True, frozen=True)
@@ -36,7 +38,12 @@ class SpeculativeConfig:
     context, as the StreamingLLM drafter of vLLM RFC #47351's fork (its ``sparse_attn_ratio``); with
     ``selected`` > 0 (not with ``window_fraction``) also that many tokens of the blocks in between whose keys
     bound q.k highest (Quest-style bounds per block; sink, window and selected are then rounded up to whole
-    blocks). ``acceptance``:
+    blocks). ``selection`` says how those blocks are ranked: "bounds" (the default) by per-block key bounds,
+    which every draft step reads (2 vectors per block and layer) and the cache keeps beside each block;
+    "verify" by the attention the last verify pass paid each block (a by-product of the verify kernels: no
+    bounds read, no bounds memory). ``draft_layers`` > 0: a draft step runs only that many of the model's
+    layers (layer-skip self-drafting; the LM head and embedding always), 0 (the default) all of them.
+    ``acceptance``:
     "coupled" (the draft is drawn by Gumbel-max with the noise of the target's own draw at that
     position and kept while they agree: the output is token for token the trajectory without
     speculation) or "rejection" (textbook speculative sampling: kept with probability min(1, p/q), else
@@ -55,6 +62,8 @@ class SpeculativeConfig:
     window_fraction: float = 0.0
     sink: int = 16
     selected: int = 0
+    selection: str = "bounds"
+    draft_layers: int = 0
     acceptance: str = "coupled"
     policy: str = "adaptive"
     cost_model: str = "h200"
@@ -79,8 +88,9 @@ class SpeculativeConfig:
         if misplaced:
             raise ValueError(f"speculative_config: {misplaced} apply to method {other!r}, not {method!r}; remove them")
         cfg = cls(**raw)
-        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "window", "sink", "selected"):
-            value, least = getattr(cfg, name), 0 if name in ("sink", "selected") else 1
+        for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "window", "sink", "selected",
+                     "draft_layers"):
+            value, least = getattr(cfg, name), 0 if name in ("sink", "selected", "draft_layers") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"speculative_config: {name} must be an integer >= {least}, got {value!r}")
         for name in ("window", "sink", "selected"):  # positions are int32 on the device: a larger span overflows every step
@@ -94,6 +104,11 @@ class SpeculativeConfig:
         if f and cfg.selected:  # the sparse tables have a fixed width (CUDA graphs); a growing window has none
             raise ValueError("speculative_config: window_fraction and selected are two draft-KV policies (a window "
                              "that grows with the context, or a fixed window plus selected blocks); give one of them")
+        if cfg.selection not in SELECTIONS:
+            raise ValueError(f"speculative_config: selection must be one of {list(SELECTIONS)}, got {cfg.selection!r}")
+        if cfg.selection != "bounds" and not cfg.selected:
+            raise ValueError(f"speculative_config: selection {cfg.selection!r} ranks the blocks a draft step reads "
+                             "besides its window; give selected > 0 (tokens of them) too")
         if cfg.num_speculative_tokens > 15:
             raise ValueError(f"speculative_config: num_speculative_tokens={cfg.num_speculative_tokens} is above 15 "
                              "(a verify row's queries share one pass over its KV up to 16 queries)")
