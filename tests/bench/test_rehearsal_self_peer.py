@@ -11,7 +11,8 @@ from engine.rehearsal.drafter import MAGICDEC_STREAMINGLLM_512, WindowProfile
 from engine.spec.config import SpeculativeConfig
 from engine.step_shape import ModelShape
 
-from bench.rehearsal.__main__ import CONFIGS, main, spec_profiles
+from bench.rehearsal.__main__ import CONFIGS, main
+from bench.rehearsal.profiles import spec_profiles
 from bench.rehearsal.published import POINTS
 
 PROFILE = str(Path(__file__).parents[2] / "bench" / "rehearsal" / "spec_profile.json")
