@@ -17,7 +17,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 
-from engine.device_model import DeviceParams, speculation_seconds
+from engine.device_model import DeviceParams, DraftRead, speculation_seconds
 from engine.spec.policy import DepthPolicy, tokens_per_verify
 from engine.step_shape import ModelShape
 
@@ -69,7 +69,7 @@ def simulate(seconds, batch: int, context: int, a: float, max_depth: int = 6, wa
 def sweep(kv_bytes: int = 2, device: str = "h200", window: int = 512, sink: int = 16, batches=BATCHES,
           contexts=CONTEXTS, acceptances=ACCEPTANCES, **kw) -> dict[tuple[int, int, float], Outcome]:
     shape = ModelShape(**PACORE_8B, kv_dtype_bytes=kv_bytes)
-    seconds = speculation_seconds(shape, DeviceParams.named(device), window, sink)
+    seconds = speculation_seconds(shape, DeviceParams.named(device), DraftRead(window, sink))
     return {(b, c, a): simulate(seconds, b, c, a, **kw) for b in batches for c in contexts for a in acceptances}
 
 

@@ -325,20 +325,76 @@ def step_cost(work: StepWork, shape: ModelShape, dev: DeviceParams,
     return cost, per
 
 
-def speculation_seconds(shape: ModelShape, dev: DeviceParams, window: int, sink: int, window_fraction: float = 0.0,
-                        draft_shape: ModelShape | None = None):
+def bounds_tokens(shape: ModelShape) -> float:
+    """One block's key bounds (a min and a max key vector per layer, in the model's dtype) as the tokens of KV
+    of the same bytes: what scoring a block costs against reading a token's keys and values."""
+    return shape.dtype_bytes / (shape.kv_dtype_bytes or shape.dtype_bytes)
+
+
+@dataclass(slots=True, frozen=True)
+class DraftRead:
+    """What one self-drafting draft step reads (speculative_config method "self_window", engine/spec/config.py):
+    per row its sink and window of KV (the window max(window, window_fraction x context)); with ``selected`` > 0
+    the sink, window and selected tokens in whole blocks of ``block_size``, and with selection "bounds" the key
+    bounds of every block between sink and window, which scoring them reads ("verify": ranked by the last
+    verify pass, nothing more to read); all of it over the layers ``layers`` keeps (speculative_config
+    ``draft_layers``: None every layer, a count, or the layers' indices; engine/spec/layer_skip.py), the LM head
+    always."""
+
+    window: int
+    sink: int
+    window_fraction: float = 0.0
+    selected: int = 0
+    selection: str = "bounds"
+    layers: int | tuple[int, ...] | None = None
+    block_size: int = 16
+
+    @classmethod
+    def of(cls, spec, block_size: int = 16) -> "DraftRead":
+        """A speculative config's draft read."""
+        return cls(spec.window, spec.sink, spec.window_fraction, spec.selected, spec.selection, spec.draft_layers,
+                   block_size)
+
+    @property
+    def bounds(self) -> bool:
+        """Whether the cache keeps, and each draft step reads, key bounds per block."""
+        return self.selected > 0 and self.selection == "bounds"
+
+    def shape(self, shape: ModelShape) -> ModelShape:
+        """The model one draft step runs: the layers ``layers`` keeps (their projections, norms and KV), the LM
+        head and final norm whole. ValueError naming draft_layers when it asks for more than the model has."""
+        from engine.spec.layer_skip import kept_layers
+
+        kept = kept_layers(self.layers, shape.num_layers)
+        return shape if kept is None else dataclasses.replace(shape, num_layers=len(kept))
+
+    def tokens(self, n: int, shape: ModelShape) -> int:
+        """KV tokens per drafted layer one draft step of a row of ``n`` tokens reads (key bounds counted as the
+        tokens of the same bytes: ``bounds_tokens``)."""
+        if not self.selected:
+            return min(n, self.sink + max(self.window, int(self.window_fraction * n)))
+        bs = self.block_size
+        sink_b, top_b, recent_b = -(-self.sink // bs), -(-self.selected // bs), max(1, -(-self.window // bs))
+        read = min(n, (sink_b + top_b + recent_b) * bs)
+        if self.bounds:  # every block between sink and window is scored
+            read += round(max(0, -(-n // bs) - sink_b - recent_b) * bounds_tokens(shape))
+        return read
+
+
+def speculation_seconds(shape: ModelShape, dev: DeviceParams, draft: DraftRead):
     """The self-drafting depth policy's costs (engine/spec/policy.py) from this model: for a batch's
-    context lengths and a depth n, (a draft step: the weights, and per row the sink and window of KV;
-    the verify pass: every row's KV once for its n + 1 queries); n = 0: (0, a plain decode step). A window
-    of max(window, window_fraction x context) with ``window_fraction``; ``draft_shape``: the draft step's
-    model when it runs fewer layers (speculative_config draft_layers)."""
+    context lengths and a depth n, (a draft step: what ``draft`` reads, the drafted layers' weights and the LM
+    head, per row its KV and key bounds; the verify pass: every row's KV once for its n + 1 queries, all
+    layers); n = 0: (0, a plain decode step)."""
+    draft_shape = draft.shape(shape)
+
     def seconds(ctx: list[int], n: int) -> tuple[float, float]:
         rows = len(ctx)
         if n == 0:
             return 0.0, step_cost(StepWork(decodes=[DecodeGroup("", ctx)], sampled=rows), shape, dev)[0].total
-        seen = [min(c, sink + max(window, int(window_fraction * c))) for c in ctx]
-        draft = step_cost(StepWork(decodes=[DecodeGroup("", seen)], sampled=rows), draft_shape or shape, dev)[0].total
+        seen = [draft.tokens(c, shape) for c in ctx]
+        step = step_cost(StepWork(decodes=[DecodeGroup("", seen)], sampled=rows), draft_shape, dev)[0].total
         verify = step_cost(StepWork(decodes=[DecodeGroup("", [c + n for c in ctx], queries=[n + 1] * rows)],
                                     sampled=rows * (n + 1)), shape, dev)[0].total
-        return draft, verify
+        return step, verify
     return seconds

@@ -104,7 +104,8 @@ class LLM:
         if opts.device_model:
             from engine.device_model import DeviceParams
             from engine.rehearsal.runner import RehearsalRunner
-            self.runner = RehearsalRunner(**runner_kwargs, device=DeviceParams.named(opts.device_model))
+            self.runner = RehearsalRunner(**runner_kwargs, device=DeviceParams.named(opts.device_model),
+                                          speculative=spec)
         else:
             self.runner = start_ranks(runner_kwargs, opts.tensor_parallel_size, self.device)
         self.clock = getattr(self.runner, "clock", time.perf_counter)  # a rehearsal's is virtual
@@ -124,7 +125,8 @@ class LLM:
         self.stop_checker = StopChecker(self.tokenizer, cfg.eos_token_ids, self.max_model_len)
         self.speculator = None if spec is None else Speculator(  # a rehearsal's policy prices its own device
             spec, self.block_manager, self.max_model_len, adaptive_policy(
-                spec, cfg, self.dtype, self.runner.kv_dtype, self.runner.device_params if opts.device_model else None))
+                spec, cfg, self.dtype, self.runner.kv_dtype, self.runner.device_params if opts.device_model else None,
+                opts.block_size))
         self.scheduler = Scheduler(self.block_manager, self.stop_checker, opts.max_num_seqs,
                                    opts.max_num_batched_tokens, cascade, enable_fork=opts.enable_fork,
                                    on_release=self.runner.release, speculator=self.speculator,

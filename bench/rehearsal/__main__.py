@@ -29,7 +29,8 @@ from bench.rehearsal import plain, protocol, report
 from bench.rehearsal.checks import (BLOCK_SIZE, MAX_KV_TOKENS, Refused, check_args, check_cache, positive_number,
                                     probability, replayed_problems)
 from bench.rehearsal.shapes import SHAPES, model_folder
-from bench.rehearsal.workload import PaperLengths, ReplayLengths, mean_trajectory_tokens
+from bench.rehearsal.profiles import scripted_drafts, spec_profiles
+from bench.rehearsal.workload import PaperLengths, ReplayLengths, mean_trajectory_tokens, replay_key, round_of
 
 PRESETS = {"low": (4,), "medium": (16,), "high": (32, 4)}
 SELF_WINDOW = {"method": "self_window", "num_speculative_tokens": 6, "window": 512, "sink": 16}
@@ -37,6 +38,11 @@ SELF_WINDOW = {"method": "self_window", "num_speculative_tokens": 6, "window": 5
 # scores): a 256-token recent window and 256 tokens of the blocks in between whose key bounds score highest.
 # The even split is the one bench.spec_sparse_acceptance measured best at 4-8k with this budget (docs/speculative.md).
 SELF_SPARSE = SELF_WINDOW | {"window": 256, "selected": 256}
+# The same split with the blocks ranked by the last verify pass's attention (issue 51): no key bounds read or kept.
+SELF_VERIFY = SELF_SPARSE | {"selection": "verify"}
+# Layer-skip drafting: draft steps run 27 of PaCoRe-8B's 36 layers (3/4: the first 14 and the last 13, a middle
+# block skipped, as the engine keeps them), the LM head always; the verify pass runs every layer.
+SELF_SKIP = SELF_WINDOW | {"draft_layers": 27}
 # vLLM V1 as `vllm serve` runs it on an H100/H200 (docs/rehearsal.md cites the source of each):
 # n=K as K requests sharing the prompt's full blocks through the automatic prefix cache, chunked
 # prefill with a budget of 8,192 tokens, 1,024 sequences, cascade attention only over a prefix every
@@ -84,6 +90,11 @@ CONFIGS = {
     # sparse self-drafting (issue 46) beside the window ones: acceptance WindowProfile-based, see spec_profiles
     "fp8+spec-sparse": {"kv_cache_dtype": "fp8_e4m3", "speculative_config": SELF_SPARSE},
     "fp8+fp8w+spec-sparse": {"kv_cache_dtype": "fp8_e4m3", "quantization": "fp8", "speculative_config": SELF_SPARSE},
+    # verify-guided selection and layer skipping (issue 51), acceptance from their measured sections: spec_profiles
+    "fp8+spec-verify": {"kv_cache_dtype": "fp8_e4m3", "speculative_config": SELF_VERIFY},
+    "fp8+fp8w+spec-verify": {"kv_cache_dtype": "fp8_e4m3", "quantization": "fp8", "speculative_config": SELF_VERIFY},
+    "fp8+spec-skip": {"kv_cache_dtype": "fp8_e4m3", "speculative_config": SELF_SKIP},
+    "fp8+fp8w+spec-skip": {"kv_cache_dtype": "fp8_e4m3", "quantization": "fp8", "speculative_config": SELF_SKIP},
     # vLLM with the same FP8 weights (--quantization fp8), FP8 KV and its n-gram proposer: fp8+fp8w+spec-self's peer
     "vllm-fp8+fp8w+ngram": VLLM | {"kv_cache_dtype": "fp8_e4m3", "quantization": "fp8", "speculative_config": VLLM_NGRAM},
 }
@@ -183,69 +194,9 @@ def rehearse(args, name: str, options: dict, out: Path, device: DeviceParams) ->
         "draft_parts": report.parts(sum_costs(ledger.drafts.values())),  # self-drafting's draft steps, in total
     }
     if not args.replay:
-        res["protocol"] = protocol.extrapolate(args.protocol, res)
+        res["protocol"] = protocol.extrapolate(args.protocol, res, device)
     (out / "report.json").write_text(json.dumps(res, indent=1))
     return res
-
-
-def spec_profiles(args, options: dict, temperature: float):
-    """The acceptance profiles of a speculative configuration (None for the others): the measured
-    ones (--spec-profile: n-gram drafts, round 1's for round 1, round 2's for the rounds whose prompt
-    holds references; self-drafting, by context at its window and sink, for --spec-self-rule, capped by
-    the published long-context figures and read from them past the measured contexts:
-    WindowProfile.capped; sparse self-drafting, that of the window reading as much KV raised by the measured
-    sparse / window gain and past the measured contexts by at most the published one: sparse_profile), or
-    flat with --spec-acceptance. Refused when the profile cannot be read."""
-    from engine.rehearsal.drafter import (KINDS, DraftProfile, WindowProfile, load_profiles, load_self_sparse,
-                                          load_self_window, sparse_profile)
-    spec = options.get("speculative_config")
-    if spec is None:
-        return None
-    nst, self_window = spec["num_speculative_tokens"], spec["method"] == "self_window"
-    if args.spec_acceptance is not None:
-        if self_window:
-            return WindowProfile.flat(args.spec_acceptance, nst)
-        return dict.fromkeys(KINDS, DraftProfile.flat(args.spec_acceptance, nst))
-    try:
-        if self_window:
-            selected = spec.get("selected", 0)
-            # sparse: the window that reads as much KV per draft step, raised by the measured gain (sparse_profile)
-            measured = load_self_window(args.spec_profile, spec["window"] + selected, spec["sink"],
-                                        args.spec_self_rule, temperature)
-            window = measured if getattr(args, "spec_self_uncapped", False) else measured.capped()
-            if not selected:
-                return window
-            ratios = load_self_sparse(args.spec_profile, spec["window"], selected, spec["sink"], args.spec_self_rule,
-                                      temperature, depth=nst)
-            return sparse_profile(window, ratios)
-        return load_profiles(args.spec_profile, nst, temperature)
-    except (OSError, ValueError, KeyError) as e:
-        raise Refused(f"--spec-profile {args.spec_profile}: {e}") from None
-
-
-def scripted_drafts(llm, profiles, seed: int) -> None:
-    """The rehearsal's drafts: a scripted trajectory has no text to match (n-gram) and no model runs
-    (self-drafting: the draft steps' draws)."""
-    from engine.rehearsal.drafter import use_scripted_drafter, use_scripted_self_drafts
-    if llm.speculator.self_drafting:
-        use_scripted_self_drafts(llm, profiles, seed=seed)
-    else:
-        use_scripted_drafter(llm, profiles, lambda rid: "round1" if round_of(rid) == 1 else "round2", seed=seed)
-
-
-def _parts(request_id: str) -> tuple[str, object, int]:
-    """(problem key, run, round) of a PaCoRe round's request id."""
-    from pacore.results.keys import parse_request_id
-    k = parse_request_id(request_id)
-    return k.problem_id, k.run, k.round
-
-
-def round_of(request_id: str) -> int:
-    return _parts(request_id)[2]
-
-
-def replay_key(request_id: str, index: int) -> tuple:
-    return (*_parts(request_id), index)
 
 
 def _spec_line(res: dict) -> str:

@@ -45,7 +45,7 @@ def session(argv: list[str]) -> int:
     def build_llm(cfg):
         from engine import LLM
 
-        from bench.rehearsal.__main__ import scripted_drafts, spec_profiles
+        from bench.rehearsal.profiles import scripted_drafts, spec_profiles
         from bench.rehearsal.workload import PaperLengths
 
         options = {**cfg.engine_options, "tokenizer": str(Path(cfg.engine.model) / "tokenizer"),

@@ -8,12 +8,16 @@ rehearse token by token on a CPU. So a rehearsal runs a sample of the slowest re
 first ``problems`` problems, each with ``runs`` of the R runs and a pool scaled by the same fraction
 (at least twice round 1's K), and extrapolates each round on its own: the full protocol's tokens of that
 round (its trajectories x the rehearsed mean length) over the rehearsed round's tokens per second.
-docs/rehearsal.md shows the shortcut against full rehearsals of the sizes a CPU can run.
+docs/rehearsal.md shows the shortcut against full rehearsals of the sizes a CPU can run. Beside each row's
+hours, the bandwidth floor of the same trajectories (engine/rehearsal/floor.py), extrapolated alike.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from engine.device_model import DeviceParams
+from engine.rehearsal.floor import FloorBytes
 
 from bench.rehearsal.checks import Refused
 
@@ -111,11 +115,15 @@ def protocol_of(args, schedule: tuple[int, ...]) -> Protocol:
     return Protocol(problems, args.runs, args.pool, args.gpus, (*schedule, 1), (q, r))
 
 
-def extrapolate(proto: Protocol, res: dict) -> dict:
+def extrapolate(proto: Protocol, res: dict, device: DeviceParams | None = None) -> dict:
     """The slowest replica's hours for the whole protocol from a rehearsal's report: per round, the
-    full protocol's tokens (its trajectories x the rehearsed mean length) at the rehearsed tokens/s."""
+    full protocol's tokens (its trajectories x the rehearsed mean length) at the rehearsed tokens/s. With
+    ``device``, the floor's hours too ("floor_hours": at the copy bandwidth and at the modelled efficiencies),
+    each round's floor at the rehearsed round's tokens per floor second; None for a report without the floor's
+    bytes (one written before they were recorded)."""
     full, done = proto.full(), proto.rehearsed()
     rounds, seconds, tokens = {}, 0.0, 0.0
+    floor: dict | None = {"copy": 0.0, "modelled": 0.0} if device else None
     for r, n in full.items():
         f = res["rounds"].get(str(r))
         if not f or not f["tokens_per_s"]:
@@ -124,8 +132,14 @@ def extrapolate(proto: Protocol, res: dict) -> dict:
         rounds[r] = {"tokens": t, "tokens_per_s": f["tokens_per_s"], "seconds": t / f["tokens_per_s"]}
         seconds += rounds[r]["seconds"]
         tokens += t
+        if floor is not None and "floor_bytes" in f:
+            fb = FloorBytes(**f["floor_bytes"])
+            for kind in floor:
+                floor[kind] += fb.seconds(device, kind == "modelled") * t / f["tokens"] / 3600
+        else:
+            floor = None
     return {"rounds": rounds, "tokens_per_gpu": tokens, "seconds": seconds, "hours": seconds / 3600,
-            "tokens": tokens * proto.problems / proto.per_gpu, "tokens_per_s": tokens / seconds}
+            "tokens": tokens * proto.problems / proto.per_gpu, "tokens_per_s": tokens / seconds, "floor_hours": floor}
 
 
 ASSUMES = ("modelled, not measured: the device model's figures (engine/device_model.py, or --device); each GPU "
@@ -134,15 +148,25 @@ ASSUMES = ("modelled, not measured: the device model's figures (engine/device_mo
            "mean per preset")
 
 
+FLOOR = ("the bandwidth floor of the same trajectories (engine/rehearsal/floor.py): per target step the weights once, "
+         "each row's context KV once and a prompt its request's rows share once, new prompt tokens stored once; "
+         "speculation at the run's acceptance with drafts free (its verify steps as they ran); at the copy "
+         "bandwidth, and at the modelled weight-streaming and paged-decode efficiencies")
+
+
 def table(proto: Protocol, results: dict[str, dict]) -> str:
     """Per configuration: tokens/s per round and whole, and the hours of the protocol on its GPUs."""
     n = len(proto.schedule)
     head = ["config", *[f"round {r} tok/s" for r in range(1, n + 1)], "whole tok/s", "tokens per GPU",
-            f"hours on {proto.gpus} GPU{'s' if proto.gpus > 1 else ''}"]
+            f"hours on {proto.gpus} GPU{'s' if proto.gpus > 1 else ''}", "floor h: copy bw / modelled eff.",
+            "x floor: copy bw / modelled eff."]
     lines = [f"protocol: {proto.describe()}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, res in results.items():
         e = res["protocol"]
         cells = [f"{e['rounds'][r]['tokens_per_s']:,.0f}" for r in range(1, n + 1)]
+        fl = e.get("floor_hours")
+        floor = ([f"{fl['copy']:,.2f} / {fl['modelled']:,.2f}", f"{e['hours'] / fl['copy']:.2f}x / "
+                  f"{e['hours'] / fl['modelled']:.2f}x"] if fl else ["not recorded", "-"])
         lines.append("| " + " | ".join([name, *cells, f"{e['tokens_per_s']:,.0f}", f"{e['tokens_per_gpu'] / 1e6:,.1f}M",
-                                        f"{e['hours']:,.2f}"]) + " |")
-    return "\n".join(lines + ["", f"assumes: {ASSUMES}"])
+                                        f"{e['hours']:,.2f}", *floor]) + " |")
+    return "\n".join(lines + ["", f"floor: {FLOOR}", "", f"assumes: {ASSUMES}"])

@@ -6,17 +6,21 @@ step (engine/device_model.py) is added to that round's account.
 from __future__ import annotations
 
 from engine.device_model import PARTS, StepCost
+from engine.rehearsal.floor import FloorBytes
 
 
 def by_round(ledger) -> dict[int, dict]:
-    """{round: {tokens, seconds, tokens_per_s, limit_tokens_per_s, draft_seconds, parts: {part: seconds}}},
-    from a ledger whose accounts are rounds (RehearsalRunner.account_by)."""
-    return {r: _figures(ledger.by_account[r], ledger.generated.get(r, 0), _seconds(ledger.drafts.get(r)))
-            for r in sorted(ledger.by_account)}
+    """{round: {tokens, seconds, tokens_per_s, limit_tokens_per_s, draft_seconds, parts: {part: seconds},
+    floor_bytes: {weights, kv}}}, from a ledger whose accounts are rounds (RehearsalRunner.account_by)."""
+    return {r: _figures(ledger.by_account[r], ledger.generated.get(r, 0), _seconds(ledger.drafts.get(r)),
+                        ledger.floor.get(r, FloorBytes())) for r in sorted(ledger.by_account)}
 
 
 def overall(ledger) -> dict:
-    return _figures(ledger.total, sum(ledger.generated.values()), sum(c.total for c in ledger.drafts.values()))
+    floor = FloorBytes()
+    for f in ledger.floor.values():
+        floor.add(f)
+    return _figures(ledger.total, sum(ledger.generated.values()), sum(c.total for c in ledger.drafts.values()), floor)
 
 
 def parts(cost: StepCost) -> dict:
@@ -27,12 +31,14 @@ def _seconds(cost: StepCost | None) -> float:
     return cost.total if cost is not None else 0.0
 
 
-def _figures(cost: StepCost, tokens: int, draft_seconds: float = 0.0) -> dict:
-    """draft_seconds: the share of the seconds self-drafting's draft steps took (in the parts too)."""
+def _figures(cost: StepCost, tokens: int, draft_seconds: float = 0.0, floor: FloorBytes | None = None) -> dict:
+    """draft_seconds: the share of the seconds self-drafting's draft steps took (in the parts too); floor: the
+    bandwidth floor's bytes (engine/rehearsal/floor.py)."""
     return {"tokens": tokens, "seconds": cost.total, "limit_seconds": cost.limit,
             "tokens_per_s": tokens / cost.total if cost.total else 0.0,
             "limit_tokens_per_s": tokens / cost.limit if cost.limit else 0.0,
-            "draft_seconds": draft_seconds, "parts": parts(cost)}
+            "draft_seconds": draft_seconds, "parts": parts(cost),
+            "floor_bytes": (floor or FloorBytes()).to_dict()}
 
 
 def markdown_table(results: dict[str, dict]) -> str:

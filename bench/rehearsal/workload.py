@@ -128,3 +128,18 @@ def _entries(rec: dict, where: str):
 
 def _count(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _parts(request_id: str) -> tuple[str, object, int]:
+    """(problem key, run, round) of a PaCoRe round's request id."""
+    from pacore.results.keys import parse_request_id
+    k = parse_request_id(request_id)
+    return k.problem_id, k.run, k.round
+
+
+def round_of(request_id: str) -> int:
+    return _parts(request_id)[2]
+
+
+def replay_key(request_id: str, index: int) -> tuple:
+    return (*_parts(request_id), index)

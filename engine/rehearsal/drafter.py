@@ -217,10 +217,11 @@ def sparse_profile(window: WindowProfile, ratios: tuple[tuple[int, float], ...],
     return WindowProfile(window.bounds, tuple(out))
 
 
-def _section_bins(path: str | Path, section: str, rule: str, temperature: float, key: str, what: str,
+def _section_bins(path: str | Path, section: str, rule: str, temperature: float, key: str | Callable, what: str,
                   measure: str) -> list[dict]:
-    """The context bins of one entry of a profile JSON's ``section`` (self_window or self_sparse): the rule's
-    figures for ``key`` at the measured temperature nearest ``temperature``, ascending by context."""
+    """The context bins of one entry of a profile JSON's ``section`` (self_window, self_sparse, self_verify,
+    self_layerskip): the rule's figures for ``key`` (or the key ``key(section, keys)`` picks) at the measured
+    temperature nearest ``temperature``, ascending by context."""
     raw = read_json(path).get(section)
     if not raw or not raw.get("profiles"):
         raise ValueError(f"{path}: no {section} profile in it; write one with {measure}")
@@ -228,26 +229,65 @@ def _section_bins(path: str | Path, section: str, rule: str, temperature: float,
     t = min(by_temp, key=lambda k: abs(float(k) - temperature))
     if rule not in by_temp[t]:
         raise ValueError(f"{path}: no {section} profile for the rule {rule!r} (it has {sorted(by_temp[t])})")
+    if callable(key):
+        key = key(raw, by_temp[t][rule])
     if key not in by_temp[t][rule]:
         raise ValueError(f"{path}: no {section} profile for {what} (it has "
-                         f"{sorted(by_temp[t][rule], key=lambda k: tuple(map(int, k.split('/'))))}); measure it "
+                         f"{sorted(by_temp[t][rule], key=lambda k: tuple(map(int, k.split()[0].split('/'))))}); measure it "
                          f"with {measure}")
     return sorted(by_temp[t][rule][key], key=lambda b: b["context"][1])
 
 
 def load_self_sparse(path: str | Path, window: int, selected: int, sink: int, rule: str, temperature: float,
-                     depth: int = 6) -> tuple[tuple[int, float], ...]:
+                     depth: int = 6, section: str = "self_sparse") -> tuple[tuple[int, float], ...]:
     """The measured (context upper bound, sparse / window tokens per verify step at ``depth`` drafts) of a
-    profile JSON's self_sparse section (the table ``python -m bench.spec_sparse_acceptance`` prints), for this
-    window, selected and sink against the window alone at the same read, at the temperature nearest
-    ``temperature``; ascending by context."""
-    bins = _section_bins(path, "self_sparse", rule, temperature, f"{window}/{selected}/{sink}",
+    profile JSON's self_sparse section (blocks chosen by key bounds) or self_verify section (by the last verify
+    pass: selection "verify"), both written by ``python -m bench.spec_sparse_acceptance``, for this window,
+    selected and sink against the window alone at the same read, at the temperature nearest ``temperature``;
+    ascending by context."""
+    bins = _section_bins(path, section, rule, temperature, f"{window}/{selected}/{sink}",
                          f"window {window}, selected {selected} and sink {sink}", "python -m bench.spec_sparse_acceptance")
+    return _ratios(bins, depth)
+
+
+def _ratios(bins: list[dict], depth: int) -> tuple[tuple[int, float], ...]:
+    """(context upper bound, second / first tokens per verify step at ``depth`` drafts) of each bin."""
     ratios = []
     for b in bins:
-        plain, sparse = b["tokens_per_verify"][str(depth)]
-        ratios.append((int(b["context"][1]), float(sparse) / float(plain)))
+        base, other = b["tokens_per_verify"][str(depth)]
+        ratios.append((int(b["context"][1]), float(other) / float(base)))
     return tuple(ratios)
+
+
+def load_self_layerskip(path: str | Path, layers: int, total: int, window: int, sink: int, rule: str,
+                        temperature: float, depth: int = 6) -> tuple[tuple[int, float], ...]:
+    """The measured (context upper bound, layer-skip / full-depth tokens per verify step at ``depth`` drafts) of a
+    profile JSON's self_layerskip section (``python -m bench.spec_layerskip_acceptance`` writes it) at this
+    window and sink, from the measured model's entry keeping the largest share of its layers that is at most
+    ``layers`` / ``total`` (a draft of the model rehearsed keeps at least as many: never a better ratio than it
+    would measure); ascending by context."""
+    def pick(raw: dict, entries: dict) -> str | None:
+        measured = raw.get("layers")
+        shares = {k: int(k.split("/")[0]) / int(k.split("/")[1]) for k in entries
+                  if " " not in k and (measured is None or int(k.split("/")[1]) == measured)}
+        fit = [k for k, f in shares.items() if f <= layers / total + 1e-9]
+        return max(fit, key=shares.get) if fit else f"{layers}/{total}"
+    bins = _section_bins(path, "self_layerskip", rule, temperature, pick, f"a share of the layers at most {layers}/{total}",
+                         "python -m bench.spec_layerskip_acceptance --keep ...")
+    bins = [b for b in bins if b.get("window", f"{window}/{sink}") == f"{window}/{sink}"]
+    if not bins:
+        raise ValueError(f"{path}: no self_layerskip profile at window {window} and sink {sink}; measure it with "
+                         f"python -m bench.spec_layerskip_acceptance --windows {window}/{sink}")
+    return _ratios(bins, depth)
+
+
+def layerskip_profile(window: WindowProfile, ratios: tuple[tuple[int, float], ...]) -> WindowProfile:
+    """Layer-skip self-drafting's acceptance (speculative_config ``draft_layers``): the full-depth ``window``
+    profile scaled by the measured layer-skip / full-depth ratio of each measured bin, and past the measured
+    contexts by the last bin's; every ratio at most 1 (a draft of fewer layers is never taken to accept more
+    than the full model's)."""
+    capped = tuple((c, min(1.0, r)) for c, r in ratios)
+    return sparse_profile(window, capped, published_ratio=capped[-1][1])
 
 
 def load_self_window(path: str | Path, window: int, sink: int, rule: str, temperature: float) -> WindowProfile:

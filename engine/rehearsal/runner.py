@@ -17,8 +17,9 @@ import torch
 
 from engine.kv_cache import resolve_kv_dtype
 from engine.model_runner import ModelRunner
-from engine.device_model import (DecodeGroup, DeviceParams, ModelShape, PrefillChunk, StepCost, StepWork,
-                                           kv_tokens, step_cost)
+from engine.device_model import (DecodeGroup, DeviceParams, DraftRead, ModelShape, PrefillChunk, StepCost,
+                                 StepWork, bounds_tokens, kv_tokens, step_cost)
+from engine.rehearsal.floor import FloorBytes, RequestRows, step_floor
 from engine.step_plan import StepPlan, request_runs
 from engine.sequence import Sequence
 
@@ -78,6 +79,7 @@ class Ledger:
     recompute_tokens: int = 0
     # self-drafting's draft steps (already in total and by_account): their share, by account
     drafts: dict[object, StepCost] = field(default_factory=dict)
+    floor: dict[object, FloorBytes] = field(default_factory=dict)  # account -> the floor's bytes (floor.py)
 
 
 class RehearsalRunner(ModelRunner):
@@ -85,7 +87,8 @@ class RehearsalRunner(ModelRunner):
 
     def __init__(self, cfg, dtype: torch.dtype, block_size: int, max_num_seqs: int, max_model_len: int,
                  device: DeviceParams, keep_steps: bool = True, kv_cache_dtype: str = "auto",
-                 draft_select: tuple[int, int, int] | None = None, draft_selection: str = "bounds", **_ignored):
+                 draft_select: tuple[int, int, int] | None = None, draft_selection: str = "bounds",
+                 speculative=None, **_ignored):
         # No ModelRunner.__init__: it would load the weights. What prepare() needs is set here.
         self.cfg, self.dtype, self.device, self.block_size = cfg, dtype, torch.device("cpu"), block_size
         self.workers, self.is_worker, self.tp_size = None, False, 1
@@ -93,6 +96,9 @@ class RehearsalRunner(ModelRunner):
         self.draft_select = None if draft_select is None else self.select_spans(*draft_select)
         self.verify_select = draft_select is not None and draft_selection == "verify"
         self.key_bounds = None
+        # self-drafting's draft step as the device model prices it (speculative: the engine's SpeculativeConfig)
+        self.draft_read = (DraftRead.of(speculative, block_size)
+                           if speculative is not None and speculative.method == "self_window" else None)
         self.kv_cache = None  # no tensor: the cache is the block manager's bookkeeping only
         self.cascade, self.batch_invariant = True, False
         self.max_blocks = -(-max_model_len // block_size)
@@ -104,6 +110,7 @@ class RehearsalRunner(ModelRunner):
         self.device_params = device
         self.kv_dtype = resolve_kv_dtype(kv_cache_dtype, dtype)  # FP8: one byte per KV value, a what-if
         self.shape = ModelShape.from_config(cfg, dtype.itemsize, self.kv_dtype.itemsize)
+        self.draft_shape = self.shape if self.draft_read is None else self.draft_read.shape(self.shape)
         self.clock = VirtualClock()
         self.ledger = Ledger()
         self.keep_steps = keep_steps
@@ -119,14 +126,15 @@ class RehearsalRunner(ModelRunner):
 
     @property
     def kv_bytes_per_block(self) -> int:
-        """A block's KV; with sparse self-drafting, its key bounds too (2 x Hkv x D per layer in the model's dtype)."""
+        """A block's KV; with sparse self-drafting by key bounds, the bounds too (2 x Hkv x D per layer in the
+        model's dtype; selection "verify" keeps none)."""
         kv = self.shape.kv_bytes_per_token * self.block_size
-        return kv + (0 if self.draft_select is None else self._bounds_tokens() * self.shape.kv_bytes_per_token)
+        return kv + (bounds_tokens(self.shape) * self.shape.kv_bytes_per_token if self._keeps_bounds() else 0)
 
-    def _bounds_tokens(self) -> float:
-        """One block's key bounds, in tokens of KV (what reading them costs against reading keys and values);
-        none with selection "verify" (the blocks come from the last verify's attention)."""
-        return 0.0 if self.verify_select else self.dtype.itemsize / self.kv_dtype.itemsize
+    def _keeps_bounds(self) -> bool:
+        if self.draft_read is not None:
+            return self.draft_read.bounds
+        return self.draft_select is not None  # a runner made without the config: sparse means bounds
 
     def bind(self, scheduler, block_manager) -> None:
         """Read the cache's occupancy and each request's shared prefix from the engine's own parts."""
@@ -197,32 +205,38 @@ class RehearsalRunner(ModelRunner):
             self.ledger.by_account.setdefault(k, StepCost()).add(c)
         self.clock.now_s += cost.total
 
+    def _floor(self, plan: StepPlan, work: StepWork) -> None:
+        """The floor's bytes of this target step (engine/rehearsal/floor.py): each request's rows together,
+        whatever groups the step's kernels formed, and only the prompt tokens computed for the first time."""
+        decodes, drafts, key = plan.decodes, plan.drafts, self.account_by
+        rows = []
+        for i, j in request_runs(decodes):
+            req = decodes[i].request
+            rows.append(RequestRows(key(req.request_id), [s.num_computed for s in decodes[i:j]],
+                                    [1 + len(drafts.get(s.seq_id, ())) for s in decodes[i:j]],
+                                    self.shared_prefix(req) if j - i > 1 else 0))
+        prefill = [(key(c.request_id), c.length - c.recompute) for c in work.prefills]
+        for k, f in step_floor(rows, prefill, self.shape).items():
+            self.ledger.floor.setdefault(k, FloorBytes()).add(f)
+
     @torch.inference_mode()
     def run_draft(self, seqs: list[Sequence], tokens: list[int], offset: int, window: int, sink: int,
                   window_fraction: float = 0.0, selected: int = 0) -> torch.Tensor:
         """A self-drafting step: its inputs prepared for real (ModelRunner.prepare_draft), its cost
-        modelled (the weights once; per row the KV of its sink and window, what the kernel reads, and
-        its store; its logits sampled) and folded into the step's sample. The drafts' tokens are the
-        draft sampler's (engine/rehearsal/drafter.py), so the logits are placeholders. Sparse (selected
-        > 0): the sink, window and selected blocks in whole blocks, plus the key bounds of every block
-        between, which the scoring reads (counted as the KV tokens of the same bytes)."""
+        modelled as device_model.DraftRead prices it (the drafted layers' weights and the LM head once; per
+        row, over the drafted layers, the KV of its sink and window, any selected blocks and key bounds, and its
+        store; its logits sampled) and folded into the step's sample. The drafts' tokens are the draft
+        sampler's (engine/rehearsal/drafter.py), so the logits are placeholders."""
         t0 = time.perf_counter()
         self.prepare_draft(seqs, tokens, offset, window, sink, window_fraction, selected)
         prepare_s = time.perf_counter() - t0
         work = StepWork(sampled=len(seqs))
-        bs = self.block_size
-
-        def read(n: int) -> int:  # KV tokens a row of n tokens reads
-            if not selected:
-                return _seen(n, window, sink, window_fraction)
-            sink_b, top_k, recent_b = self.draft_select
-            nb = -(-n // bs)
-            scored = max(0, nb - sink_b - recent_b)
-            return min(n, (sink_b + top_k + recent_b) * bs) + round(scored * self._bounds_tokens())
+        # the engine's config when it gave one (selection, draft_layers), else what this call names
+        draft = self.draft_read or DraftRead(window, sink, window_fraction, selected, block_size=self.block_size)
         for i, j in request_runs(seqs):
             work.decodes.append(DecodeGroup(seqs[i].request.request_id,
-                                            [read(s.num_computed + offset + 1) for s in seqs[i:j]]))
-        cost, per = step_cost(work, self.shape, self.device_params, self.account_by)
+                                            [draft.tokens(s.num_computed + offset + 1, self.shape) for s in seqs[i:j]]))
+        cost, per = step_cost(work, self.draft_shape, self.device_params, self.account_by)
         self._charge(cost, per)
         if self.trace is not None:
             self.trace.append(work)
@@ -253,6 +267,7 @@ class RehearsalRunner(ModelRunner):
                                            plan.cascade))
         self._drafted = (StepCost(), 0.0)
         self._charge(cost, per)
+        self._floor(plan, work)
         generated, offsets = ledger.generated, plan.sample_offsets
         for i, seq in enumerate(plan.sample_seqs):
             if offsets and offsets[i]:
@@ -334,7 +349,3 @@ def _single_token(tokenizer, candidates: tuple[str, ...]) -> int:
     raise ValueError(f"none of the rehearsal's fillers {candidates} is a token that repeats as itself in this "
                      "tokenizer; give the rehearsal another tokenizer (tokenizer=FOLDER)")
 
-
-def _seen(length: int, window: int, sink: int, fraction: float) -> int:
-    """KV tokens a draft step of a row of ``length`` tokens reads: its sink and its window."""
-    return min(length, sink + max(window, int(fraction * length)))

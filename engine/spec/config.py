@@ -38,10 +38,11 @@ class SpeculativeConfig:
     context, as the StreamingLLM drafter of vLLM RFC #47351's fork (its ``sparse_attn_ratio``); with
     ``selected`` > 0 (not with ``window_fraction``) also that many tokens of the blocks in between whose keys
     bound q.k highest (Quest-style bounds per block; sink, window and selected are then rounded up to whole
-    blocks). ``selection`` says how: "bounds" (the default) scores each block's key bounds against each
-    draft step's query; "verify" reuses, for every draft step of a cycle, the blocks the row's last verify
-    pass attended to most (per layer; no key bounds kept or read; a row not verified yet drafts over its
-    sink and window alone). ``acceptance``:
+    blocks). ``selection`` says how those blocks are ranked: "bounds" (the default) by per-block key bounds,
+    which every draft step reads (2 vectors per block and layer) and the cache keeps beside each block;
+    "verify" by the attention the last verify pass paid each block (a by-product of the verify kernels: no
+    bounds read, no bounds memory).
+    ``acceptance``:
     "coupled" (the draft is drawn by Gumbel-max with the noise of the target's own draw at that
     position and kept while they agree: the output is token for token the trajectory without
     speculation) or "rejection" (textbook speculative sampling: kept with probability min(1, p/q), else

@@ -98,18 +98,16 @@ class DepthPolicy:
         return best
 
 
-def adaptive_policy(spec, model_config, dtype, kv_dtype, device=None) -> DepthPolicy | None:
+def adaptive_policy(spec, model_config, dtype, kv_dtype, device=None, block_size: int = 16) -> DepthPolicy | None:
     """Self-drafting's adaptive depth (speculative_config policy "adaptive"), its costs from the rehearsal's
     device model of ``spec.cost_model`` (or ``device``, a DeviceParams: a rehearsal's own) at this model's
-    shape and KV format; None otherwise."""
+    shape and KV format, a draft step priced at what it reads (device_model.DraftRead: the drafted layers,
+    window, sink, selected blocks and any key bounds); None otherwise."""
     if spec.method != "self_window" or spec.policy != "adaptive":
         return None
-    from engine.device_model import DeviceParams, speculation_seconds
-    from engine.spec.layer_skip import kept_layers
+    from engine.device_model import DeviceParams, DraftRead, speculation_seconds
     from engine.step_shape import ModelShape
     shape = ModelShape.from_config(model_config, dtype.itemsize, kv_dtype.itemsize)
     device = device or DeviceParams.named(spec.cost_model)
-    kept = kept_layers(spec.draft_layers, model_config.num_layers)  # a layer-skipping draft reads fewer weights
-    draft = shape if kept is None else replace(shape, num_layers=len(kept))
-    seconds = speculation_seconds(shape, device, spec.window, spec.sink, spec.window_fraction, draft)
+    seconds = speculation_seconds(shape, device, DraftRead.of(spec, block_size))
     return DepthPolicy(spec.num_speculative_tokens, seconds)

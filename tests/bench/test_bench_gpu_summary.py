@@ -106,10 +106,10 @@ def test_speculative_and_host_share_rows_carry_verdicts(tmp_path):
 def test_the_speculative_limits_are_the_rehearsals_prices_plus_its_error():
     """DRAFT_VS_VERIFY_MAX and VERIFY_VS_PLAIN_MAX from the device model at bench/gpu_e2e.py's spec shape."""
     from bench.gpu_summary import DRAFT_VS_VERIFY_MAX, MODEL_ERROR, VERIFY_VS_PLAIN_MAX
-    from engine.device_model import DeviceParams, speculation_seconds
+    from engine.device_model import DeviceParams, DraftRead, speculation_seconds
     from engine.step_shape import ModelShape
     shape = ModelShape(36, 4096, 12288, 32, 8, 128, 151936, 2, qk_norm=True, kv_dtype_bytes=2)
-    seconds = speculation_seconds(shape, DeviceParams(), 256, 16)
+    seconds = speculation_seconds(shape, DeviceParams(), DraftRead(256, 16))
     ctx = [512 + 16] * 64  # 2 problems x 32, 512-token prompts, half of the 32 generated tokens
     draft, verify = seconds(ctx, 3)
     _, verify4 = seconds(ctx, 4)

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from engine.device_model import PRESETS, DeviceParams, preset_of, speculation_seconds
+from engine.device_model import PRESETS, DeviceParams, DraftRead, preset_of, speculation_seconds
 from engine.rehearsal.drafter import MAGICDEC_STREAMINGLLM_512, WindowProfile
 from engine.spec.config import SpeculativeConfig
 from engine.step_shape import ModelShape
 
-from bench.rehearsal.__main__ import CONFIGS, main, spec_profiles
+from bench.rehearsal.__main__ import CONFIGS, main
+from bench.rehearsal.profiles import spec_profiles
 from bench.rehearsal.published import POINTS
 
 PROFILE = str(Path(__file__).parents[2] / "bench" / "rehearsal" / "spec_profile.json")
@@ -87,10 +88,10 @@ def test_a_window_that_grows_with_context_costs_its_reads():
     shape = ModelShape(num_layers=36, hidden_size=4096, num_heads=32, num_kv_heads=8, head_dim=128,
                        intermediate_size=12288, vocab_size=151936, dtype_bytes=2, kv_dtype_bytes=2)
     h200 = PRESETS["h200"]
-    fixed = speculation_seconds(shape, h200, 256, 16)
-    grows = speculation_seconds(shape, h200, 256, 16, 0.05)
+    fixed = speculation_seconds(shape, h200, DraftRead(256, 16))
+    grows = speculation_seconds(shape, h200, DraftRead(256, 16, 0.05))
     assert grows([4_000] * 64, 4)[0] == fixed([4_000] * 64, 4)[0]
-    assert grows([100_000] * 64, 4)[0] == speculation_seconds(shape, h200, 5_000, 16)([100_000] * 64, 4)[0]
+    assert grows([100_000] * 64, 4)[0] == speculation_seconds(shape, h200, DraftRead(5_000, 16))([100_000] * 64, 4)[0]
     assert grows([100_000] * 64, 4)[0] > 2 * fixed([100_000] * 64, 4)[0]
     assert grows([100_000] * 64, 4)[1] == fixed([100_000] * 64, 4)[1]  # the verify pass reads it all either way
 

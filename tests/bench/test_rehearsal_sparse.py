@@ -11,7 +11,8 @@ import pytest
 from engine.rehearsal.drafter import (MAGICDEC_STREAMINGLLM_512, VEGAS_QUEST_OVER_STREAMING, WindowProfile,
                                       _tokens_per_verify, load_self_sparse, sparse_profile)
 
-from bench.rehearsal.__main__ import CONFIGS, spec_profiles
+from bench.rehearsal.__main__ import CONFIGS
+from bench.rehearsal.profiles import spec_profiles
 
 ROOT = Path(__file__).parents[2]
 PROFILE = str(ROOT / "bench" / "rehearsal" / "spec_profile.json")

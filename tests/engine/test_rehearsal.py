@@ -156,6 +156,23 @@ def test_a_rehearsal_with_self_drafting_charges_its_draft_steps(tiny_model_dir, 
         assert st["steps"] == plain.stats()["steps"] and llm.clock() > plain.clock() + drafted * 0.99
 
 
+def test_a_layer_skip_draft_step_is_charged_its_layers(tiny_model_dir):
+    """draft_layers=1 of the tiny model's 2: the same schedule and drafts (the same draws), each draft step
+    charged half the layers' KV and the kept layer's weights with the whole LM head (issue 51 item 3)."""
+    from dataclasses import replace
+    model = str(tiny_model_dir("qwen3"))
+    table = {(f"q{i}", c): 30 + 7 * c + i for i in range(len(PROMPTS)) for c in range(3)}
+    full, want = _self_drafted(model, table, SELF | {"policy": "fixed"}, 0.7)
+    skip, got = _self_drafted(model, table, SELF | {"policy": "fixed", "draft_layers": 1}, 0.7)
+    assert got == want and skip.stats()["steps"] == full.stats()["steps"]
+    f, s = ({p: sum(getattr(c, p) for c in llm.runner.ledger.drafts.values()) for p in ("weights", "kv_read")}
+            for llm in (full, skip))
+    shape = full.runner.shape
+    assert s["weights"] / f["weights"] == pytest.approx(replace(shape, num_layers=1).weight_bytes / shape.weight_bytes)
+    assert s["kv_read"] / f["kv_read"] == pytest.approx(0.5)
+    assert skip.clock() < full.clock()
+
+
 def test_a_rehearsals_depth_policy_prices_the_rehearsed_device(tiny_model_dir, tmp_path):
     """The policy's costs are the rehearsed device's, whatever cost_model says: on a device where reading
     KV costs 1000x reading weights, drafts that are always right are drafted as deep as allowed; on the
