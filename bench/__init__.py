@@ -3,8 +3,8 @@
     python -m bench.pacore_throughput --quick      # engine vs HF generate / generate_batch, per round
     python -m bench.roofline --quick               # decode/prefill steps against the byte/FLOP floors
     python -m bench.profile_run --out runs/prof    # step timeline + torch.profiler traces of a run
-    bench/gpu_check.sh [more|--dry-run]            # the GPU plan: one command that fits a lease (CUDA)
-    python -m bench.gpu_e2e [--tiny]               # the engine end to end at Qwen3-8B's shape (CUDA)
+    bench/gpu/check.sh [more|--dry-run]            # the GPU plan: one command that fits a lease (CUDA)
+    python -m bench.gpu.e2e [--tiny]               # the engine end to end at Qwen3-8B's shape (CUDA)
     python -m bench.batch_invariant_cost           # LLM(batch_invariant=True) vs default, prefill/decode tok/s
     python -m bench.replicas [--ray]               # pacore run on 2 data-parallel replicas vs 1, tokens/s
     python -m bench.serve_sharing                  # pacore serve: prefill of K concurrent n=1 requests vs one n=K

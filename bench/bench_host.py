@@ -9,9 +9,9 @@ import itertools
 
 import pytest
 
-from engine.block_manager import BlockManager, block_hash
-from engine.sampling_params import SamplingParams
-from engine.sequence import Request, Sequence
+from engine.core.block_manager import BlockManager, block_hash
+from engine.sample.sampling_params import SamplingParams
+from engine.core.sequence import Request, Sequence
 
 BS = 16
 _ids = itertools.count()

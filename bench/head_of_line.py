@@ -5,7 +5,7 @@ A server with ``--max-num-seqs 8`` (issue 38): a 2-token request sent just after
 in this process: the heavy request, one step, then the short one; the engine steps until both end.
 The table gives the short request's latency (arrival to last token) in steps and seconds, and the
 heavy one's, under two policies: ``fcfs`` (``long_prefill_token_threshold=0`` and
-``max_num_seqs_per_request=8``: the scheduler before engine/fairness.py) and ``fair`` (the defaults).
+``max_num_seqs_per_request=8``: the scheduler before engine/core/fairness.py) and ``fair`` (the defaults).
 
     python -m bench.head_of_line                 # PaCoRe-8B's shape on a modelled H200 (virtual seconds)
     python -m bench.head_of_line --device cpu    # the embedded SmolLM2-135M on this CPU (measured seconds)

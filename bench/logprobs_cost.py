@@ -2,8 +2,8 @@
 PaCoRe-8B's vocabulary, without and with the top-20 logprobs of each sampled token.
 
 Measured on this machine: the engine's Sampler (temperature 1, every row seeded, as PaCoRe samples),
-then the same plus what a row that asks for logprobs adds, as ``engine.sampler.record_logprobs`` does it
-(``engine.logprobs``: the fp32 log-softmax of its logits, the sampled token's logprob and rank, the top
+then the same plus what a row that asks for logprobs adds, as ``engine.sample.sampler.record_logprobs`` does it
+(``engine.sample.logprobs``: the fp32 log-softmax of its logits, the sampled token's logprob and rank, the top
 20, appended to the trajectory's TokenLogprobs). The two are timed in turn, so machine
 noise hits both alike; each figure is the median of ``--repeats`` steps. Modelled on an H200: the
 bytes of fp32 logits that pass adds (log-softmax reads and writes them, topk and the rank count read
@@ -38,10 +38,10 @@ class _Row:
 def measure(rows: int, vocab: int, top: int, repeats: int) -> dict:
     import torch
 
-    from engine.logprobs import TokenLogprobs, compute_logprobs, raw_logprobs
-    from engine.rng import mix64
-    from engine.sampler import Sampler
-    from engine.sampling_params import SamplingParams
+    from engine.sample.logprobs import TokenLogprobs, compute_logprobs, raw_logprobs
+    from engine.sample.rng import mix64
+    from engine.sample.sampler import Sampler
+    from engine.sample.sampling_params import SamplingParams
 
     sampler = Sampler(torch.device("cpu"))
     params = SamplingParams(temperature=1.0, seed=0)

@@ -197,7 +197,7 @@ def run(args) -> dict:
     dtype = resolve_dtype(args.dtype, device)
     model = args.model
     if model == "random" or (model is None and device.type == "cuda"):
-        from bench.gpu_checkpoint import QWEN3_0_6B, write_random_model
+        from bench.gpu.checkpoint import QWEN3_0_6B, write_random_model
         model = str(write_random_model(Path(args.out) / "random_qwen3_0.6b", QWEN3_0_6B, str(dtype)[6:]))
     path = resolve_model(model)
     tok = AutoTokenizer.from_pretrained(path)

@@ -16,7 +16,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 
-from engine.step_shape import ModelShape, StepShape
+from engine.core.step_shape import ModelShape, StepShape
 
 
 def floor_bytes(m: ModelShape, s: StepShape) -> int:

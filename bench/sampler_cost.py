@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from engine.sampler import Sampler
-from engine.sampling_params import SamplingParams
-from engine.sequence import Request, Sequence
+from engine.sample.sampler import Sampler
+from engine.sample.sampling_params import SamplingParams
+from engine.core.sequence import Request, Sequence
 from pacore_kernels.gumbel_sample import gumbel_noise_ref
 
 # (label, rows, vocab, the rows' SamplingParams): the issue's shape (a 41M model, vocab 32k, 16 rows at

@@ -63,7 +63,7 @@ class _Counts:
     """Decode rows per step (an observer) and, per verified row, (draft length, accepted, kept)."""
 
     def __init__(self, llm):
-        from engine.observers import StepObserver
+        from engine.core.observers import StepObserver
         self.rows, self.verified = 0, Counter()
         counts = self
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from engine.device_model import DeviceParams, DraftRead, speculation_seconds
 from engine.spec.policy import DepthPolicy, tokens_per_verify
-from engine.step_shape import ModelShape
+from engine.core.step_shape import ModelShape
 
 BATCHES = (1, 4, 16, 64, 256)
 CONTEXTS = (1_000, 4_000, 16_000, 64_000, 128_000)

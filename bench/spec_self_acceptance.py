@@ -96,7 +96,7 @@ class Blocks:
 
 def _forward(runner, row: _Row, n: int, logits: bool) -> torch.Tensor | None:
     """Prefill ``n`` of row's tokens from num_computed on; the logits of every position when asked."""
-    from engine.step_plan import StepPlan
+    from engine.core.step_plan import StepPlan
     plan = StepPlan(prefills=[(row, n)], completes=[None if logits else False])
     out, _ = runner.execute(runner.prepare(plan))
     row.num_computed += n

@@ -63,8 +63,8 @@ def verify_pass(llm, rows, depth: int) -> None:
     in the rows' buffer rows for their draft steps."""
     import torch
 
-    from engine.attention import AttentionMetadata
-    from engine.step_plan import StepInputs
+    from engine.worker.attention import AttentionMetadata
+    from engine.worker.step_inputs import StepInputs
     n, runner = depth + 1, llm.runner
     ids = [t for r in rows for t in r.token_ids[r.num_computed - n:r.num_computed]]
     pos = [p for r in rows for p in range(r.num_computed - n, r.num_computed)]

@@ -1,9 +1,9 @@
 """PaCoRe Engine: paged, prefix-shared KV cache; fork of one prompt into K trajectories."""
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 
 __all__ = ["LLM", "StepError", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics"]
-_LAZY = {"LLM": "engine.llm", "StepError": "engine.step_errors", "RequestOutput": "engine.sequence",
-         "CompletionOutput": "engine.sequence", "RequestMetrics": "engine.sequence"}
+_LAZY = {"LLM": "engine.llm", "StepError": "engine.core.step_errors", "RequestOutput": "engine.core.sequence",
+         "CompletionOutput": "engine.core.sequence", "RequestMetrics": "engine.core.sequence"}
 
 
 def __getattr__(name: str):

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.checkpoint_checks import check_config, eos_token_ids, generation_eos
+from engine.worker.checkpoint_checks import check_config, eos_token_ids, generation_eos
 from engine.jsonfile import loads_json, read_json
 from engine.quant.config import QUANTIZATIONS, Fp8Config, checkpoint_quantization, resolve_quantization
 
@@ -26,7 +26,7 @@ DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other spelling
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "fp8_e5m2")
 KV_CACHE_DTYPE_ALIASES = {"fp8": "fp8_e4m3"}  # vLLM's usual spelling: e4m3 on CUDA
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128)  # vLLM's --block-size choices
-# Which distribution logprobs report (vLLM's names; engine/logprobs.py).
+# Which distribution logprobs report (vLLM's names; engine/sample/logprobs.py).
 LOGPROBS_MODES = ("raw_logprobs", "processed_logprobs")
 CASCADE_SCOPES = ("request", "batch")  # cascade_scope: a request's own rows, or a prefix common to the whole step
 
@@ -66,7 +66,7 @@ class ModelConfig:
             raise FileNotFoundError(
                 f"{path} has no config.json: pass a local Hugging Face model folder "
                 "(config.json, *.safetensors, tokenizer files) or 'smollm2-135m' for the embedded model")
-        raw = check_config(read_json(cfg_file), cfg_file)  # engine/checkpoint_checks.py
+        raw = check_config(read_json(cfg_file), cfg_file)  # engine/worker/checkpoint_checks.py
         quant = resolve_quantization(quantization, checkpoint_quantization(raw, cfg_file), cfg_file)
         archs = raw.get("architectures") or []
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
@@ -262,34 +262,34 @@ class EngineConfig:
     max_model_len / rope_scaling: override the checkpoint's context and RoPE parameters (vLLM's
     ``--max-model-len`` / ``--rope-scaling``); rope_scaling keys are laid over the checkpoint's.
     long_prefill_token_threshold / max_num_seqs_per_request: each request's share of a step's token budget
-    and of the seats while others wait (engine/fairness.py); 0 / max_num_seqs: first come, first served.
+    and of the seats while others wait (engine/core/fairness.py); 0 / max_num_seqs: first come, first served.
     cascade_attention: True/False forces prefix-shared decode attention on/off; None decides per step
     and group: >= cascade_min_group sequences sharing >= cascade_min_prefix tokens, with group size *
     prefix length >= cascade_min_shared_tokens, in a step where cascade skips at least
-    cascade_min_saved_fraction of the KV the plain path would read (engine/cascade.py, CascadePolicy).
+    cascade_min_saved_fraction of the KV the plain path would read (engine/core/cascade.py, CascadePolicy).
     cascade_scope: 'request' (a request's rows share its prompt, per group) or 'batch' (vLLM V1's: one
     prefix common to every sequence the step runs, whatever their request, else none).
     enable_fork=False turns a request with n=K into K independent prompts (an ablation).
     enforce_eager=True skips CUDA graphs (on CUDA, decode steps replay captured graphs by default).
     batch_invariant=True: a token's logits, hence seeded draws, do not depend on the batch, chunking,
-    fork, preemption or resume (engine/model_runner.py; slower, no cascade or graphs).
+    fork, preemption or resume (engine/worker/model_runner.py; slower, no cascade or graphs).
     tokenizer: a folder to load the tokenizer from (default: the model's); skip_tokenizer_init=True
     loads none (token ids in and out, no text).
     record_steps=True keeps a StepRecord per step in ``LLM.step_log``.
-    tensor_parallel_size=N splits the model over N ranks (Megatron-style, engine/distributed.py):
+    tensor_parallel_size=N splits the model over N ranks (Megatron-style, engine/parallel/distributed.py):
     N GPUs from ``device`` on, or N processes on a CPU that share its cores (torch.set_num_threads).
     Rank 0 is this process; the others are worker processes the LLM starts and stops (``shutdown()``).
     kv_cache_dtype: 'auto' (the model's dtype), 'fp8_e4m3' or 'fp8_e5m2': K and V stored in one byte
     each, half the bytes of bf16, so the same memory holds twice the tokens. Per-layer scales come
     from the checkpoint (``self_attn.k_scale`` / ``v_scale``, llm-compressor's ``k_proj.output_scale``)
-    or are 1.0; values beyond the format's range saturate (engine/kv_cache.py).
+    or are 1.0; values beyond the format's range saturate (engine/worker/kv_cache.py).
     quantization: None (the checkpoint's format) or 'fp8' (vLLM's): the attention and MLP projections in
     FP8 e4m3, quantized at load with per-channel scales; a pre-quantized FP8 checkpoint (quant_method
     'fp8', e.g. 128x128 block scales) runs in its own format either way (engine/quant/).
     max_logprobs: the most top alternatives a request may ask for with SamplingParams.logprobs or
     prompt_logprobs (vLLM's, default 20). logprobs_mode: 'raw_logprobs' (the model's distribution,
     vLLM's default) or 'processed_logprobs' (the one sampled from, after temperature and filters);
-    engine/logprobs.py.
+    engine/sample/logprobs.py.
     speculative_config: speculative decoding, exact (engine/spec/config.py: method "ngram",
     num_speculative_tokens, prompt_lookup_min/max, lookup_siblings); None (default) decodes one token
     per row per step.
@@ -330,7 +330,7 @@ class EngineConfig:
     max_num_batched_tokens: int = field(default=2048, metadata=_flag(
         "most tokens one engine step computes, prompt chunks and decode rows together (vLLM's flag; default 2048)",
         type=positive_int, metavar="N"))
-    # Fairness (engine/fairness.py): one request must not hold up the others.
+    # Fairness (engine/core/fairness.py): one request must not hold up the others.
     long_prefill_token_threshold: int | None = field(default=None, metadata=_flag(
         "most prompt tokens one sequence prefills in a step while other prompts wait for the step (vLLM's flag); "
         "what they leave goes back to it (default: a quarter of the step's 2048 tokens; 0: no limit, first come "

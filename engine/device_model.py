@@ -3,7 +3,7 @@
 A step's time is the sum of its parts, each at its own roofline:
 
 - ``weights``: every linear weight (and the LM head) read once, bytes / (bandwidth x linear_bw_eff);
-  with FP8 weights the projections are a byte per parameter plus their scales (engine/step_shape.py;
+  with FP8 weights the projections are a byte per parameter plus their scales (engine/core/step_shape.py;
   their FLOPs are still charged at the bf16 peak);
 - ``matmul``: the linear layers' compute beyond that read, max(0, FLOPs / (peak x matmul_eff) -
   weights), shared out by token: decode tokens' share here, prefill's in ``prefill``, recomputed
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.jsonfile import loads_json
-from engine.step_shape import ModelShape
+from engine.core.step_shape import ModelShape
 
 _LOGIT_PASSES = 4  # write + softmax read + CDF read + draw read, fp32
 
@@ -71,7 +71,7 @@ class DeviceParams:
 
     @classmethod
     def from_file(cls, path: str | Path) -> "DeviceParams":
-        """Read the figures a GPU run measured: the ``device_params.json`` that bench/gpu_kernels.py
+        """Read the figures a GPU run measured: the ``device_params.json`` that bench/gpu/kernels.py
         writes (copy bandwidth, matmul TFLOP/s, paged decode's fraction of the copy at >= 16k, prefill
         TFLOP/s), or a JSON of this class's fields (any subset). What is not given keeps its default;
         unknown keys of the second form are refused, naming the known ones; every ValueError names the file."""
@@ -117,7 +117,7 @@ class DeviceParams:
         if Path(name).is_file():
             return cls.from_file(name)
         raise ValueError(f"unknown device {name!r}: use one of {sorted(PRESETS)} or the path of a parameters JSON file "
-                         "(bench/gpu_kernels.py writes one on a GPU)")
+                         "(bench/gpu/kernels.py writes one on a GPU)")
 
 
 # figure -> (lowest, highest, lowest allowed); an efficiency is a fraction of a peak (or of the copy

@@ -5,10 +5,10 @@ Speculator's drafts when speculative decoding is on, engine/spec/), the ModelRun
 tensors and runs the model (on every tensor-parallel rank; self-drafting's draft steps first), the
 Sampler picks the tokens and verification keeps the drafts they agree with (engine/spec/verify.py),
 the Scheduler's postprocess appends them and finishes what stopped, the logprobs of the rows that
-ask are recorded, and the StepHooks (engine/observers.py) time it for the observers. What add_request
-refuses is in engine/checks.py; a Request assembles its own outputs (engine/sequence.py); a step that
+ask are recorded, and the StepHooks (engine/core/observers.py) time it for the observers. What add_request
+refuses is in engine/core/checks.py; a Request assembles its own outputs (engine/core/sequence.py); a step that
 fails (it raised, or a request's logits are not finite) hands its requests back in a StepError and
-keeps every other one running (engine/step_errors.py). The file is past 300 lines because it is the
+keeps every other one running (engine/core/step_errors.py). The file is past 300 lines because it is the
 whole public API, each method with its docstring.
 """
 from __future__ import annotations
@@ -24,34 +24,34 @@ import weakref
 import torch
 from tqdm.auto import tqdm
 
-from engine.attention import default_backend
-from engine.block_manager import BlockManager, salt_root
-from engine.checks import (check_fits, check_logprobs, check_max_logprobs, check_resume, check_resume_logprobs,
+from engine.worker.attention import default_backend
+from engine.core.block_manager import BlockManager, salt_root
+from engine.core.checks import (check_fits, check_logprobs, check_max_logprobs, check_resume, check_resume_logprobs,
                            check_stop_token_ids, prompt_ids)
 from engine.config import EngineConfig, ModelConfig, resolve_dtype
 from engine.context_length import check_max_model_len
 from engine.default_model import resolve_model
-from engine.fairness import FairShare
-from engine.kv_cache import kv_dtype_name
-from engine.loader import load_tokenizer
-from engine.logprobs import TokenLogprobs, prompt_logprobs_list
-from engine.penalties import stops_held_back
-from engine.observers import StepHooks, StepObserver, StepRecord
-from engine.sampler import Sampler, record_logprobs
-from engine.sampling_params import SamplingParams
-from engine.cascade import CascadePolicy
-from engine.scheduler import Scheduler
-from engine.step_plan import StepPlan
-from engine.sequence import Partial, Request, RequestMetrics, RequestOutput
+from engine.core.fairness import FairShare
+from engine.worker.kv_cache import kv_dtype_name
+from engine.worker.loader import load_tokenizer
+from engine.sample.logprobs import TokenLogprobs, prompt_logprobs_list
+from engine.sample.penalties import stops_held_back
+from engine.core.observers import StepHooks, StepObserver, StepRecord
+from engine.sample.sampler import Sampler, record_logprobs
+from engine.sample.sampling_params import SamplingParams
+from engine.core.cascade import CascadePolicy
+from engine.core.scheduler import Scheduler
+from engine.core.step_plan import StepPlan
+from engine.core.sequence import Partial, Request, RequestMetrics, RequestOutput
 from engine.spec.config import SpeculativeConfig
 from engine.spec.layer_skip import kept_layers
 from engine.spec.policy import adaptive_policy
 from engine.spec.speculator import Speculator
 from engine.spec.verify import sample_runs
-from engine.step_errors import StepError  # noqa: F401 (engine.llm.StepError, as before the move)
-from engine.step_errors import abort_set_aside, fail_step, set_aside_non_finite
-from engine.stopping import StopChecker
-from engine.tp_workers import start_ranks
+from engine.core.step_errors import StepError  # noqa: F401 (engine.llm.StepError, as before the move)
+from engine.core.step_errors import abort_set_aside, fail_step, set_aside_non_finite
+from engine.core.stopping import StopChecker
+from engine.worker.tp_workers import start_ranks
 
 log = logging.getLogger("engine")
 
@@ -279,7 +279,7 @@ class LLM:
 
     # -- observers ---------------------------------------------------------------------------
     def add_observer(self, observer: StepObserver) -> None:
-        """Call ``observer`` at fixed points of every step (engine/observers.py: StepObserver)."""
+        """Call ``observer`` at fixed points of every step (engine/core/observers.py: StepObserver)."""
         self.hooks.add(observer)
 
     def remove_observer(self, observer: StepObserver) -> None:

@@ -8,7 +8,7 @@ KV-sharing plot. Used by `pacore run --profile DIR` and bench/ alike.
 On exit DIR holds:
 - timeline.jsonl: a {"meta": ...} line, then one line per step: the engine's StepRecord (kind, batch
   sizes, schedule/model/sample seconds, KV blocks used/shared/logical) + the label, the time since
-  the session started and the step's shape (engine/step_shape.py: tokens, distinct vs logical KV
+  the session started and the step's shape (engine/core/step_shape.py: tokens, distinct vs logical KV
   tokens) for bench.roofline; and the step's mix: ``rounds`` ({"1": {"prefill_tokens", "decode_tokens",
   "problems"}, ...}) and ``problems`` (distinct problems in the step), read from request ids that end
   in ``#rN`` (round N of problem KEY: PaCoRe's, pacore/results/keys.py). A step of one round is
@@ -33,8 +33,8 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-from engine.observers import StepObserver, StepRecord
-from engine.step_shape import ModelShape, shape_of_plan
+from engine.core.observers import StepObserver, StepRecord
+from engine.core.step_shape import ModelShape, shape_of_plan
 
 
 class ProfileSession(StepObserver):

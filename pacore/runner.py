@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from engine.llm import StepError
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 
 from .budget import PromptTooLong, fit_round_prompt
 from .compaction import Trajectory

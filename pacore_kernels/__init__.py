@@ -1,6 +1,6 @@
 """PaCoRe kernels: torch references (always available) and Triton kernels (when triton imports).
 
-Layout and batch metadata: engine/kv_cache.py. Every *_ref has a *_triton twin with the same
+Layout and batch metadata: engine/worker/kv_cache.py. Every *_ref has a *_triton twin with the same
 signature; the *_triton names exist only where triton imports.
 
 Triton kernel notes:
@@ -32,7 +32,7 @@ Triton kernel notes:
   (TRITON_INTERPRET=1 when _utils is imported) the attention dots take fp32 operands, since the
   interpreter's bf16 tl.dot multiplies raw bits: bf16 kernels run there with bf16 storage and
   roundings, only the bf16 MMA itself is left to a GPU (_utils.attn_dot).
-- FP8 caches (float8_e4m3fn / float8_e5m2, engine/kv_cache.py): store_kvcache takes k_scale / v_scale and
+- FP8 caches (float8_e4m3fn / float8_e5m2, engine/worker/kv_cache.py): store_kvcache takes k_scale / v_scale and
   writes saturate(x / scale); the attention kernels take the same scales and upcast each K/V tile in
   registers (fp32 accumulation). The interpreter reads FP8 exactly but rounds float -> FP8 wrongly, so
   the store's rounding is checked on a GPU only.

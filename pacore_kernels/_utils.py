@@ -1,4 +1,4 @@
-"""Shared helpers: torch ones for the reference kernels (see engine/kv_cache.py for the layout), checks,
+"""Shared helpers: torch ones for the reference kernels (see engine/worker/kv_cache.py for the layout), checks,
 and the Triton device functions of the attention kernels (online softmax over paged K/V)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import torch
 
-# FP8 caches (engine/kv_cache.py): values stored as saturate(x / scale), read as stored * scale.
+# FP8 caches (engine/worker/kv_cache.py): values stored as saturate(x / scale), read as stored * scale.
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 

@@ -22,7 +22,7 @@ def cascade_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     """q [T, Hq, D]: one query per row (T = B), or several packed by cu_seqlens_q as in paged_decode_ref
     (speculative verification: every query sits at or past its group's prefix, so it sees all of it);
     groups over the B rows
-    per engine/kv_cache.py. Returns out [T, Hq, D] in q.dtype. An FP8 cache is read as stored *
+    per engine/worker/kv_cache.py. Returns out [T, Hq, D] in q.dtype. An FP8 cache is read as stored *
     k_scale / v_scale.
 
     importance fp32 [B, W], when given, is filled with each block's verify importance, prefix blocks

@@ -1,7 +1,7 @@
 """Gumbel-max sampling with counter-based noise: token = argmax_i(scores[i] + g(key, i)).
 
 Each row carries one 64-bit key; the noise of vocabulary entry i is a Gumbel variate made from
-splitmix64 at key + (i + 1) * golden (the construction of engine/rng.py, one counter per entry). With
+splitmix64 at key + (i + 1) * golden (the construction of engine/sample/rng.py, one counter per entry). With
 scores = logits / temperature (filtered entries -inf), the argmax is a draw from the row's
 distribution. A draw is a function of (scores, key) alone, so the same key gives the same token
 wherever it is used: a self-drafting step that draws its draft from its own distribution q with the
@@ -39,7 +39,7 @@ def gumbel_noise_ref(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     """float64 [N, vocab]: the Gumbel variate of each row's key at each vocabulary entry, the plain
     statement of the noise (gumbel_argmax_ref computes the same values a block at a time). int64
     arithmetic wraps modulo 2**64 on CPU and GPU alike, which is the unsigned arithmetic of splitmix64
-    (tests/pacore_kernels/test_kernels_gumbel.py checks it against engine/rng.py's Python integers)."""
+    (tests/pacore_kernels/test_kernels_gumbel.py checks it against engine/sample/rng.py's Python integers)."""
     x = torch.arange(1, vocab + 1, dtype=torch.int64, device=keys.device).mul_(signed64(GOLDEN))
     x = x[None, :] + keys[:, None]
     x ^= _shr(x, 30)

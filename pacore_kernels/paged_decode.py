@@ -22,7 +22,7 @@ def paged_decode_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     q [T, Hq, D] packed by cu_seqlens_q int32 [B + 1]; query i of row b sits at position
     seq_lens[b] - q_len_b + i and sees keys up to it (causal among the row's new tokens).
     Returns out [T, Hq, D] (q.dtype), plus lse fp32 [T, Hq] when return_lse. Empty range: out 0, lse -inf.
-    Caches in q's dtype, or FP8 read as stored * k_scale / v_scale (engine/kv_cache.py).
+    Caches in q's dtype, or FP8 read as stored * k_scale / v_scale (engine/worker/kv_cache.py).
     importance fp32 [B, W] (W = block_tables' width), when given, is filled with each block's verify
     importance (pacore_kernels/block_importance.py); block_max [T, Hq, W], when given, has the raw scores'
     per-block maxima folded in (cascade's suffix stage, which normalises after its merge).

@@ -137,7 +137,7 @@ def _check_prefill_args(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_len
 # The bf16/fp16 tile: (rows = query positions x padded q heads per kv head, keys, warps). On sm_90 (Triton
 # 3.9) "128x64" compiles to 255 registers per thread with a little spilled to the stack: one 256-thread
 # block per SM; "64x32" to 229 registers, no spill, two 128-thread blocks per SM. Which is faster is the
-# GPU's to say: bench/gpu_kernels.py times every tile at 16k and 64k ("prefill" rows, tile=...), and the
+# GPU's to say: bench/gpu/kernels.py times every tile at 16k and 64k ("prefill" rows, tile=...), and the
 # winner becomes PREFILL_TILE here in a commit that cites the row.
 PREFILL_TILES = {"128x64": (128, 64, 8), "64x32": (64, 32, 4)}
 PREFILL_TILE = "128x64"

@@ -1,6 +1,6 @@
 """Write the new tokens' K/V into the paged cache at their slots (slot -1 = padding, skipped).
 
-An FP8 cache stores saturate(k / k_scale) and saturate(v / v_scale) (engine/kv_cache.py)."""
+An FP8 cache stores saturate(k / k_scale) and saturate(v / v_scale) (engine/worker/kv_cache.py)."""
 from __future__ import annotations
 
 import torch

@@ -8,7 +8,7 @@
   nearest even) while the attention dots take fp32 operands (pacore_kernels/_utils.py attn_dot: the
   interpreter's bf16 tl.dot is wrong), so only the bf16 MMA itself is left to a GPU. A GPU skips fp32:
   every fp32 variant is compiled for sm_90 by test_kernels_compile and run on a GPU end to end by
-  bench/gpu_engine_check.py (fp32 Triton + graphs vs torch), and each would be one more compile
+  bench/gpu/engine_check.py (fp32 Triton + graphs vs torch), and each would be one more compile
   (tests/pacore_kernels/compile_count.py counts them).
 Also holds the shared builders for paged caches whose unused slots and padding block are NaN, so any
 unmasked read poisons the output.

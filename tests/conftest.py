@@ -12,7 +12,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-# Before any test module imports triton (engine/model.py pulls in kernels, hence triton): on a CPU
+# Before any test module imports triton (engine/worker/model.py pulls in kernels, hence triton): on a CPU
 # host the Triton interpreter must be chosen before triton's own @jit functions are created.
 import _triton_env  # noqa: E402,F401
 

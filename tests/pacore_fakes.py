@@ -13,9 +13,9 @@ from typing import Callable
 
 import torch
 
-from engine.logprobs import TokenLogprobs
-from engine.sampling_params import SamplingParams
-from engine.sequence import CompletionOutput, RequestMetrics, RequestOutput
+from engine.sample.logprobs import TokenLogprobs
+from engine.sample.sampling_params import SamplingParams
+from engine.core.sequence import CompletionOutput, RequestMetrics, RequestOutput
 
 
 class FakeTokenizer:

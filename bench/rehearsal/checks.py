@@ -67,8 +67,8 @@ def check_cache(args, shapes: dict, folder, options: dict, device: DeviceParams)
     import torch
 
     from engine.config import ModelConfig
-    from engine.kv_cache import resolve_kv_dtype
-    from engine.step_shape import ModelShape
+    from engine.worker.kv_cache import resolve_kv_dtype
+    from engine.core.step_shape import ModelShape
 
     if args.kv_tokens:
         tokens, source = args.kv_tokens // BLOCK_SIZE * BLOCK_SIZE, f"--kv-tokens, in blocks of {BLOCK_SIZE}"

@@ -203,8 +203,8 @@ def _kv_tokens(folder, device: DeviceParams, opts: dict) -> int:
 
     from engine.config import ModelConfig
     from engine.device_model import kv_tokens
-    from engine.kv_cache import resolve_kv_dtype
-    from engine.step_shape import ModelShape
+    from engine.worker.kv_cache import resolve_kv_dtype
+    from engine.core.step_shape import ModelShape
     kv = resolve_kv_dtype(opts.get("kv_cache_dtype", "auto"), torch.bfloat16)
     shape = ModelShape.from_config(ModelConfig.from_pretrained(folder), torch.bfloat16.itemsize, kv.itemsize)
     return kv_tokens(shape, device, opts["gpu_memory_utilization"])

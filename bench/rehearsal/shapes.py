@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 # Qwen3-8B's published config, which PaCoRe-8B keeps, with the context the paper runs at (YaRN scale 2.0 to
-# 131,072: bench/gpu_checkpoint.py PACORE_YARN, docs/pacore-runs.md).
+# 131,072: bench/gpu/checkpoint.py PACORE_YARN, docs/pacore-runs.md).
 QWEN3_8B = {
     "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
     "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,

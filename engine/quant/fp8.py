@@ -6,7 +6,7 @@ step), norms are a few KB, and the LM head decides every sampled token, so all s
 dtype (as vLLM's fp8 and Qwen3-8B-FP8 keep them).
 
 Loading holds one bf16 projection on the device at a time beside the FP8 model: each checkpoint tensor
-is read, moved to the device, quantized into its slot and dropped (engine/loader.py).
+is read, moved to the device, quantized into its slot and dropped (engine/worker/loader.py).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class Fp8Linear(nn.Module):
         self.weight_scale = nn.Parameter(torch.empty(self.scale_shape(out_features, in_features), dtype=torch.float32),
                                          requires_grad=False)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
-        self.invariant = False  # LLM(batch_invariant=True): fixed row tiles (engine/model.py tile_linears)
+        self.invariant = False  # LLM(batch_invariant=True): fixed row tiles (engine/worker/model.py tile_linears)
 
     def scale_shape(self, rows: int, cols: int) -> tuple[int, ...]:
         if self.block is None:
@@ -138,9 +138,9 @@ PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self
 
 def describe_weights(cfg, dtype: torch.dtype) -> str:
     """The startup line's weights: their format and bytes (every rank's together), from the shapes the
-    model is built with (engine/step_shape.py; biases aside); with FP8, which projections are FP8 (those a
-    checkpoint's ignore list leaves out stay in the dtype, as engine/model.py builds them)."""
-    from engine.step_shape import ModelShape
+    model is built with (engine/core/step_shape.py; biases aside); with FP8, which projections are FP8 (those a
+    checkpoint's ignore list leaves out stay in the dtype, as engine/worker/model.py builds them)."""
+    from engine.core.step_shape import ModelShape
     shape = ModelShape.from_config(cfg, dtype.itemsize)
     name = str(dtype).removeprefix("torch.")
     lm_head = 0 if cfg.tie_word_embeddings else shape.lm_head_params * dtype.itemsize

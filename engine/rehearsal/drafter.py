@@ -33,7 +33,7 @@ from engine.jsonfile import read_json
 
 if TYPE_CHECKING:
     from engine.rehearsal.runner import ScriptedSampler
-    from engine.sequence import Sequence
+    from engine.core.sequence import Sequence
 
 KINDS = ("round1", "round2")  # a round's prompt: the problem alone, or the problem and its references
 

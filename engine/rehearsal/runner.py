@@ -15,13 +15,13 @@ from typing import Callable, Protocol
 
 import torch
 
-from engine.kv_cache import resolve_kv_dtype
-from engine.model_runner import ModelRunner
+from engine.worker.kv_cache import resolve_kv_dtype
+from engine.worker.model_runner import ModelRunner
 from engine.device_model import (DecodeGroup, DeviceParams, DraftRead, ModelShape, PrefillChunk, StepCost,
                                  StepWork, bounds_tokens, kv_tokens, step_cost)
 from engine.rehearsal.floor import FloorBytes, RequestRows, step_floor
-from engine.step_plan import StepPlan, request_runs
-from engine.sequence import Sequence
+from engine.core.step_plan import StepPlan, request_runs
+from engine.core.sequence import Sequence
 
 END_THINK = "</think>"
 

@@ -17,7 +17,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from engine.sample.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 from . import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_LOGPROB_ENTRIES
 from . import protocol as api

@@ -10,7 +10,7 @@ import sys
 from engine.config import ENGINE_FLAGS, add_engine_flags, engine_kwargs, positive_int, seconds
 from engine.jsonfile import loads_json
 
-from engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from engine.sample.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 from . import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_LOGPROB_ENTRIES
 

@@ -17,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 
 from .logprobs import Piece
 from .text import IncrementalText
@@ -248,7 +248,7 @@ class EngineLoop:
 
     def _step(self) -> None:
         from engine.llm import StepError
-        from engine.non_finite import NonFiniteLogits
+        from engine.core.non_finite import NonFiniteLogits
         before = self.latest_stats
         try:
             outputs = self.llm.step()

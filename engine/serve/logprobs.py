@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 
 from typing_extensions import TypedDict
 
-from engine.logprobs import TokenLogprobs
+from engine.sample.logprobs import TokenLogprobs
 
 # JSON has no -inf (a token the filters removed, in --logprobs-mode processed_logprobs): OpenAI and
 # vLLM send this floor instead.

@@ -5,8 +5,8 @@ before the tokenizer sees it."""
 from __future__ import annotations
 
 from engine.chat import render_chat
-from engine.checks import check_text
-from engine.sampling_params import SamplingParams
+from engine.core.checks import check_text
+from engine.sample.sampling_params import SamplingParams
 
 # A token covers at most its vocabulary entry's characters (byte-level entries spell one character per
 # byte, so never fewer than the text they cover). The margin is for normalizers that compose

@@ -3,7 +3,7 @@
 Requests forbid unknown fields, so a misspelt or unsupported option is a 422 naming it instead of
 being silently ignored, and take types strictly, as OpenAI does: ``"max_tokens": true`` or ``"2"``
 is a 422, not 1 or 2. A string that is no Unicode text (a lone surrogate, which JSON can escape)
-is a 400 in any field. The penalties and logit_bias are the engine's (engine/penalties.py);
+is a 400 in any field. The penalties and logit_bias are the engine's (engine/sample/penalties.py);
 ``response_format`` is accepted as ``{"type": "text"}`` only, and ``tools`` not at all: structured
 output and tool calls are not implemented, and a 422 naming the field says so. Log-probabilities follow OpenAI's shapes (and vLLM's
 ``prompt_logprobs``); their ranges are checked in ``sampling_params`` (a 400 naming the limit), since
@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from engine.chat import check_template_kwargs
-from engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS, SamplingParams, check_stop
+from engine.sample.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS, SamplingParams, check_stop
 
 from .logprobs import ChatLogprobs, CompletionLogprobs, PromptLogprobs
 
@@ -104,7 +104,7 @@ class _Generate(_Body):
     tool_choice: str | dict | None = None
     user: str | None = None  # an end-user id for abuse tracking; nothing to do with generation
     prompt_logprobs: int | None = None  # vLLM's: each prompt token's logprob (the first's None) and top N
-    # vLLM's sampling fields (engine/sampling_params.py)
+    # vLLM's sampling fields (engine/sample/sampling_params.py)
     min_tokens: int = 0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from engine.sampling_params import SamplingParams
+from engine.sample.sampling_params import SamplingParams
 
 from . import logprobs as lp
 from . import protocol as api

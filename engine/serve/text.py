@@ -1,7 +1,7 @@
 """Streaming text of a growing token list: release only text that the final text will begin with."""
 from __future__ import annotations
 
-from engine.stop_strings import StopStrings
+from engine.sample.stop_strings import StopStrings
 
 
 class IncrementalText:

@@ -16,7 +16,7 @@ from typing import Annotated, Union
 from pydantic import Discriminator, Field, Tag, field_validator
 
 from engine.chat import check_template_kwargs, render_chat
-from engine.checks import check_text
+from engine.core.checks import check_text
 
 from .protocol import ChatMessage, _Body
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.sequence import Request, Sequence
+from engine.core.sequence import Request, Sequence
 
 PROMPT = -1  # the source id of the request's prompt; a child's is its index
 _RECENT = 4  # places kept per n-gram: enough to prefer a longer match, bounded memory per token

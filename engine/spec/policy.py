@@ -106,7 +106,7 @@ def adaptive_policy(spec, model_config, dtype, kv_dtype, device=None, block_size
     if spec.method != "self_window" or spec.policy != "adaptive":
         return None
     from engine.device_model import DeviceParams, DraftRead, speculation_seconds
-    from engine.step_shape import ModelShape
+    from engine.core.step_shape import ModelShape
     shape = ModelShape.from_config(model_config, dtype.itemsize, kv_dtype.itemsize)
     device = device or DeviceParams.named(spec.cost_model)
     seconds = speculation_seconds(shape, device, DraftRead.of(spec, block_size))

@@ -15,7 +15,7 @@ the first draft at a 512-token window, against 0.92-0.94 for rejection sampling 
 coupling by one uniform through the inverse CDF (bench/spec_self_acceptance.py). Rejection acceptance: the
 draft is drawn with its own noise and q kept for verification (engine/spec/verify.py,
 rejection_runs); a seeded request's noise and accept draws come from streams of its own, keyed by
-position (engine/rng.py), so its tokens do not depend on what else runs.
+position (engine/sample/rng.py), so its tokens do not depend on what else runs.
 """
 from __future__ import annotations
 
@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.penalties import outputs_before, penalize
-from engine.rng import DRAFT
+from engine.sample.penalties import outputs_before, penalize
+from engine.sample.rng import DRAFT
 
 if TYPE_CHECKING:
-    from engine.model_runner import ModelRunner
-    from engine.sampler import Sampler
-    from engine.step_plan import StepPlan
+    from engine.worker.model_runner import ModelRunner
+    from engine.sample.sampler import Sampler
+    from engine.core.step_plan import StepPlan
     from engine.spec.config import SpeculativeConfig
 
 

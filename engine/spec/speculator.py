@@ -18,9 +18,9 @@ from engine.spec.policy import DepthPolicy
 from engine.spec.self_window import self_draft
 
 if TYPE_CHECKING:
-    from engine.block_manager import BlockManager
-    from engine.step_plan import StepPlan
-    from engine.sequence import Sequence
+    from engine.core.block_manager import BlockManager
+    from engine.core.step_plan import StepPlan
+    from engine.core.sequence import Sequence
 
 CORPORA = ("prompt", "own", "sibling", "model")
 

@@ -14,7 +14,7 @@ with exactly its probability under the target.
 self-drafting step's): a draft d is kept with probability min(1, p(d) / q(d)), a rejected one replaced
 by a draw from norm(max(0, p - q)), and a bonus drawn from p when all are kept. The output has the
 target's distribution exactly, with different tokens than plain decoding would draw. A seeded
-request's accept and residual draws come from streams of its own, keyed by position (engine/rng.py),
+request's accept and residual draws come from streams of its own, keyed by position (engine/sample/rng.py),
 so they do not depend on what else runs; the others' from the engine's generator.
 """
 from __future__ import annotations
@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.penalties import outputs_before, penalize
-from engine.rng import ACCEPT, RESIDUAL, stream_key, uniform
-from engine.step_plan import Run
+from engine.sample.penalties import outputs_before, penalize
+from engine.sample.rng import ACCEPT, RESIDUAL, stream_key, uniform
+from engine.core.step_plan import Run
 
 if TYPE_CHECKING:
-    from engine.sampler import Sampler
-    from engine.step_plan import StepPlan
+    from engine.sample.sampler import Sampler
+    from engine.core.step_plan import StepPlan
 
 
 def sample_runs(plan: StepPlan, logits, sampler: Sampler, drafted=None) -> list[Run]:

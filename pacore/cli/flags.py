@@ -104,7 +104,7 @@ def _sampling(name: str):
     """An argparse type for a sampling flag, checked by the engine's own rule (SamplingParams), so
     a bad value stops the command at once instead of costing a model load and an error per problem."""
     def parse(value: str) -> float:
-        from engine.sampling_params import SamplingParams  # torch-free
+        from engine.sample.sampling_params import SamplingParams  # torch-free
 
         x = _finite(value)
         try:
@@ -150,7 +150,7 @@ def _trace_steps(value: str) -> int:
 
 def apply_threads(threads: int | None) -> None:
     """``--threads``: what OMP_NUM_THREADS=N sets, for this process (torch, if loaded already) and the
-    replicas and tensor-parallel ranks it spawns, which split them (engine/spawn.py). None: torch's
+    replicas and tensor-parallel ranks it spawns, which split them (engine/parallel/spawn.py). None: torch's
     choice."""
     if not threads:
         return

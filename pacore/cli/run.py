@@ -174,7 +174,7 @@ def _model_context(cfg: RunConfig) -> int:
     replica after it loads."""
     from engine.config import ModelConfig
     from engine.default_model import resolve_model
-    from engine.distributed import check_divisible
+    from engine.parallel.distributed import check_divisible
 
     engine = cfg.engine
     model = ModelConfig.from_pretrained(resolve_model(engine.model), rope_scaling=engine.rope_scaling)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from engine.logprobs import TokenLogprobs
+    from engine.sample.logprobs import TokenLogprobs
 
 TOP_K = 20  # top logprobs asked per position (SamplingParams.logprobs)
 WINDOW = 2048  # positions per group

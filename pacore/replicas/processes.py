@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection, wait
 
-from engine.spawn import spawn_on_pipe, split_threads
+from engine.parallel.spawn import spawn_on_pipe, split_threads
 
 from ..config import RunConfig
 from ..results.preflight import Pending

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from engine.spawn import split_threads
+from engine.parallel.spawn import split_threads
 
 from ..config import RunConfig
 from ..results.preflight import Pending

@@ -16,7 +16,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from engine.profiler import profiled
-from engine.spawn import use_threads
+from engine.parallel.spawn import use_threads
 
 from ..config import RunConfig
 from ..results.problems import Problem

@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.logprobs import TokenLogprobs
+from engine.sample.logprobs import TokenLogprobs
 
 from .files import WriteFailed, replace_atomically, snapshot_dir, write_all
 from .shapes import usable_snapshot_record
 
 if TYPE_CHECKING:
-    from engine.sequence import Partial  # one trajectory: its tokens so far, its finish reason
+    from engine.core.sequence import Partial  # one trajectory: its tokens so far, its finish reason
 
 
 def snapshot_record(key: str, round_no: int, k: int, seed: int, prompt: list[int], partial: list[Partial],

@@ -1,4 +1,4 @@
-"""bench/gpu_check.sh, the GPU check: its dry run on a host like the GPU machine (`python3` only, maybe no
+"""bench/gpu/check.sh, the GPU check: its dry run on a host like the GPU machine (`python3` only, maybe no
 pytest), what comes back (four files in $OUT), and its stage timeouts read from the script."""
 import json
 import os
@@ -9,7 +9,7 @@ import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench/gpu_check.sh"
+SCRIPT = ROOT / "bench/gpu/check.sh"
 
 
 def _run(tmp_path, with_pytest: bool, *args: str, out: Path | None = None, **env_vars: str):
@@ -153,4 +153,4 @@ def test_without_a_gpu_the_plan_stops_at_preflight(tmp_path):
     rows = (tmp_path / "twice" / "out" / "stages.tsv").read_text().splitlines()
     assert rows[0].split("\t")[3] == str(2 * _stages("plan")["preflight"])
     proc = subprocess.run(["bash", str(SCRIPT), "kernels"], cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 2 and "usage: bench/gpu_check.sh [more|--dry-run]" in proc.stderr
+    assert proc.returncode == 2 and "usage: bench/gpu/check.sh [more|--dry-run]" in proc.stderr

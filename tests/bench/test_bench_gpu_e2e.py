@@ -1,13 +1,13 @@
-"""bench.gpu_e2e --tiny: the engine stages' code path on CPU (a tiny random YaRN Qwen3, every section), the
+"""bench.gpu.e2e --tiny: the engine stages' code path on CPU (a tiny random YaRN Qwen3, every section), the
 graph-capture fallback, a cut checkpoint write, and the logits rule against transformers."""
 import json
 
 import pytest
 import torch
 
-from bench import gpu_e2e
-from bench.gpu_e2e import main
-from bench.gpu_logits import logits_check
+from bench.gpu import e2e as gpu_e2e
+from bench.gpu.e2e import main
+from bench.gpu.logits import logits_check
 
 
 def test_tiny_runs_every_section(tmp_path):
@@ -99,12 +99,12 @@ def test_a_folder_the_check_did_not_create_is_refused_not_written(tmp_path, caps
     [line] = capsys.readouterr().err.strip().splitlines()
     assert f"PACORE_GPU_CHECKPOINT={model} holds files this check did not write" in line and "new or empty" in line
     assert {p.name: p.read_bytes() for p in model.iterdir()} == files  # nothing written, nothing changed
-    from bench.gpu_checkpoint import foreign_folder
+    from bench.gpu.checkpoint import foreign_folder
     assert foreign_folder(tmp_path / "new") is None and foreign_folder(model) == line.removeprefix("gpu_e2e: ")
 
 
 def test_a_cut_checkpoint_write_is_reported_not_redone(tmp_path):
-    from bench.gpu_checkpoint import OWNER_MARK
+    from bench.gpu.checkpoint import OWNER_MARK
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / OWNER_MARK).write_text("")  # the check created it

@@ -1,7 +1,7 @@
-"""bench/gpu_engine_check.py's comparison: logits within a tolerance, tokens except flips the logits explain."""
+"""bench/gpu/engine_check.py's comparison: logits within a tolerance, tokens except flips the logits explain."""
 import torch
 
-from bench.gpu_engine_check import compare
+from bench.gpu.engine_check import compare
 
 
 def _traj(tokens, rows):

@@ -1,5 +1,5 @@
-"""bench.gpu_fp8_gemm --dry-run: the GPU script's code path on CPU (the reference, the Triton block kernel
-under the interpreter, tiny shapes), writing the rows bench/gpu_summary.py reads."""
+"""bench.gpu.fp8_gemm --dry-run: the GPU script's code path on CPU (the reference, the Triton block kernel
+under the interpreter, tiny shapes), writing the rows bench/gpu/summary.py reads."""
 import json
 import os
 import subprocess
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_dry_run_writes_every_row(tmp_path):
     # a subprocess: the interpreter must be on before the kernels are created, whatever this session imported
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-m", "bench.gpu_fp8_gemm", "--dry-run", "--engine", "--out", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu.fp8_gemm", "--dry-run", "--engine", "--out", str(tmp_path)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads((tmp_path / "gpu_fp8_gemm.json").read_text())
@@ -31,7 +31,7 @@ def test_dry_run_writes_every_row(tmp_path):
     # the engine with FP8 weights and its (emulated) decode graphs against the model's dtype
     engine = json.loads((tmp_path / "gpu_engine_fp8.json").read_text())
     assert engine["passed"] and engine["trajectories"] == 4 and 0 < engine["max_rel_logit_diff"] <= engine["tol"] == 0.25
-    from bench.gpu_summary import table
+    from bench.gpu.summary import table
     text = table(tmp_path)
     assert "fp8 gemm qkv 256->384 channel graph M=5" in text and "replay == eager  PASS" in text
     assert "engine fp32 fp8 weights + graphs vs float32 + graphs: PASS (4/4 greedy trajectories identical" in text

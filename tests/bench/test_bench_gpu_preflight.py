@@ -1,4 +1,4 @@
-"""bench/gpu_preflight.py: a broken or shadowed import, or a checkpoint folder the check did not create, is one
+"""bench/gpu/preflight.py: a broken or shadowed import, or a checkpoint folder the check did not create, is one
 line and exit 2 before any stage runs."""
 import os
 import subprocess
@@ -12,7 +12,7 @@ def _preflight(tmp_path, *args, pythonpath: str = ""):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    return subprocess.run([sys.executable, "-m", "bench.gpu_preflight", "--dry-run", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "bench.gpu.preflight", "--dry-run", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
 
 

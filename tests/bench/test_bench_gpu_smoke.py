@@ -1,10 +1,10 @@
-"""bench/gpu_smoke.py, the smoke test of a user's downloaded checkpoint: its whole code path on a tiny random
+"""bench/gpu/smoke.py, the smoke test of a user's downloaded checkpoint: its whole code path on a tiny random
 Qwen3 on a CPU (pacore run in both weight formats, the engine's logits against transformers'), and a wrong
 engine failing it."""
 import json
 
-from bench import gpu_smoke
-from bench.gpu_checkpoint import TINY, write_random_model
+from bench.gpu import smoke as gpu_smoke
+from bench.gpu.checkpoint import TINY, write_random_model
 
 
 def test_the_smoke_test_passes_a_tiny_qwen3_on_cpu(tmp_path):

@@ -1,4 +1,4 @@
-"""bench.gpu_spec_kernels --dry-run: the GPU script's code path on CPU (Triton interpreter, tiny shapes)."""
+"""bench.gpu.spec_kernels --dry-run: the GPU script's code path on CPU (Triton interpreter, tiny shapes)."""
 import json
 import os
 import subprocess
@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_dry_run_writes_every_case(tmp_path):
     # a subprocess: the interpreter must be on before the kernels are created, whatever this session imported
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-m", "bench.gpu_spec_kernels", "--dry-run", "--out", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "bench.gpu.spec_kernels", "--dry-run", "--out", str(tmp_path)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads((tmp_path / "gpu_spec_kernels.json").read_text())["rows"]
@@ -34,7 +34,7 @@ def test_run_cases_frees_the_gpu_cache_between_cases(monkeypatch):
     """On a GPU run_cases empties the CUDA cache after each case (a dry run never takes that branch)."""
     import torch
 
-    from bench.gpu_common import run_cases
+    from bench.gpu.common import run_cases
     freed = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: freed.append(1))
 
@@ -56,7 +56,7 @@ def test_the_sparse_check_compares_decode_over_the_same_block_tables():
 
     import torch
 
-    from bench.gpu_spec_kernels import sparse_errors
+    from bench.gpu.spec_kernels import sparse_errors
     from pacore_kernels import block_select as bsel
     from pacore_kernels.paged_decode import paged_decode_ref
 

@@ -1,11 +1,11 @@
-"""bench/gpu_step_times.py: a decode step split into host parts and the device's forward. The CUDA path
+"""bench/gpu/step_times.py: a decode step split into host parts and the device's forward. The CUDA path
 runs here with stand-in events (a host clock), so its arithmetic is checked before a GPU runs it."""
 import time
 
 import pytest
 import torch
 
-from bench.gpu_step_times import StepTimer, _TimedGraph
+from bench.gpu.step_times import StepTimer, _TimedGraph
 from engine import LLM, SamplingParams
 from tiny_models import make_tiny_model
 

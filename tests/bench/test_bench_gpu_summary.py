@@ -1,8 +1,8 @@
-"""bench/gpu_summary.py: the GPU check's table (verdicts, the optional FP8 GEMM rows) and PaCoRe-8B's memory."""
+"""bench/gpu/summary.py: the GPU check's table (verdicts, the optional FP8 GEMM rows) and PaCoRe-8B's memory."""
 import json
 
-from bench.gpu_common import verdict
-from bench.gpu_summary import main, memory_table, table
+from bench.gpu.common import verdict
+from bench.gpu.summary import main, memory_table, table
 
 
 def test_kernel_rows_pass_within_their_dtypes_tolerance_and_fail_beyond():
@@ -20,7 +20,7 @@ def test_the_table_counts_verdicts_and_reads_the_fp8_gemm_rows(tmp_path):
         dict(case="paged", kv_dtype="auto", B=32, context=16384, us=90.0, bw_frac=0.8, rel_err_vs_fp32=4e-3),
         dict(case="paged", kv_dtype="auto", B=4, context=65536, us=50.0, bw_frac=0.7, rel_err_vs_fp32=0.3)])
     (tmp_path / "gpu_kernels.json").write_text(json.dumps(kernels))
-    fp8 = [  # as bench/gpu_fp8_gemm.py writes it
+    fp8 = [  # as bench/gpu/fp8_gemm.py writes it
         dict(shape="qkv_proj", M=256, bf16_us=41.0, fp8_us=25.0, speedup=1.64, rel_err=0.01, **{"pass": True}),
         dict(shape=[12288, 4096], M=8, bf16_us=30.0, fp8_us=20.0, speedup=1.5, rel_err=0.2, tol=0.05),
         dict(shape="down_proj", scales="block128", M=1, bf16_us=30.0, fp8_us=None, speedup=None, rel_err=None,
@@ -38,7 +38,7 @@ def test_the_table_counts_verdicts_and_reads_the_fp8_gemm_rows(tmp_path):
 
 def test_memory_table_is_the_device_models_sizing():
     from engine.device_model import DeviceParams, kv_tokens
-    from engine.step_shape import ModelShape
+    from engine.core.step_shape import ModelShape
     text = memory_table(gib=(80,))
     assert "weights 15.3 GiB (bf16), 8.8 GiB (FP8 projections" in text and "147,456 B (bf16) / 73,728 B (fp8)" in text
     assert "GB" not in text.replace("GiB", "")  # one unit
@@ -104,10 +104,10 @@ def test_speculative_and_host_share_rows_carry_verdicts(tmp_path):
 
 
 def test_the_speculative_limits_are_the_rehearsals_prices_plus_its_error():
-    """DRAFT_VS_VERIFY_MAX and VERIFY_VS_PLAIN_MAX from the device model at bench/gpu_e2e.py's spec shape."""
-    from bench.gpu_summary import DRAFT_VS_VERIFY_MAX, MODEL_ERROR, VERIFY_VS_PLAIN_MAX
+    """DRAFT_VS_VERIFY_MAX and VERIFY_VS_PLAIN_MAX from the device model at bench/gpu/e2e.py's spec shape."""
+    from bench.gpu.summary import DRAFT_VS_VERIFY_MAX, MODEL_ERROR, VERIFY_VS_PLAIN_MAX
     from engine.device_model import DeviceParams, DraftRead, speculation_seconds
-    from engine.step_shape import ModelShape
+    from engine.core.step_shape import ModelShape
     shape = ModelShape(36, 4096, 12288, 32, 8, 128, 151936, 2, qk_norm=True, kv_dtype_bytes=2)
     seconds = speculation_seconds(shape, DeviceParams(), DraftRead(256, 16))
     ctx = [512 + 16] * 64  # 2 problems x 32, 512-token prompts, half of the 32 generated tokens
@@ -119,7 +119,7 @@ def test_the_speculative_limits_are_the_rehearsals_prices_plus_its_error():
 
 
 def test_the_documented_memory_table_is_this_commands():
-    """docs/gpu.md's memory table, in GiB, is `python3 -m bench.gpu_summary --memory`'s."""
+    """docs/gpu.md's memory table, in GiB, is `python3 -m bench.gpu.summary --memory`'s."""
     import re
     from pathlib import Path
     page = (Path(__file__).resolve().parents[2] / "docs" / "gpu.md").read_text()

@@ -126,7 +126,7 @@ def test_calibration_fits_only_points_whose_figure_its_source_states():
 def test_kv_bytes_per_token_as_vllm_counts_them():
     """vLLM's log for Qwen3-8B (LMCache issue #3430): 'Available KV cache memory: 6.37 GiB', then 'GPU KV
     cache size: 46,368 tokens': the rehearsal's bytes per token give the same count from the same memory."""
-    from engine.step_shape import ModelShape
+    from engine.core.step_shape import ModelShape
     per_token = ModelShape(36, 4096, 12288, 32, 8, 128, 151936, 2).kv_bytes_per_token
     assert per_token == 2 * 36 * 8 * 128 * 2
     low, high = (int(g * 2**30) // per_token // 16 * 16 for g in (6.365, 6.375))  # 6.37 as printed, rounded

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import pytest
 
 from bench.roofline import Machine, analyze, floor_bytes, floor_flops, floor_seconds
-from engine.step_shape import ModelShape, StepShape, distinct_kv_tokens, shape_of_plan
+from engine.core.step_shape import ModelShape, StepShape, distinct_kv_tokens, shape_of_plan
 
 # 2 layers, hidden 8, MLP 16, 2 query heads and 1 KV head of dim 4, vocabulary 10, fp32.
 M = ModelShape(num_layers=2, hidden_size=8, intermediate_size=16, num_heads=2, num_kv_heads=1, head_dim=4,

@@ -53,12 +53,12 @@ def test_vllm_hits_the_prefix_cache_in_round_2_and_no_sharing_does_not(tmp_path)
 def _plan(scope: str, prompts: list[int]):
     """A scheduler whose running rows are one request each; rows with the same prompt id hold its 64
     prompt tokens in the same blocks (as the prefix cache leaves them), each 40 tokens past it."""
-    from engine.block_manager import BlockManager
-    from engine.sampling_params import SamplingParams
-    from engine.cascade import CascadePolicy
-    from engine.scheduler import Scheduler
-    from engine.sequence import Request, Sequence, Status
-    from engine.stopping import StopChecker
+    from engine.core.block_manager import BlockManager
+    from engine.sample.sampling_params import SamplingParams
+    from engine.core.cascade import CascadePolicy
+    from engine.core.scheduler import Scheduler
+    from engine.core.sequence import Request, Sequence, Status
+    from engine.core.stopping import StopChecker
 
     bm = BlockManager(256, 16)
     policy = CascadePolicy(None, 2, 16, 0, 0.0, scope)
@@ -148,7 +148,7 @@ def test_a_protocol_rehearsed_in_full_is_its_own_virtual_time(tmp_path):
 
 
 def test_common_prefix_blocks_stops_at_the_first_table_that_differs():
-    from engine.cascade import common_prefix_blocks
+    from engine.core.cascade import common_prefix_blocks
     assert common_prefix_blocks([[1, 2, 3, 4], [1, 2, 3, 4, 9], [1, 2, 3]], 4) == 3  # a shorter table bounds it
     assert common_prefix_blocks([[1, 2, 3, 4], [1, 2, 7, 4], [1, 2, 3, 4]], 4) == 2  # a differing block ends it
     assert common_prefix_blocks([[1, 2, 3, 4], [1, 2, 3, 4]], 2) == 2                # never past the limit

@@ -7,7 +7,7 @@ import pytest
 
 from engine.device_model import DeviceParams
 from engine.rehearsal.floor import FloorBytes, RequestRows, step_floor
-from engine.step_shape import ModelShape
+from engine.core.step_shape import ModelShape
 
 from bench.rehearsal import protocol
 from bench.rehearsal.__main__ import main

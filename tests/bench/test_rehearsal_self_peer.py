@@ -9,7 +9,7 @@ import pytest
 from engine.device_model import PRESETS, DeviceParams, DraftRead, preset_of, speculation_seconds
 from engine.rehearsal.drafter import MAGICDEC_STREAMINGLLM_512, WindowProfile
 from engine.spec.config import SpeculativeConfig
-from engine.step_shape import ModelShape
+from engine.core.step_shape import ModelShape
 
 from bench.rehearsal.__main__ import CONFIGS, main
 from bench.rehearsal.profiles import spec_profiles

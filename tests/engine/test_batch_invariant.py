@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import LLM, SamplingParams
-from engine.sampler import Sampler
+from engine.sample.sampler import Sampler
 from pacore_kernels import prefill_attention_ref, rmsnorm_ref, silu_and_mul_ref
 from pacore_kernels.batch_invariant import attention_invariant, linear_invariant, rmsnorm_invariant, silu_and_mul_invariant
 from tiny_models import recording_llm

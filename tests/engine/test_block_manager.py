@@ -2,9 +2,9 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import BlockManager, NoFreeBlocks
-from engine.sampling_params import SamplingParams
-from engine.sequence import Request, Sequence
+from engine.core.block_manager import BlockManager, NoFreeBlocks
+from engine.sample.sampling_params import SamplingParams
+from engine.core.sequence import Request, Sequence
 
 
 def _check(bm: BlockManager, live: list[Sequence]) -> None:

@@ -1,6 +1,6 @@
 """K identical n=1 requests in flight together (the reference PaCoRe client's pattern against a
 server) prefill their prompt once: a waiting prompt that goes on, the same, past where a prefill in
-progress has got to waits for it (engine/scheduler.py, _rides), and the scheduler publishes a prompt's
+progress has got to waits for it (engine/core/scheduler.py, _rides), and the scheduler publishes a prompt's
 full blocks when it allocates them, so a later request finds them in the prefix cache (or in the
 same step's forward, which writes a block's KV before any attention reads it). Only the partial last
 block, or the last full one since a prompt always keeps one token to compute, is prefilled per

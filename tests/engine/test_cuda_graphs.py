@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.cuda_graphs import bucket_sizes
+from engine.worker.cuda_graphs import bucket_sizes
 
 
 def test_bucket_sizes():
@@ -106,7 +106,7 @@ def test_kv_sizing_counts_memory_torch_keeps_cached_as_free(monkeypatch):
     cache (the allocator returns it to the device when an allocation needs it). Faked: no GPU here."""
     from types import SimpleNamespace
 
-    from engine.model_runner import ModelRunner
+    from engine.worker.model_runner import ModelRunner
     gb = 1 << 30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10 * gb, 100 * gb))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 50 * gb)

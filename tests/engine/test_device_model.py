@@ -95,12 +95,12 @@ def test_parameters_from_the_json_bench_gpu_kernels_writes(tmp_path):
 def _decode_rows(prompt: int, suffix: int, n: int, cascade: bool | None = None):
     """A scheduler with one request's n rows sharing a prompt of ``prompt`` tokens, each ``suffix``
     tokens past it; returns its next plan."""
-    from engine.block_manager import BlockManager
-    from engine.sampling_params import SamplingParams
-    from engine.cascade import CascadePolicy
-    from engine.scheduler import Scheduler
-    from engine.sequence import Request, Sequence, Status
-    from engine.stopping import StopChecker
+    from engine.core.block_manager import BlockManager
+    from engine.sample.sampling_params import SamplingParams
+    from engine.core.cascade import CascadePolicy
+    from engine.core.scheduler import Scheduler
+    from engine.core.sequence import Request, Sequence, Status
+    from engine.core.stopping import StopChecker
 
     bm = BlockManager(n * (prompt + suffix) // 16 + 64, 16)
     sched = Scheduler(bm, StopChecker(None, [], 1 << 20), 256, 4096, CascadePolicy(cascade))

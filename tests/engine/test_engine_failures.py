@@ -5,7 +5,7 @@ from array import array
 import pytest
 
 from engine import LLM, SamplingParams, StepError
-from engine.block_manager import block_hash
+from engine.core.block_manager import block_hash
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 PROMPT = list(range(3, 40))  # 37 tokens: two full 16-token blocks and a partial one

@@ -6,8 +6,8 @@ import random
 import pytest
 
 from engine import LLM, SamplingParams, StepError
-from engine.non_finite import NonFiniteLogits
-from engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
+from engine.core.non_finite import NonFiniteLogits
+from engine.sample.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
 NO_EOS = dict(ignore_eos=True)
 

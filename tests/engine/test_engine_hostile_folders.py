@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch.overrides import TorchFunctionMode
 
-import engine.checkpoint_checks as checks
+import engine.worker.checkpoint_checks as checks
 from engine import LLM
 from test_compressed_tensors import QUANTIZATION_CONFIG, SCHEME
 

@@ -178,7 +178,7 @@ def test_the_device_model_charges_a_byte_per_projection_parameter(tmp_path):
     memory buys (docs/gpu.md#fp8-weights quotes these figures)."""
     from bench.rehearsal.shapes import model_folder
     from engine.device_model import DeviceParams, kv_tokens
-    from engine.step_shape import ModelShape
+    from engine.core.step_shape import ModelShape
     folder = model_folder("qwen3-8b", tmp_path)
     shapes = {q: ModelShape.from_config(ModelConfig.from_pretrained(folder, quantization=q), 2, 1) for q in (None, "fp8")}
     bf16, fp8 = shapes[None], shapes["fp8"]

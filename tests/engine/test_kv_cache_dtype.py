@@ -6,7 +6,7 @@ import torch
 
 from engine import LLM
 from engine.config import ENGINE_FLAGS, EngineConfig, add_engine_flags, engine_kwargs
-from engine.kv_cache import resolve_kv_dtype
+from engine.worker.kv_cache import resolve_kv_dtype
 
 
 def test_kv_cache_dtype_is_checked_with_the_choices():

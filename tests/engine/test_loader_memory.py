@@ -7,9 +7,9 @@ from safetensors import safe_open
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from bench.gpu_checkpoint import TINY, write_random_model
+from bench.gpu.checkpoint import TINY, write_random_model
 from engine.config import ModelConfig
-from engine.loader import load_model
+from engine.worker.loader import load_model
 
 
 class PeakBytes(TorchDispatchMode):

@@ -7,10 +7,10 @@ import pickle
 import pytest
 import torch
 
-import engine.sampler as sampler_module
+import engine.sample.sampler as sampler_module
 from engine import LLM, SamplingParams
 from engine.llm import StepError
-from engine.logprobs import Logprob, TokenLogprobs
+from engine.sample.logprobs import Logprob, TokenLogprobs
 
 PROMPT = [(11 * i + 5) % 250 + 3 for i in range(57)]  # 3 blocks and a bit: partial last block
 
@@ -241,7 +241,7 @@ def test_a_failed_step_hands_back_the_logprobs_so_far(tiny_model_dir):
 
 
 def test_token_logprobs_save_slice_and_pickle(tmp_path):
-    from engine.logprobs import LogprobRows
+    from engine.sample.logprobs import LogprobRows
     lp = TokenLogprobs(2, decode=lambda t: f"<{t}>")
     rows = LogprobRows([5, 7], [-0.5, -2.25], [1, 3], [[5, 6], [1, 2]], [[-0.5, -1.0], [-1.5, -2.0]])
     lp.append_row(rows, 0)

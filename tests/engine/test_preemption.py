@@ -45,11 +45,11 @@ def test_max_num_seqs_smaller_than_n(tiny_model_dir):
 def test_a_prompt_is_admitted_only_when_its_whole_prefill_fits():
     """A sequence admitted for its first chunk into a nearly full cache would be preempted before its
     prefill ends: it waits until all of it fits, with the 1% watermark kept free for growth."""
-    from engine.block_manager import BlockManager
-    from engine.cascade import CascadePolicy
-    from engine.scheduler import Scheduler
-    from engine.sequence import Request
-    from engine.stopping import StopChecker
+    from engine.core.block_manager import BlockManager
+    from engine.core.cascade import CascadePolicy
+    from engine.core.scheduler import Scheduler
+    from engine.core.sequence import Request
+    from engine.core.stopping import StopChecker
 
     bm = BlockManager(200, 16)
     sched = Scheduler(bm, StopChecker(None, [], 1 << 20), 8, 64, CascadePolicy())

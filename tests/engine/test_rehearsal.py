@@ -3,7 +3,7 @@ run's trajectory lengths admits, preempts, forks and finishes exactly as that ru
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.observers import StepObserver
+from engine.core.observers import StepObserver
 from engine.rehearsal.drafter import KINDS, DraftProfile, WindowProfile, use_scripted_drafter, use_scripted_self_drafts
 
 

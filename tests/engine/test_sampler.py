@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from engine.sampler import Sampler
-from engine.sampling_params import SamplingParams
-from engine.sequence import Request, Sequence
+from engine.sample.sampler import Sampler
+from engine.sample.sampling_params import SamplingParams
+from engine.core.sequence import Request, Sequence
 
 
 def _seqs(params: SamplingParams, n: int, device=torch.device("cpu")):
@@ -75,7 +75,7 @@ def test_a_seeded_draw_depends_on_position_not_on_the_batch():
 
 
 def test_stream_keys_are_distinct_per_child_and_position():
-    from engine.rng import stream_key
+    from engine.sample.rng import stream_key
 
     keys = [stream_key(s, k) for s in (1, 2, 3) for k in range(4000)]
     assert len(set(keys)) == len(keys) and all(-2 ** 63 <= k < 2 ** 63 for k in keys)
@@ -91,7 +91,7 @@ def test_the_same_key_draws_the_same_token_and_greedy_rows_ignore_it():
 
 
 def test_a_stop_string_found_when_its_characters_span_many_byte_tokens():
-    from engine.stopping import StopChecker
+    from engine.core.stopping import StopChecker
 
     class ByteTokenizer:  # one token per UTF-8 byte, as byte-level BPE can produce for rare characters
         def decode(self, ids, skip_special_tokens=True):
@@ -133,7 +133,7 @@ def _penalised_by_hand(row, p, prompt, output):
 
 
 def test_penalties_and_logit_bias_are_the_token_by_token_rule_on_their_rows_only():
-    from engine.penalties import outputs_before, penalize
+    from engine.sample.penalties import outputs_before, penalize
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(5, 50, generator=g) * 3

@@ -1,4 +1,4 @@
-"""One request must not hold up the others (engine/fairness.py), counted in scheduler steps.
+"""One request must not hold up the others (engine/core/fairness.py), counted in scheduler steps.
 
 No model: each step's plan is fed one token per sampled sequence, so what is pinned is the policy's
 decisions (who is prefilled, who runs, who is preempted), step by step. Under first come, first served
@@ -7,14 +7,14 @@ the whole heavy request; with the defaults it runs within two steps of arriving.
 """
 import pytest
 
-from engine.block_manager import BlockManager
+from engine.core.block_manager import BlockManager
 from engine.config import EngineConfig, add_engine_flags
-from engine.fairness import FairShare
-from engine.sampling_params import SamplingParams
-from engine.cascade import CascadePolicy
-from engine.scheduler import Scheduler
-from engine.sequence import Request, Status
-from engine.stopping import StopChecker
+from engine.core.fairness import FairShare
+from engine.sample.sampling_params import SamplingParams
+from engine.core.cascade import CascadePolicy
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Request, Status
+from engine.core.stopping import StopChecker
 
 BUDGET = 2048
 

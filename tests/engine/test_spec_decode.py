@@ -127,7 +127,7 @@ def test_seeded_sampling_is_identical_with_fork_and_preemption(tiny_model_dir, o
 
 
 def test_penalties_that_forgot_the_drafts_before_a_query_would_be_caught(tiny_model_dir, monkeypatch):
-    from engine import penalties
+    from engine.sample import penalties
     from engine.spec import verify
 
     params = [SamplingParams(n=4, temperature=1.0, max_tokens=32, seed=s, ignore_eos=True, **PENALISED) for s in (1, 2, 3)]

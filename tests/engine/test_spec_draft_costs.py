@@ -6,7 +6,7 @@ import pytest
 from engine.device_model import PRESETS, DecodeGroup, DraftRead, StepWork, bounds_tokens, speculation_seconds, step_cost
 from engine.spec.config import SpeculativeConfig
 from engine.spec.policy import DepthPolicy
-from engine.step_shape import ModelShape
+from engine.core.step_shape import ModelShape
 
 # PaCoRe-8B (Qwen3-8B) with an FP8 cache
 SHAPE = ModelShape(num_layers=36, hidden_size=4096, intermediate_size=12288, num_heads=32, num_kv_heads=8,
@@ -87,4 +87,4 @@ def test_only_bounds_selection_keeps_bounds_in_the_rehearsed_cache(tiny_model_di
     runner = llm.runner
     kv = runner.shape.kv_bytes_per_token * runner.block_size
     assert runner.kv_bytes_per_block == kv + (2 * runner.shape.kv_bytes_per_token if bounds else 0)
-    assert runner.draft_read == DraftRead(16, 16, 0.0, 16, selection, 0, runner.block_size)
+    assert runner.draft_read == DraftRead(16, 16, 0.0, 16, selection, None, runner.block_size)

@@ -40,7 +40,7 @@ _SPIED: list[list[int]] = [[]]  # the list the current verify-selection spy coun
 
 def _spy_importance() -> None:
     """Wrap select_by_importance once: per call, the rows the importance of a verify pass cut."""
-    import engine.attention as attention
+    import engine.worker.attention as attention
     real = attention.select_by_importance
     if getattr(real, "spy", False):
         return

@@ -4,7 +4,7 @@ import shutil
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.observers import StepObserver
+from engine.core.observers import StepObserver
 
 PROMPT = list(range(3, 40))  # 37 tokens: two full 16-token blocks and a partial one
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from engine.config import ModelConfig
-from engine.distributed import TPGroup, shard_of
+from engine.parallel.distributed import TPGroup, shard_of
 from engine.llm import LLM, StepError
-from engine.loader import load_model
-from engine.sampling_params import SamplingParams
-from engine.tp_workers import WorkerDied
+from engine.worker.loader import load_model
+from engine.sample.sampling_params import SamplingParams
+from engine.worker.tp_workers import WorkerDied
 from tiny_models import make_tiny_model, runner_spy
 
 PROMPTS = [[5, 6, 7, 8, 9] * 10, [3, 4] * 7, list(range(10, 60))]
@@ -280,7 +280,7 @@ def test_tp2_speculative_greedy_equals_tp1_without(tmp_path, spec, options):
 def test_an_nccl_group_binds_its_device_at_init(monkeypatch):
     """The NCCL communicator is created when the group is, on the rank's device, not lazily by the first
     collective (which could otherwise fall inside a CUDA-graph capture). Faked: no GPU, no NCCL here."""
-    import engine.distributed as d
+    import engine.parallel.distributed as d
     made = []
 
     class FakeNCCL:
@@ -303,7 +303,7 @@ def test_an_nccl_group_binds_its_device_at_init(monkeypatch):
 
 @pytest.mark.parametrize("value, refused", [("1", True), ("true", True), ("0", False), ("", False)])
 def test_graph_capture_refuses_nccl_blocking_wait(monkeypatch, value, refused):
-    from engine.distributed import check_graph_capture_env
+    from engine.parallel.distributed import check_graph_capture_env
     monkeypatch.setenv("TORCH_NCCL_BLOCKING_WAIT", value)
     if refused:
         with pytest.raises(RuntimeError, match="enforce_eager=True"):

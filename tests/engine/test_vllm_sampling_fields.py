@@ -75,7 +75,7 @@ class _Chars:
 def _stops_after(text: str, **kw) -> tuple[int, str]:
     """Feeds ``text`` token by token through the StopChecker: (tokens generated when it stopped, final text)."""
     from types import SimpleNamespace
-    from engine.stopping import StopChecker
+    from engine.core.stopping import StopChecker
     checker = StopChecker(_Chars(), eos_token_ids=[EOS], max_model_len=256)
     seq = SimpleNamespace(params=SamplingParams(max_tokens=len(text), **kw), token_ids=[ord("p")], num_prompt_tokens=1,
                           finish_reason=None)

@@ -73,7 +73,7 @@ def test_the_documented_command_reproducing_the_paper_parses_to_its_settings():
     assert cfg.max_tokens == "auto" and (cfg.temperature, cfg.top_p) == (1.0, 1.0)
     assert cfg.engine_options["max_model_len"] == 131072
     # the paper's YaRN scale 2.0 to 131,072 tokens, the same setting as the GPU check's checkpoint
-    from bench.gpu_checkpoint import PACORE_YARN, QWEN3_8B
+    from bench.gpu.checkpoint import PACORE_YARN, QWEN3_8B
     assert cfg.engine_options["rope_scaling"] == {"rope_type": "yarn", "factor": 2.0,
                                                   "original_max_position_embeddings": 65536, "attention_factor": 1.0}
     assert cfg.engine_options["rope_scaling"] == PACORE_YARN

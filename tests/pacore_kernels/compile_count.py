@@ -3,8 +3,8 @@
 The tests run under the interpreter while every launch's compile key is recorded as the CUDA
 launcher would compute it (tests/_triton_env.py record_compile_keys); the distinct keys per kernel
 are the compiles a GPU run of the same tests makes (test_kernels_compile and
-test_kernels_specialization are left out: a GPU skips them). The GPU plan (bench/gpu_check.sh,
-bench/gpu_kernel_tests.py) runs the kernel tests with a GPU's defaults: bf16 and fp16
+test_kernels_specialization are left out: a GPU skips them). The GPU plan (bench/gpu/check.sh,
+bench/gpu/kernel_tests.py) runs the kernel tests with a GPU's defaults: bf16 and fp16
 (tests/_triton_env.py), on a GPU's case grid (env.grid), which --cpu-grid replaces with the CPU's.
 
     python tests/pacore_kernels/compile_count.py [--dtypes bfloat16,float16] [-- extra pytest args]

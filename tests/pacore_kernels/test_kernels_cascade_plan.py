@@ -2,7 +2,7 @@
 captured at a padded bucket plans the same work as an eager call, and launches no empty programs."""
 import torch
 
-from engine.cuda_graphs import pad_groups
+from engine.worker.cuda_graphs import pad_groups
 from pacore_kernels.cascade_decode import cascade_prefix_plan
 
 HQ, HKV, BLOCK_N, BS = 32, 8, 32, 16   # Qwen3-8B: 32 q heads, 8 kv heads, head_dim 128
@@ -11,7 +11,7 @@ TARGET = 2 * 132                       # fill_target on an H200
 
 def _plan(groups: list[int], prefix: int, suffix: int, bucket: int | None):
     """Eager (bucket None: the real groups, max_group_size their largest) or graph (padded to the bucket,
-    max_group_size = bucket, as engine/cuda_graphs.py captures it)."""
+    max_group_size = bucket, as engine/worker/cuda_graphs.py captures it)."""
     i32 = dict(dtype=torch.int32)
     starts = torch.tensor([0] + torch.tensor(groups).cumsum(0).tolist(), **i32)
     plens = torch.full((len(groups),), prefix, **i32)

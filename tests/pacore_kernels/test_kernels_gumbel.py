@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from engine.rng import mix64
+from engine.sample.rng import mix64
 from pacore_kernels.gumbel_sample import GOLDEN, MIX1, MIX2, gumbel_argmax_ref, gumbel_noise_ref, signed64
 
 DEV = env.DEVICE

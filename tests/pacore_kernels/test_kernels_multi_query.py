@@ -273,7 +273,7 @@ def test_cascade_multi_query_triton_matches_reference(qpk, max_m, programs, s2, 
 def test_cascade_multi_query_padded_batch_fp8(fp8):
     # as a CUDA graph at a padded bucket runs it: 5 rows padded to 8 (rows without queries, over block 0,
     # which holds NaN: never read), groups padded (pad_groups), the bucket's bounds as hints
-    from engine.cuda_graphs import pad_groups
+    from engine.worker.cuda_graphs import pad_groups
     from pacore_kernels.cascade_decode import cascade_decode_triton
     gen = torch.Generator().manual_seed(16)
     q, kc, vc, bt, sl, gs, gp, cu = _cascade_batch(16, [3, 2], [2, 1], [1, 5, 20], [4, 1, 3, 2, 5], 2, 128, 4,

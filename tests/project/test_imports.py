@@ -110,3 +110,26 @@ def test_engine_and_pacore_import_no_benchmark():
                 names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                     [node.module or ""] if isinstance(node, ast.ImportFrom) else []
                 assert not any(n == "bench" or n.startswith("bench.") for n in names), f"{path} imports bench"
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """The absolute engine modules ``path`` imports when it runs (lazy ones too), not those it names for
+    type checking alone (``if TYPE_CHECKING:``)."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(n) for node in ast.walk(tree)
+                   if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)}
+    return {node.module for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module and id(node) not in typing_only}
+
+
+def test_the_engine_folders_import_each_other_without_a_cycle():
+    # engine/ is grouped by role (docs/architecture.md): core, sample, worker, parallel, ... A folder leans on
+    # the folders below it (worker on core, sample and parallel), never back up, so each can be read alone.
+    folders = {p.name for p in (ROOT / "engine").iterdir() if (p / "__init__.py").is_file()}
+    graph = {f: set() for f in folders}
+    for f in folders:
+        for path in (ROOT / "engine" / f).rglob("*.py"):
+            graph[f] |= {m.split(".")[1] for m in _runtime_imports(path)
+                         if m.startswith("engine.") and m.split(".")[1] in folders} - {f}
+    cycle = _cycle(graph)
+    assert cycle is None, f"engine folders import each other in a cycle: {' -> '.join(cycle)}"

@@ -4,7 +4,7 @@ import random
 import pytest
 
 from engine.serve.text import IncrementalText
-from engine.stop_strings import StopStrings
+from engine.sample.stop_strings import StopStrings
 
 
 def _final(tokenizer, ids, stops):

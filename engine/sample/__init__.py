@@ -1,0 +1,1 @@
+"""Sampling: SamplingParams, the sampler, penalties, logprobs, the per-position random keys and stop strings."""
