@@ -108,15 +108,19 @@ def _compile_all() -> int:
         if key in seen:  # QMAX 1 and 2 with 8 q heads per kv head: one BLOCK_M, one compile
             continue
         seen.add(key)
-        compile_one(paged_decode._decode_split_kernel,
-                    dict(q_ptr=dt, kc_ptr=kv, vc_ptr=kv, bt_ptr=i32, seq_ptr=i32, start_ptr=i32, sink_ptr=i32,
-                         cu_ptr=i32, o_ptr=f32, lse_ptr=f32, stride_qb=6144, stride_bt=64, stride_tok=1024,
-                         stride_ob=32768, stride_oh=1024, stride_os=128, stride_lb=256, stride_lh=8, stride_ls=1,
-                         split_off=3, NUM_SPLITS=5, qk_scale=0.1, v_scale=1.0),
-                    dict(QPK=qpk, QPK_P2=1 << (qpk - 1).bit_length(), D=D, BS=16, BLOCK_M=block_m,
-                         BLOCK_N=64 if D <= 64 else 32, BLOCK_D=D, HAS_START=has_start, HAS_CU=qmax is not None,
-                         HAS_SINK=has_sink, STORE_LSE=True, DOT_PREC=paged_decode.dot_precision(dt),
-                         **paged_decode.launch_opts(dt)))
+        # a verify (several queries per row) also compiles with the block importance it emits for selection
+        # "verify" (block_max [T, Hq, W] fp32: 32 q heads x 8,192 blocks at 131k)
+        for store_bm in (False, True) if qmax else (False,):
+            compile_one(paged_decode._decode_split_kernel,
+                        dict(q_ptr=dt, kc_ptr=kv, vc_ptr=kv, bt_ptr=i32, seq_ptr=i32, start_ptr=i32, sink_ptr=i32,
+                             cu_ptr=i32, o_ptr=f32, lse_ptr=f32, bm_ptr=f32, stride_qb=6144, stride_bt=64,
+                             stride_tok=1024, stride_ob=32768, stride_oh=1024, stride_os=128, stride_lb=256,
+                             stride_lh=8, stride_ls=1, stride_bmt=262144, stride_bmh=8192, split_off=3, NUM_SPLITS=5,
+                             qk_scale=0.1, v_scale=1.0),
+                        dict(QPK=qpk, QPK_P2=1 << (qpk - 1).bit_length(), D=D, BS=16, BLOCK_M=block_m,
+                             BLOCK_N=64 if D <= 64 else 32, BLOCK_D=D, HAS_START=has_start, HAS_CU=qmax is not None,
+                             HAS_SINK=has_sink, STORE_LSE=True, DOT_PREC=paged_decode.dot_precision(dt),
+                             STORE_BM=store_bm, **paged_decode.launch_opts(dt)))
     compile_one(paged_decode._merge_splits_kernel,
                 dict(o_part_ptr=f32, lse_part_ptr=f32, out_ptr=torch.bfloat16, lse_ptr=f32, n1_ptr=i32, S=7, S1=3,
                      stride_pb=32768, stride_ph=1024, stride_ps=128, stride_lb=256, stride_lh=8, stride_ob=4096,
@@ -128,11 +132,12 @@ def _compile_all() -> int:
         block_m = 64
         compile_one(cascade_decode._cascade_prefix_kernel,
                     dict(q_ptr=dt, kc_ptr=kv, vc_ptr=kv, bt_ptr=i32, gs_ptr=i32, gq_ptr=i32, gp_ptr=i32, sp_ptr=i32, cum_ptr=i32,
-                         o_ptr=f32, lse_ptr=f32, stride_qb=6144, stride_bt=64, stride_tok=1024, stride_ob=32768,
-                         stride_oh=1024, stride_os=128, stride_lb=256, stride_lh=8, stride_ls=1, G=4, HKV=8,
-                         NUM_PROGRAMS=264, qk_scale=0.1, v_scale=1.0),
+                         o_ptr=f32, lse_ptr=f32, bm_ptr=f32, stride_qb=6144, stride_bt=64, stride_tok=1024,
+                         stride_ob=32768, stride_oh=1024, stride_os=128, stride_lb=256, stride_lh=8, stride_ls=1,
+                         stride_bmt=262144, stride_bmh=8192, G=4, HKV=8, NUM_PROGRAMS=264, qk_scale=0.1, v_scale=1.0),
                     dict(QPK=qpk, MT=block_m // qpk, D=D, BS=16, BLOCK_M=block_m, BLOCK_N=64 if D <= 64 else 32,
-                         BLOCK_D=D, DOT_PREC=paged_decode.dot_precision(dt), **paged_decode.launch_opts(dt)))
+                         BLOCK_D=D, DOT_PREC=paged_decode.dot_precision(dt), STORE_BM=dt is torch.bfloat16,
+                         **paged_decode.launch_opts(dt)))
     default_tile = prefill_attention.PREFILL_TILE
     other_tiles = [(torch.bfloat16, kv, 128, 4, t) for t in prefill_attention.PREFILL_TILES if t != default_tile
                    for kv in (torch.bfloat16, e4m3)]  # the tiles the GPU plan times against the default
