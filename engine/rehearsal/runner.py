@@ -87,14 +87,12 @@ class RehearsalRunner(ModelRunner):
 
     def __init__(self, cfg, dtype: torch.dtype, block_size: int, max_num_seqs: int, max_model_len: int,
                  device: DeviceParams, keep_steps: bool = True, kv_cache_dtype: str = "auto",
-                 draft_select: tuple[int, int, int] | None = None, draft_selection: str = "bounds",
-                 speculative=None, **_ignored):
+                 draft_select: tuple[int, int, int] | None = None, speculative=None, **_ignored):
         # No ModelRunner.__init__: it would load the weights. What prepare() needs is set here.
         self.cfg, self.dtype, self.device, self.block_size = cfg, dtype, torch.device("cpu"), block_size
         self.workers, self.is_worker, self.tp_size = None, False, 1
         self.graphs = None
         self.draft_select = None if draft_select is None else self.select_spans(*draft_select)
-        self.verify_select = draft_select is not None and draft_selection == "verify"
         self.key_bounds = None
         # self-drafting's draft step as the device model prices it (speculative: the engine's SpeculativeConfig)
         self.draft_read = (DraftRead.of(speculative, block_size)
